@@ -1,0 +1,178 @@
+//! `TeamGpuPolicy`: a team, the namespaces it owns, and its entitlement per sharing policy.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A team, the namespaces it owns and how many devices of each sharing policy it is entitled to.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "teamgpu.io",
+    version = "v1alpha1",
+    kind = "TeamGpuPolicy",
+    shortname = "tgp",
+    category = "teamgpu",
+    status = "TeamGpuPolicyStatus",
+    derive = "PartialEq",
+    doc = "A team, the namespaces it owns, and its GPU entitlement per GpuSharingPolicy.",
+    printcolumn(name = "Weight", type_ = "integer", json_path = ".spec.weight"),
+    printcolumn(
+        name = "Namespaces",
+        type_ = "string",
+        json_path = ".status.namespaces"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.namespaceSelector) || (has(self.namespaces) && size(self.namespaces) > 0)",
+     "message": "at least one of namespaceSelector or namespaces must be set"}
+]))]
+pub struct TeamGpuPolicySpec {
+    /// Namespaces carrying these labels belong to the team (self-service: label a namespace to join).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",
+         "message": "namespaceSelector must not be empty: an empty selector would claim every namespace"}
+    ]))]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Namespaces that belong to the team by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 256),
+        inner(
+            length(min = 1, max = 63),
+            regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        )
+    )]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "set",
+        "x-kubernetes-validations" = [
+            {"rule": "!self.exists(n, n in ['kube-system', 'kube-public', 'kube-node-lease'])",
+             "message": "system namespaces (kube-system, kube-public, kube-node-lease) cannot belong to a team"}
+        ]
+    ))]
+    pub namespaces: Vec<String>,
+    /// Fair-share weight when idle devices are lent out.
+    #[serde(default = "default_weight")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub weight: u32,
+    /// The team's entitlement per sharing policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.all(q, self.exists_one(p, p.sharingPolicy == q.sharingPolicy))",
+         "message": "each sharingPolicy may appear only once in quotas"}
+    ]))]
+    pub quotas: Vec<TeamQuota>,
+    /// Taking borrowed devices back from other teams when this team needs its guarantee.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<Reclaim>,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// A team's entitlement for one sharing policy, in devices.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.limit) || self.limit >= self.guaranteed",
+     "message": "limit must be at least guaranteed"}
+]))]
+pub struct TeamQuota {
+    /// The GpuSharingPolicy this entry is for.
+    #[schemars(
+        length(min = 1, max = 46),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub sharing_policy: String,
+    /// Devices always available to the team.
+    #[serde(default)]
+    #[schemars(range(max = 100000))]
+    pub guaranteed: u32,
+    /// The most the team may hold by borrowing idle devices; defaults to guaranteed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100000))]
+    pub limit: Option<u32>,
+    /// Overrides the team's weight for this sharing policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub weight: Option<u32>,
+}
+
+impl TeamQuota {
+    /// The configured limit: `limit`, or `guaranteed` when unset.
+    pub fn effective_limit(&self) -> u32 {
+        self.limit.unwrap_or(self.guaranteed).max(self.guaranteed)
+    }
+}
+
+/// Reclaim: evicting borrowers' newest Pods when this team waits below its guarantee.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reclaim {
+    /// Whether this team takes borrowed devices back by eviction; unset uses the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How long the team must have waited before borrowers' Pods are evicted; unset uses the
+    /// operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 86400))]
+    pub grace_period_seconds: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TeamGpuPolicyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The namespaces that belong to the team now, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// What the team gets per sharing policy, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["sharingPolicy"]))]
+    pub quotas: Vec<QuotaStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// The numbers behind one quota entry, all in devices.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaStatus {
+    pub sharing_policy: String,
+    pub guaranteed: u32,
+    /// The guarantee after scaling, when the pool's guarantees exceed its capacity.
+    pub effective_guarantee: u32,
+    pub limit: u32,
+    pub weight: u32,
+    /// Matching devices in the pool.
+    pub capacity: u32,
+    /// The team's hard quota now: effective guarantee plus what it may borrow.
+    pub entitlement: u32,
+    /// How much of the entitlement is above the effective guarantee.
+    pub borrowed: u32,
+    /// Devices requested by the team's claims, as the quota evaluator counts them.
+    pub requested: u32,
+    /// Devices allocated to the team's claims.
+    pub allocated: u32,
+    /// Devices the team's Pods wait for.
+    pub pending: u32,
+    /// One line a person can read: how the entitlement came about.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub explanation: String,
+}
