@@ -42,15 +42,20 @@ fn with_name_limit(mut crd: CustomResourceDefinition, max: usize) -> CustomResou
                 .x_kubernetes_validations
                 .get_or_insert_with(Vec::new)
                 .push(rule.clone());
-            drop_rust_formats(schema);
+            normalize(schema);
         }
     }
     crd
 }
 
-/// schemars names Rust's unsigned types (`uint32`, `uint8`) as formats; Kubernetes knows only the
-/// OpenAPI ones, and the bounds already say what matters.
-fn drop_rust_formats(schema: &mut JSONSchemaProps) {
+/// Make the schemars output what Kubernetes expects:
+/// - schemars names Rust's unsigned types (`uint32`, `uint8`) as formats; Kubernetes knows only the
+///   OpenAPI ones, and the bounds already say what matters;
+/// - `Option` fields come out `nullable`, which makes the API server keep an explicit `null` and
+///   skip the field's rules (so `namespaceSelector: null` would pass "at least one of"). Without
+///   it, a `null` is dropped like an absent field.
+fn normalize(schema: &mut JSONSchemaProps) {
+    schema.nullable = None;
     if schema
         .format
         .as_deref()
@@ -59,17 +64,17 @@ fn drop_rust_formats(schema: &mut JSONSchemaProps) {
         schema.format = None;
     }
     for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
-        drop_rust_formats(child);
+        normalize(child);
     }
     match &mut schema.items {
-        Some(JSONSchemaPropsOrArray::Schema(item)) => drop_rust_formats(item),
+        Some(JSONSchemaPropsOrArray::Schema(item)) => normalize(item),
         Some(JSONSchemaPropsOrArray::Schemas(items)) => {
-            items.iter_mut().for_each(drop_rust_formats)
+            items.iter_mut().for_each(normalize)
         }
         None => {}
     }
     if let Some(JSONSchemaPropsOrBool::Schema(extra)) = &mut schema.additional_properties {
-        drop_rust_formats(extra);
+        normalize(extra);
     }
 }
 

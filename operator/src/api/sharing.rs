@@ -10,6 +10,8 @@ pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
 
 /// A class of GPUs (a hardware selector) and how devices of that class are shared.
 /// teamgpu generates one DeviceClass `<name>.teamgpu.io` per policy.
+// `printcolumn(type_ = ...)` repeats by design.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "teamgpu.io",

@@ -6,6 +6,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A team, the namespaces it owns and how many devices of each sharing policy it is entitled to.
+// `printcolumn(type_ = ...)` repeats by design.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "teamgpu.io",
