@@ -68,9 +68,7 @@ fn normalize(schema: &mut JSONSchemaProps) {
     }
     match &mut schema.items {
         Some(JSONSchemaPropsOrArray::Schema(item)) => normalize(item),
-        Some(JSONSchemaPropsOrArray::Schemas(items)) => {
-            items.iter_mut().for_each(normalize)
-        }
+        Some(JSONSchemaPropsOrArray::Schemas(items)) => items.iter_mut().for_each(normalize),
         None => {}
     }
     if let Some(JSONSchemaPropsOrBool::Schema(extra)) = &mut schema.additional_properties {

@@ -13,6 +13,20 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Show what teamgpu would do with the objects in YAML files, with no cluster: a table per
+    /// team and sharing policy, or every object it would apply (`-o yaml`). Without `-f`, plans a
+    /// built-in example (the config/samples policies on six 8-GPU nodes).
+    Plan {
+        /// YAML files or folders: GpuSharingPolicies, TeamGpuPolicies, Namespaces, DeviceClasses,
+        /// ResourceSlices, ResourceClaims (other kinds are skipped with a note).
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<std::path::PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Run the operator against the cluster of the current kubeconfig (or in-cluster config).
+    Run(RunArgs),
     /// Print every CustomResourceDefinition as multi-document YAML.
     Crd {
         /// Write one file per CRD and a kustomization.yaml into this folder instead (e.g. `crds`).
@@ -21,9 +35,54 @@ enum Command {
     },
 }
 
+/// Flags of `teamgpu run`; each can also be set by its environment variable.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Elect a leader on a Lease so that only one replica writes.
+    #[arg(long, env = "TEAMGPU_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Namespace of the leader Lease (defaults to the Pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "teamgpu-system")]
+    lease_namespace: String,
+    #[arg(long, env = "TEAMGPU_LEASE_NAME", default_value = "teamgpu-leader")]
+    lease_name: String,
+    /// This replica's name in the Lease (defaults to the Pod name, then the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "TEAMGPU_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Reclaim borrowed devices by eviction for teams that do not say otherwise.
+    #[arg(long, env = "TEAMGPU_RECLAIM")]
+    reclaim: bool,
+    /// Seconds a team waits below its guarantee before borrowers are evicted.
+    #[arg(long, env = "TEAMGPU_RECLAIM_GRACE_SECONDS", default_value_t = 120)]
+    reclaim_grace_seconds: u64,
+    /// Seconds between safety-net passes (they write nothing when nothing differs).
+    #[arg(long, env = "TEAMGPU_RESYNC_SECONDS", default_value_t = 3600)]
+    resync_seconds: u64,
+    /// Log format.
+    #[arg(long, env = "TEAMGPU_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Format {
+    Table,
+    Yaml,
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => run(args)?,
+        Command::Plan { files, output } => plan(&files, output)?,
         Command::Crd { output_dir: None } => {
             let yaml = teamgpu::crd::to_yaml().context("serializing the CRDs")?;
             std::io::stdout().write_all(yaml.as_bytes())?;
@@ -40,4 +99,81 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn plan(files: &[std::path::PathBuf], format: Format) -> anyhow::Result<()> {
+    let state = if files.is_empty() {
+        teamgpu::example::state().context("loading the built-in example")?
+    } else {
+        let loaded = teamgpu::input::load(files)?;
+        for note in &loaded.notes {
+            eprintln!("note: {note}");
+        }
+        loaded.state
+    };
+    let plan = teamgpu::plan::plan(&state);
+    let text = match format {
+        Format::Table => teamgpu::output::table(&plan),
+        Format::Yaml => teamgpu::output::yaml(&plan).context("serializing the plan")?,
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("teamgpu-{}", std::process::id()));
+    let config = teamgpu::controller::Config {
+        leader_elect: args.leader_elect,
+        lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        identity,
+        metrics_addr: args.metrics_addr,
+        reclaim_default: args.reclaim,
+        reclaim_grace: std::time::Duration::from_secs(args.reclaim_grace_seconds),
+        resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),
+        ..teamgpu::controller::Config::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the cluster")?;
+        teamgpu::controller::run(client, config, shutdown_signal()).await?;
+        anyhow::Ok(())
+    })
+}
+
+/// SIGTERM (what Kubernetes sends) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }

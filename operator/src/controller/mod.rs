@@ -1,0 +1,495 @@
+//! `teamgpu run`: observe -> plan -> apply -> status. Only this module touches the API.
+//!
+//! One reconciler, woken by any watch event (debounced), plans the whole cluster with the pure
+//! core and writes only what differs from the watch caches, so a steady state makes no write.
+//! Only the leader writes; every replica keeps warm caches.
+
+mod http;
+pub mod metrics;
+mod observe;
+mod reclaim;
+mod writer;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DynamicObject, ListParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::plan::{self, ClusterState, NamespaceInfo, objects};
+use crate::sync::{self, Kind, ObjectKey};
+pub use metrics::Metrics;
+use observe::Stores;
+
+/// The field manager of every write.
+pub const FIELD_MANAGER: &str = "teamgpu";
+
+/// How the operator runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Elect a leader on a Lease; without it this replica always writes.
+    pub leader_elect: bool,
+    pub lease_namespace: String,
+    pub lease_name: String,
+    /// This replica's identity in the Lease (the Pod name).
+    pub identity: String,
+    /// Serves /metrics, /healthz and /readyz.
+    pub metrics_addr: SocketAddr,
+    /// Whether teams reclaim borrowed devices by eviction unless their policy says otherwise.
+    pub reclaim_default: bool,
+    /// How long a team waits below its guarantee before borrowers' Pods are evicted.
+    pub reclaim_grace: Duration,
+    /// A full pass at this interval as a safety net; it writes nothing when nothing differs.
+    pub resync: Duration,
+    /// Quiet time after an event before planning, so a burst of events makes one pass.
+    pub debounce: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            leader_elect: false,
+            lease_namespace: "teamgpu-system".into(),
+            lease_name: "teamgpu-leader".into(),
+            identity: "teamgpu".into(),
+            metrics_addr: ([0, 0, 0, 0], 8080).into(),
+            reclaim_default: false,
+            reclaim_grace: Duration::from_secs(120),
+            resync: Duration::from_secs(3600),
+            debounce: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What stops the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "the teamgpu CRDs are not installed ({0}); install them with `kubectl apply -k config/crd` \
+         (or `kubectl apply -k config/default`) and start again"
+    )]
+    CrdsMissing(String),
+    #[error("talking to the API server: {0}")]
+    Api(#[from] kube::Error),
+    #[error("serving metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("leader election: {0}")]
+    Lease(#[from] kube_lease_manager::LeaseManagerError),
+    #[error("the watch caches never synced")]
+    NotSynced,
+}
+
+/// Check that both CRDs are served: a clear error beats a watch that retries forever.
+async fn check_crds(client: &Client) -> Result<(), Error> {
+    let lp = ListParams::default().limit(1);
+    for result in [
+        Api::<GpuSharingPolicy>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map(drop),
+        Api::<TeamGpuPolicy>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map(drop),
+    ] {
+        match result {
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Err(Error::CrdsMissing(status.message));
+            }
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// Run until `shutdown` resolves (SIGTERM in the binary), then release the lease.
+pub async fn run(
+    client: Client,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), Error> {
+    check_crds(&client).await?;
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let (_, _http) = http::serve(
+        config.metrics_addr,
+        http::Health {
+            ready: ready.clone(),
+            metrics: metrics.clone(),
+        },
+    )
+    .await
+    .map_err(|source| Error::Metrics {
+        addr: config.metrics_addr,
+        source,
+    })?;
+
+    let notify = Arc::new(Notify::new());
+    let mut watches = JoinSet::new();
+    let stores = observe::start(&client, notify.clone(), &mut watches);
+
+    let (leader_tx, leader) = watch::channel(!config.leader_elect);
+    let lease = if config.leader_elect {
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+                .with_namespace(&config.lease_namespace)
+                .with_identity(&config.identity)
+                .with_field_manager(FIELD_MANAGER)
+                .with_duration(15)
+                .with_grace(5)
+                .build()
+                .await?;
+        let (mut state, task) = manager.watch().await;
+        let forward = tokio::spawn(async move {
+            while state.changed().await.is_ok() {
+                let is_leader = *state.borrow_and_update();
+                if leader_tx.send(is_leader).is_err() {
+                    break;
+                }
+            }
+            drop(state);
+            task.await
+        });
+        Some(forward)
+    } else {
+        drop(leader_tx);
+        None
+    };
+
+    tokio::select! {
+        synced = stores.wait_until_ready() => if !synced { return Err(Error::NotSynced) },
+        () = tokio::time::sleep(Duration::from_secs(300)) => return Err(Error::NotSynced),
+    }
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!("watch caches synced");
+
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(config.identity.clone()),
+    };
+    let mut reconciler = Reconciler {
+        client: client.clone(),
+        config: config.clone(),
+        stores,
+        metrics: metrics.clone(),
+        leader: leader.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        backoff: writer::Backoff::default(),
+        reclaim: reclaim::Tracker::default(),
+        reported: BTreeSet::new(),
+    };
+    let loop_ = async {
+        let mut leader = leader.clone();
+        let mut next_resync = Instant::now() + config.resync;
+        loop {
+            let wake_at = reconciler
+                .backoff
+                .next_retry()
+                .map_or(next_resync, |t| t.min(next_resync));
+            tokio::select! {
+                () = notify.notified() => tokio::time::sleep(config.debounce).await,
+                _ = leader.changed() => {}
+                () = tokio::time::sleep_until(wake_at.into()) => {}
+            }
+            if Instant::now() >= next_resync {
+                next_resync = Instant::now() + config.resync;
+            }
+            metrics.leader.set(i64::from(*leader.borrow()));
+            reconciler.reconcile().await;
+        }
+    };
+    tokio::select! {
+        () = loop_ => {}
+        () = shutdown => tracing::info!("shutting down"),
+    }
+    drop(reconciler);
+    watches.shutdown().await;
+    if let Some(forward) = lease {
+        // Dropping the receivers ends the lease task, which hands the lease back.
+        drop(leader);
+        forward.abort();
+    }
+    Ok(())
+}
+
+struct Reconciler {
+    client: Client,
+    config: Config,
+    stores: Stores,
+    metrics: Arc<Metrics>,
+    leader: watch::Receiver<bool>,
+    recorder: Recorder,
+    backoff: writer::Backoff,
+    reclaim: reclaim::Tracker,
+    /// Warnings already published as Events, so each is reported once.
+    reported: BTreeSet<String>,
+}
+
+/// A custom resource that could not be read into its type: reported, never fatal.
+fn parse<K: kube::Resource + serde::de::DeserializeOwned>(
+    obj: &DynamicObject,
+    malformed: &mut Vec<String>,
+) -> Option<K> {
+    match obj.clone().try_parse::<K>() {
+        Ok(k) => Some(k),
+        Err(error) => {
+            malformed.push(format!("{}: {error}", obj.name_any()));
+            None
+        }
+    }
+}
+
+impl Reconciler {
+    fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// The planner's input from the caches.
+    fn snapshot(
+        &self,
+    ) -> (
+        ClusterState,
+        Vec<GpuSharingPolicy>,
+        Vec<TeamGpuPolicy>,
+        Vec<String>,
+    ) {
+        let mut malformed = Vec::new();
+        let sharing: Vec<GpuSharingPolicy> = self
+            .stores
+            .sharing_policies
+            .state()
+            .iter()
+            .filter_map(|o| parse(o, &mut malformed))
+            .collect();
+        let teams: Vec<TeamGpuPolicy> = self
+            .stores
+            .teams
+            .state()
+            .iter()
+            .filter_map(|o| parse(o, &mut malformed))
+            .collect();
+        let claims: Vec<_> = self
+            .stores
+            .claims
+            .state()
+            .iter()
+            .map(|c| (**c).clone())
+            .collect();
+        let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
+        let templates: Vec<ResourceClaimTemplate> = self
+            .owned(Kind::ResourceClaimTemplate)
+            .iter()
+            .filter_map(|o| o.clone().try_parse().ok())
+            .collect();
+        let pending = plan::pending::pending_demand(
+            &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
+            &claims.iter().collect::<Vec<_>>(),
+            &templates.iter().collect::<Vec<_>>(),
+        );
+        let state = ClusterState {
+            sharing_policies: sharing.clone(),
+            teams: teams.clone(),
+            namespaces: self
+                .stores
+                .namespaces
+                .state()
+                .iter()
+                .filter(|n| n.metadata.deletion_timestamp.is_none())
+                .map(|n| NamespaceInfo {
+                    name: n.name_any(),
+                    labels: n.labels().clone(),
+                })
+                .collect(),
+            device_classes: self
+                .stores
+                .device_classes
+                .state()
+                .iter()
+                .map(|c| (**c).clone())
+                .collect(),
+            slices: self
+                .stores
+                .slices
+                .state()
+                .iter()
+                .map(|s| (**s).clone())
+                .collect(),
+            claims,
+            pending,
+        };
+        (state, sharing, teams, malformed)
+    }
+
+    fn owned(&self, kind: Kind) -> Vec<DynamicObject> {
+        self.stores
+            .owned
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .flat_map(|(_, s)| s.state())
+            .map(|o| (*o).clone())
+            .collect()
+    }
+
+    /// teamgpu-labelled live objects as JSON, by key.
+    fn live(&self) -> BTreeMap<ObjectKey, serde_json::Value> {
+        let mut live = BTreeMap::new();
+        for class in self.stores.device_classes.state() {
+            let managed = class
+                .labels()
+                .get(objects::MANAGED_BY_LABEL)
+                .map(String::as_str)
+                == Some(objects::MANAGED_BY);
+            if let (true, Ok(value)) = (managed, serde_json::to_value(&*class)) {
+                live.insert(
+                    ObjectKey {
+                        kind: Kind::DeviceClass,
+                        namespace: None,
+                        name: class.name_any(),
+                    },
+                    value,
+                );
+            }
+        }
+        for (kind, store) in &self.stores.owned {
+            for obj in store.state() {
+                if let Ok(value) = serde_json::to_value(&*obj) {
+                    let key = ObjectKey {
+                        kind: *kind,
+                        namespace: obj.namespace(),
+                        name: obj.name_any(),
+                    };
+                    live.insert(key, value);
+                }
+            }
+        }
+        live
+    }
+
+    async fn reconcile(&mut self) {
+        let started = Instant::now();
+        let labels = metrics::ControllerLabels {
+            controller: "teamgpu",
+        };
+        self.metrics.reconciles.get_or_create(&labels).inc();
+        let (state, sharing, teams, malformed) = self.snapshot();
+        let plan = plan::plan(&state);
+        self.metrics.observe_plan(&plan);
+        for m in &malformed {
+            tracing::warn!(object = %m, "custom resource could not be read; skipped");
+        }
+        if self.is_leader() {
+            let desired = sync::desired(&plan.objects);
+            let writes = sync::writes(
+                &desired,
+                &plan.objects.retained_device_classes,
+                &self.live(),
+            );
+            writer::execute(self, writes).await;
+            writer::write_statuses(
+                self,
+                &plan,
+                &sharing,
+                &teams,
+                &Time(k8s_openapi::jiff::Timestamp::now()),
+            )
+            .await;
+            self.publish_events(&plan, &sharing, &teams).await;
+            reclaim::act(self, &plan, &state, &teams).await;
+        }
+        self.metrics
+            .reconcile_seconds
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Events for what a person should know: conflicts, overcommit, invalid selectors. Each
+    /// finding is published once per process (the recorder also folds repeats into a series).
+    async fn publish_events(
+        &mut self,
+        plan: &plan::Plan,
+        sharing: &[GpuSharingPolicy],
+        teams: &[TeamGpuPolicy],
+    ) {
+        use kube::Resource;
+        use kube::runtime::events::{Event, EventType};
+        let mut events = Vec::new();
+        for report in &plan.teams {
+            let Some(team) = teams.iter().find(|t| t.name_any() == report.name) else {
+                continue;
+            };
+            for c in report
+                .conditions
+                .iter()
+                .filter(|c| c.status && (c.type_ == "Conflict" || c.type_ == "Overcommitted"))
+            {
+                events.push((team.object_ref(&()), c.reason, c.message.clone()));
+            }
+            for q in &report.quotas {
+                let key = format!(
+                    "quota/{}/{}/{}",
+                    report.name, q.sharing_policy, q.entitlement
+                );
+                if !self.reported.contains(&key) {
+                    self.reported.insert(key);
+                    events.push((
+                        team.object_ref(&()),
+                        "QuotaChanged",
+                        format!(
+                            "{}: entitlement {} ({})",
+                            q.sharing_policy, q.entitlement, q.explanation
+                        ),
+                    ));
+                }
+            }
+        }
+        for report in &plan.sharing_policies {
+            let Some(policy) = sharing.iter().find(|p| p.name_any() == report.name) else {
+                continue;
+            };
+            for c in report
+                .conditions
+                .iter()
+                .filter(|c| c.type_ == "SelectorValid" && !c.status)
+            {
+                events.push((policy.object_ref(&()), c.reason, c.message.clone()));
+            }
+        }
+        for (reference, reason, note) in events {
+            let key = format!(
+                "{}/{}/{reason}/{note}",
+                reference.kind.clone().unwrap_or_default(),
+                reference.name.clone().unwrap_or_default()
+            );
+            if !reason.starts_with("Quota") && !self.reported.insert(key) {
+                continue;
+            }
+            let event = Event {
+                type_: if reason == "QuotaChanged" {
+                    EventType::Normal
+                } else {
+                    EventType::Warning
+                },
+                reason: reason.into(),
+                note: Some(note.chars().take(1000).collect()),
+                action: "Plan".into(),
+                secondary: None,
+            };
+            if let Err(error) = self.recorder.publish(&event, &reference).await {
+                tracing::debug!(%error, "event not recorded");
+            }
+        }
+    }
+}

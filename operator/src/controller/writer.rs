@@ -1,0 +1,250 @@
+//! Apply: perform the writes the plan asks for, and the status updates. Needs a client.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::{FIELD_MANAGER, Reconciler, metrics::ErrorLabels, metrics::WriteLabels};
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::plan::Plan;
+use crate::sync::{ObjectKey, Write};
+
+/// Per-object retry state for failed writes: exponential backoff with jitter, so one object
+/// the API server refuses never holds up the others or hammers the server.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: HashMap<String, (u32, Instant)>,
+    jitter: RandomState,
+}
+
+impl Backoff {
+    fn ready(&self, key: &str) -> bool {
+        self.failures
+            .get(key)
+            .is_none_or(|(_, at)| Instant::now() >= *at)
+    }
+
+    fn failed(&mut self, key: &str) {
+        let attempts = self.failures.get(key).map_or(0, |(n, _)| *n) + 1;
+        let base = Duration::from_millis(200)
+            .saturating_mul(1 << attempts.min(8))
+            .min(Duration::from_secs(60));
+        let jitter = Duration::from_millis(
+            self.jitter.hash_one((key, attempts)) % (base.as_millis() as u64 / 2 + 1),
+        );
+        self.failures.insert(
+            key.to_owned(),
+            (attempts, Instant::now() + base / 2 + jitter),
+        );
+    }
+
+    fn succeeded(&mut self, key: &str) {
+        self.failures.remove(key);
+    }
+
+    /// When the next object is due for a retry.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.failures.values().map(|(_, at)| *at).min()
+    }
+}
+
+/// A short, stable label of an error, for metrics and logs.
+fn error_label(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(s) if s.code == 409 => "conflict",
+        kube::Error::Api(s) if s.code == 422 => "invalid",
+        kube::Error::Api(s) if s.code == 429 => "too_many_requests",
+        kube::Error::Api(s) if s.code == 403 => "forbidden",
+        kube::Error::Api(s) if s.code == 404 => "not_found",
+        kube::Error::Api(s) if s.code >= 500 => "server_error",
+        kube::Error::Api(_) => "api",
+        _ => "transport",
+    }
+}
+
+fn api_for(r: &Reconciler, key: &ObjectKey) -> Api<DynamicObject> {
+    let ar = key.kind.api_resource();
+    match &key.namespace {
+        Some(ns) => Api::namespaced_with(r.client.clone(), ns, &ar),
+        None => Api::all_with(r.client.clone(), &ar),
+    }
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+async fn perform(r: &Reconciler, write: &Write) -> Result<(), kube::Error> {
+    let key = write.key();
+    let api = api_for(r, key);
+    let count = |verb: &'static str| {
+        r.metrics
+            .writes
+            .get_or_create(&WriteLabels {
+                kind: key.kind.label(),
+                verb,
+            })
+            .inc();
+    };
+    match write {
+        Write::Apply { object, .. } => {
+            count("apply");
+            api.patch(&key.name, &apply_params(), &Patch::Apply(object))
+                .await?;
+        }
+        Write::Recreate { object, .. } => {
+            count("delete");
+            match api.delete(&key.name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+            count("apply");
+            api.patch(&key.name, &apply_params(), &Patch::Apply(object))
+                .await?;
+        }
+        Write::Delete { .. } => {
+            count("delete");
+            match api.delete(&key.name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Perform `writes` in order, skipping objects still backing off. Stops at once when this
+/// replica loses the lease.
+pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
+    for write in writes {
+        if !r.is_leader() {
+            return;
+        }
+        let id = write.key().to_string();
+        if !r.backoff.ready(&id) {
+            continue;
+        }
+        match perform(r, &write).await {
+            Ok(()) => {
+                tracing::info!(object = %id, action = ?std::mem::discriminant(&write), "wrote");
+                r.backoff.succeeded(&id);
+            }
+            Err(error) => {
+                let label = error_label(&error);
+                r.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels {
+                        controller: "teamgpu",
+                        error: label,
+                    })
+                    .inc();
+                tracing::warn!(object = %id, %error, "write failed; retrying with backoff");
+                r.backoff.failed(&id);
+            }
+        }
+    }
+}
+
+/// Write the status of every policy whose computed status differs from the live one.
+pub async fn write_statuses(
+    r: &mut Reconciler,
+    plan: &Plan,
+    sharing: &[GpuSharingPolicy],
+    teams: &[TeamGpuPolicy],
+    now: &Time,
+) {
+    let mut updates = Vec::new();
+    for p in sharing {
+        let name = p.name_any();
+        if let Some(status) = plan.sharing_status(&name, p.status.as_ref(), now)
+            && p.status.as_ref() != Some(&status)
+        {
+            updates.push((
+                GpuSharingPolicy::api_version(&()).into_owned(),
+                GpuSharingPolicy::kind(&()).into_owned(),
+                name,
+                json!(status),
+            ));
+        }
+    }
+    for t in teams {
+        let name = t.name_any();
+        if let Some(status) = plan.team_status(&name, t.status.as_ref(), now)
+            && t.status.as_ref() != Some(&status)
+        {
+            updates.push((
+                TeamGpuPolicy::api_version(&()).into_owned(),
+                TeamGpuPolicy::kind(&()).into_owned(),
+                name,
+                json!(status),
+            ));
+        }
+    }
+    for (api_version, kind, name, status) in updates {
+        if !r.is_leader() {
+            return;
+        }
+        let id = format!("{kind} {name} status");
+        if !r.backoff.ready(&id) {
+            continue;
+        }
+        let result = if kind == "GpuSharingPolicy" {
+            patch_status::<GpuSharingPolicy>(r, &api_version, &kind, &name, status).await
+        } else {
+            patch_status::<TeamGpuPolicy>(r, &api_version, &kind, &name, status).await
+        };
+        match result {
+            Ok(()) => r.backoff.succeeded(&id),
+            Err(error) => {
+                r.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels {
+                        controller: "teamgpu",
+                        error: error_label(&error),
+                    })
+                    .inc();
+                tracing::warn!(object = %id, %error, "status write failed; retrying with backoff");
+                r.backoff.failed(&id);
+            }
+        }
+    }
+}
+
+async fn patch_status<K>(
+    r: &Reconciler,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let kind_label = if kind == "GpuSharingPolicy" {
+        "gpusharingpolicy"
+    } else {
+        "teamgpupolicy"
+    };
+    r.metrics
+        .writes
+        .get_or_create(&WriteLabels {
+            kind: kind_label,
+            verb: "status",
+        })
+        .inc();
+    let patch = json!({"apiVersion": api_version, "kind": kind, "status": status});
+    Api::<K>::all(r.client.clone())
+        .patch_status(name, &apply_params(), &Patch::Apply(patch))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! Whole-device apportionment primitives: guarantee scaling and weighted water-filling.
+//!
+//! Both are defined as "hand out devices one at a time to the best next slot", which makes them
+//! monotone by construction (one more device never takes one away from anybody), and computed
+//! in O(n log n) without walking device by device. Ties between equal slots go to the lower
+//! index; callers pass items sorted by team or namespace name, so ties go to the name that sorts
+//! first.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+/// Weighted max-min (water-filling) split of `amount` whole units among items `(cap, weight)`.
+///
+/// The k-th unit of item i (k = 1..=cap) has level k / weight; the result gives out the
+/// `amount` lowest-level units, ties to the lower index. Returns how many units each item gets;
+/// the sum is `min(amount, sum of caps)`. Weights must be at least 1.
+pub(crate) fn water_fill(amount: u64, items: &[(u64, u32)]) -> Vec<u64> {
+    let total_cap: u64 = items
+        .iter()
+        .map(|&(cap, _)| cap)
+        .fold(0, u64::saturating_add);
+    if amount >= total_cap {
+        return items.iter().map(|&(cap, _)| cap).collect();
+    }
+    // Continuous water level lambda = rest / weight_sum. Walk the items by the level at which
+    // they fill up (cap / weight); those below the level are saturated. The float sort only
+    // orders the walk: the test is exact, and a misordered near-tie merely leaves a few more
+    // units for the exact fix-up below.
+    let mut order: Vec<(f64, usize)> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, it)| it.0 > 0)
+        .map(|(i, &(cap, w))| (cap as f64 / f64::from(w.max(1)), i))
+        .collect();
+    order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let mut saturated = vec![false; items.len()];
+    let mut rest = amount; // units not taken by saturated items
+    let mut weight_sum: u64 = order.iter().map(|&(_, i)| u64::from(items[i].1)).sum();
+    for &(_, i) in &order {
+        let (cap, w) = items[i];
+        // cap <= lambda * w  <=>  cap * weight_sum <= rest * w
+        if u128::from(cap) * u128::from(weight_sum) > u128::from(rest) * u128::from(w) {
+            break;
+        }
+        saturated[i] = true;
+        rest -= cap;
+        weight_sum -= u64::from(w);
+    }
+    for (i, &(cap, _)) in items.iter().enumerate() {
+        saturated[i] |= cap == 0;
+    }
+    // Every unit at or below the level is in the answer (there are at most `amount` of them).
+    let mut out: Vec<u64> = items
+        .iter()
+        .enumerate()
+        .map(|(i, &(cap, w))| {
+            if saturated[i] {
+                cap
+            } else {
+                // floor(lambda * w) < cap here, since the item is not saturated.
+                let share = u128::from(rest) * u128::from(w) / u128::from(weight_sum.max(1));
+                u64::try_from(share).map_or(cap, |s| s.min(cap))
+            }
+        })
+        .collect();
+    let given: u64 = out.iter().sum();
+    let mut deficit = amount - given;
+    if deficit == 0 {
+        return out;
+    }
+    // The few remaining units go to the lowest next levels, one at a time.
+    let mut heap: BinaryHeap<Reverse<Slot>> = out
+        .iter()
+        .enumerate()
+        .filter(|&(i, &got)| got < items[i].0)
+        .map(|(i, &got)| {
+            Reverse(Slot {
+                num: got + 1,
+                den: items[i].1,
+                index: i,
+            })
+        })
+        .collect();
+    while deficit > 0 {
+        let Some(Reverse(slot)) = heap.pop() else {
+            break;
+        };
+        out[slot.index] += 1;
+        deficit -= 1;
+        if out[slot.index] < items[slot.index].0 {
+            heap.push(Reverse(Slot {
+                num: slot.num + 1,
+                ..slot
+            }));
+        }
+    }
+    out
+}
+
+/// Jefferson / D'Hondt apportionment of `seats` in proportion to `claims`.
+///
+/// Units are handed out one at a time to the item with the highest `claim / (got + 1)`, ties to
+/// the lower index. When `seats <= sum(claims)` nobody gets more than its claim, everybody gets
+/// at least the floor of its exact proportional share, and one more seat never lowers anybody's
+/// result (no Alabama paradox, unlike largest remainder).
+pub(crate) fn dhondt(seats: u64, claims: &[u64]) -> Vec<u64> {
+    let total: u128 = claims.iter().map(|&c| u128::from(c)).sum();
+    if total <= u128::from(seats) {
+        return claims.to_vec();
+    }
+    // Start from the lower quota, which every D'Hondt result contains.
+    let mut out: Vec<u64> = claims
+        .iter()
+        .map(|&c| u64::try_from(u128::from(seats) * u128::from(c) / total).unwrap_or(c))
+        .collect();
+    let given: u64 = out.iter().sum();
+    let mut rest = seats.saturating_sub(given);
+    let mut heap: BinaryHeap<DhondtSlot> = claims
+        .iter()
+        .enumerate()
+        .filter(|&(_, &c)| c > 0)
+        .map(|(i, &c)| DhondtSlot {
+            claim: c,
+            next: out[i] + 1,
+            index: i,
+        })
+        .collect();
+    while rest > 0 {
+        let Some(slot) = heap.pop() else { break };
+        out[slot.index] += 1;
+        rest -= 1;
+        heap.push(DhondtSlot {
+            next: slot.next + 1,
+            ..slot
+        });
+    }
+    out
+}
+
+/// A unit at level `num / den` of item `index`; smaller level first, then smaller index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    num: u64,
+    den: u32,
+    index: usize,
+}
+
+impl Ord for Slot {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let lhs = u128::from(self.num) * u128::from(other.den);
+        let rhs = u128::from(other.num) * u128::from(self.den);
+        lhs.cmp(&rhs).then(self.index.cmp(&other.index))
+    }
+}
+
+impl PartialOrd for Slot {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The next D'Hondt seat of item `index`, worth `claim / next`; max-heap order puts the largest
+/// quotient first, then the smaller index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DhondtSlot {
+    claim: u64,
+    next: u64,
+    index: usize,
+}
+
+impl Ord for DhondtSlot {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let lhs = u128::from(self.claim) * u128::from(other.next);
+        let rhs = u128::from(other.claim) * u128::from(self.next);
+        lhs.cmp(&rhs).then(other.index.cmp(&self.index))
+    }
+}
+
+impl PartialOrd for DhondtSlot {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reference: hand out units one by one.
+    fn water_fill_slow(amount: u64, items: &[(u64, u32)]) -> Vec<u64> {
+        let mut out = vec![0u64; items.len()];
+        for _ in 0..amount {
+            let best = (0..items.len())
+                .filter(|&i| out[i] < items[i].0)
+                .map(|i| Slot {
+                    num: out[i] + 1,
+                    den: items[i].1,
+                    index: i,
+                })
+                .min();
+            match best {
+                Some(s) => out[s.index] += 1,
+                None => break,
+            }
+        }
+        out
+    }
+
+    fn dhondt_slow(seats: u64, claims: &[u64]) -> Vec<u64> {
+        let total: u64 = claims.iter().sum();
+        if total <= seats {
+            return claims.to_vec();
+        }
+        let mut out = vec![0u64; claims.len()];
+        for _ in 0..seats {
+            let best = (0..claims.len())
+                .filter(|&i| claims[i] > 0)
+                .map(|i| DhondtSlot {
+                    claim: claims[i],
+                    next: out[i] + 1,
+                    index: i,
+                })
+                .max();
+            if let Some(s) = best {
+                out[s.index] += 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn water_fill_matches_one_by_one() {
+        let mut seed = 12345u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for _ in 0..3000 {
+            let n = next(8) as usize;
+            let items: Vec<(u64, u32)> = (0..n).map(|_| (next(12), 1 + next(6) as u32)).collect();
+            let amount = next(40);
+            assert_eq!(
+                water_fill(amount, &items),
+                water_fill_slow(amount, &items),
+                "{amount} {items:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dhondt_matches_one_by_one() {
+        let mut seed = 987u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for _ in 0..3000 {
+            let n = next(8) as usize;
+            let claims: Vec<u64> = (0..n).map(|_| next(15)).collect();
+            let seats = next(60);
+            assert_eq!(
+                dhondt(seats, &claims),
+                dhondt_slow(seats, &claims),
+                "{seats} {claims:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,611 @@
+//! Fair-share engine: turns one sharing policy's capacity, team quotas and usage into per-team
+//! entitlements, per-namespace ResourceQuota hards and reclaim decisions.
+//!
+//! Pure and deterministic: no Kubernetes types, no I/O, no panics on any input. The rules and a
+//! worked example are in `docs/fair-sharing.md`; in short:
+//!
+//! 1. Every team may always create claims up to its *effective guarantee* (its guarantee, scaled
+//!    down by D'Hondt when the guarantees add up to more than the capacity).
+//! 2. Idle devices (capacity not charged to any claim) are lent, by weighted water-filling, to
+//!    teams whose limit is above what they already hold; no idle device is lent twice.
+//! 3. Entitlements never exceed the limit and never drop below current use; a team's namespace
+//!    hards add up to exactly its entitlement.
+//! 4. When an owner below its guarantee waits while borrowers hold its devices, the engine names
+//!    who gives back how many.
+
+mod apportion;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use apportion::{dhondt, water_fill};
+
+/// Smallest accepted weight; lower values (0) are raised to it.
+pub const MIN_WEIGHT: u32 = 1;
+/// Largest accepted weight; higher values are lowered to it.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// One sharing policy (a pool of matching devices) and the teams with a quota for it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolInput {
+    /// Devices of the inventory that match the policy.
+    pub capacity: u32,
+    /// Teams with a quota for this policy, in any order. Entries with the same team name are
+    /// merged: the largest guarantee, limit and weight win and the namespaces are combined.
+    pub teams: Vec<TeamInput>,
+}
+
+/// One team's quota for a pool and its usage, per namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TeamInput {
+    /// Team name; the tie-breaker wherever two teams are otherwise equal.
+    pub team: String,
+    /// Devices the team can always claim (before scaling for overcommit).
+    pub guaranteed: u32,
+    /// Devices the team may never exceed with new claims; a limit below the guarantee counts
+    /// as the guarantee.
+    pub limit: u32,
+    /// Share of idle devices relative to other borrowers; clamped to 1..=1000.
+    pub weight: u32,
+    /// Usage of the team's namespaces, in any order; same-named entries are added up.
+    pub namespaces: Vec<NamespaceUsage>,
+}
+
+/// What one namespace of a team uses and waits for in a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NamespaceUsage {
+    /// Namespace name.
+    pub namespace: String,
+    /// Devices requested by the namespace's claims, as the quota evaluator counts them.
+    pub requested: u32,
+    /// Devices allocated to the namespace's claims.
+    pub allocated: u32,
+    /// Devices the namespace's Pods wait for because their claims could not be created or
+    /// allocated.
+    pub pending: u32,
+}
+
+/// The engine's answer for one pool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolShares {
+    /// Capacity the answer was computed for.
+    pub capacity: u32,
+    /// Devices not charged to any claim (`capacity - sum of requested`, at least 0): the devices
+    /// that were lent.
+    pub idle: u32,
+    /// One entry per team, sorted by team name.
+    pub teams: Vec<TeamShare>,
+    /// Devices borrowers must give back so that waiting owners reach their guarantee, sorted by
+    /// owner then borrower. Empty when nobody waits below its guarantee.
+    pub reclaims: Vec<Reclaim>,
+    /// Set when the guarantees add up to more than the capacity.
+    pub overcommit: Option<Overcommit>,
+}
+
+/// One team's share of a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TeamShare {
+    /// Team name.
+    pub team: String,
+    /// Configured guarantee.
+    pub guaranteed: u32,
+    /// Guarantee after scaling for overcommit: the team can always claim this many devices.
+    pub effective_guarantee: u32,
+    /// Configured limit, raised to the guarantee if it was lower.
+    pub limit: u32,
+    /// Weight after clamping to 1..=1000.
+    pub weight: u32,
+    /// The team's hard quota for this pool: effective guarantee plus what it borrows, never
+    /// above the limit and never below what it already requests.
+    pub entitlement: u32,
+    /// Part of the entitlement above the effective guarantee (`entitlement - effective_guarantee`).
+    pub borrowed: u32,
+    /// Devices requested by the team's claims (sum over namespaces).
+    pub requested: u32,
+    /// Devices allocated to the team's claims (sum over namespaces).
+    pub allocated: u32,
+    /// Devices the team's Pods wait for (sum over namespaces).
+    pub pending: u32,
+    /// True when the guarantee was scaled down because the pool is overcommitted.
+    pub scaled_down: bool,
+    /// How the entitlement came about; `explanation.to_string()` is one line, e.g.
+    /// `8 guaranteed + 3 borrowed of 6 idle at weight 2/5`.
+    pub explanation: Explanation,
+    /// ResourceQuota hard per namespace, sorted by namespace name.
+    pub namespaces: Vec<NamespaceShare>,
+}
+
+/// The ResourceQuota hard of one namespace for a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NamespaceShare {
+    /// Namespace name.
+    pub namespace: String,
+    /// Devices the namespace may request in this pool.
+    pub hard: u32,
+}
+
+/// A borrower that must give devices back to an owner below its guarantee.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reclaim {
+    /// Team that holds more than its fair entitlement.
+    pub borrower: String,
+    /// Allocated devices the borrower must release.
+    pub devices: u32,
+    /// Owner that waits for them.
+    pub for_team: String,
+}
+
+/// The guarantees of a pool add up to more than its capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Overcommit {
+    /// Sum of the configured guarantees.
+    pub guaranteed: u64,
+    /// Capacity of the pool.
+    pub capacity: u32,
+    /// What is wrong and what the engine did about it.
+    pub message: String,
+}
+
+/// Per-pool results kept between recomputes, so that a change in one pool recomputes only that
+/// pool.
+#[derive(Debug, Clone, Default)]
+pub struct FairShares {
+    pools: BTreeMap<String, PoolShares>,
+    /// The previous answer of the last changed pool, reused as the next computation's buffers.
+    scratch: PoolShares,
+}
+
+impl FairShares {
+    /// No pools yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Recomputes one pool from its new input; returns whether its shares changed (a new pool
+    /// counts as changed). Other pools are not touched, and in steady state (same teams and
+    /// namespaces) this allocates almost nothing.
+    pub fn update_pool(&mut self, name: &str, input: &PoolInput) -> bool {
+        compute_pool_into(input, &mut self.scratch);
+        match self.pools.get_mut(name) {
+            Some(old) if *old == self.scratch => false,
+            Some(old) => {
+                std::mem::swap(old, &mut self.scratch);
+                true
+            }
+            None => {
+                self.pools
+                    .insert(name.to_owned(), std::mem::take(&mut self.scratch));
+                true
+            }
+        }
+    }
+
+    /// Forgets a pool; returns whether it was known.
+    pub fn remove_pool(&mut self, name: &str) -> bool {
+        self.pools.remove(name).is_some()
+    }
+
+    /// The shares of one pool, if known.
+    pub fn pool(&self, name: &str) -> Option<&PoolShares> {
+        self.pools.get(name)
+    }
+
+    /// All pools, sorted by name.
+    pub fn pools(&self) -> impl Iterator<Item = (&str, &PoolShares)> {
+        self.pools
+            .iter()
+            .map(|(name, shares)| (name.as_str(), shares))
+    }
+}
+
+/// A team after normalisation: unique name, limit >= guarantee, weight clamped, namespaces
+/// sorted and unique.
+struct Team<'a> {
+    name: &'a str,
+    guaranteed: u32,
+    limit: u32,
+    weight: u32,
+    namespaces: Namespaces<'a>,
+    requested: u64,
+    allocated: u64,
+    pending: u64,
+}
+
+/// The input's namespace list when it is already sorted and unique (the common case), a merged
+/// copy otherwise.
+enum Namespaces<'a> {
+    Input(&'a [NamespaceUsage]),
+    Merged(Vec<NamespaceUsage>),
+}
+
+impl Namespaces<'_> {
+    fn as_slice(&self) -> &[NamespaceUsage] {
+        match self {
+            Namespaces::Input(list) => list,
+            Namespaces::Merged(list) => list,
+        }
+    }
+}
+
+/// Computes the shares of one pool. See the module docs and `docs/fair-sharing.md`.
+pub fn compute_pool(input: &PoolInput) -> PoolShares {
+    let mut out = PoolShares::default();
+    compute_pool_into(input, &mut out);
+    out
+}
+
+/// Like [`compute_pool`], but overwrites `out`, reusing its allocations (team and namespace
+/// names, vectors). Recomputing into the previous answer of the same pool allocates almost
+/// nothing; [`FairShares`] does that.
+pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
+    let teams = normalize(&input.teams);
+    let n = teams.len();
+    let capacity = u64::from(input.capacity);
+
+    // Rule 1: effective guarantees, scaled by D'Hondt when the guarantees exceed the capacity.
+    let guaranteed: Vec<u64> = teams.iter().map(|t| u64::from(t.guaranteed)).collect();
+    let guaranteed_sum: u64 = guaranteed.iter().sum();
+    let effective = dhondt(capacity, &guaranteed);
+
+    // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
+    // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
+    // While borrowers hold devices some owner is guaranteed (the pool is over-lent), every idle
+    // device is owed to an owner and nothing more is lent.
+    let used: Vec<u64> = teams
+        .iter()
+        .map(|t| t.requested.min(u64::from(u32::MAX)))
+        .collect();
+    let used_sum: u64 = used.iter().sum();
+    let idle = capacity.saturating_sub(used_sum);
+    let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
+    let over_lent = base.iter().sum::<u64>() > capacity;
+    let caps: Vec<(u64, u32)> = (0..n)
+        .map(|i| {
+            let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
+            // Equals idle minus the team's own unused guarantee.
+            let by_idle = (used[i] + idle).saturating_sub(base[i]);
+            let cap = if over_lent { 0 } else { by_limit.min(by_idle) };
+            (cap, teams[i].weight)
+        })
+        .collect();
+    let lent = water_fill(idle, &caps);
+    let borrower_weight: u64 = caps
+        .iter()
+        .filter(|c| c.0 > 0)
+        .map(|c| u64::from(c.1))
+        .sum();
+
+    let entitlement: Vec<u64> = (0..n).map(|i| base[i] + lent[i]).collect();
+    let reclaims = reclaims(&teams, capacity, &effective);
+
+    let overcommit = (guaranteed_sum > capacity).then(|| Overcommit {
+        guaranteed: guaranteed_sum,
+        capacity: input.capacity,
+        message: format!(
+            "guarantees add up to {guaranteed_sum} devices but the pool has {capacity} \
+             ({} too many): effective guarantees scaled down in proportion",
+            guaranteed_sum - capacity
+        ),
+    });
+
+    out.capacity = input.capacity;
+    out.idle = to_u32(idle);
+    out.reclaims = reclaims;
+    out.overcommit = overcommit;
+    out.teams.truncate(n);
+    out.teams.resize_with(n, TeamShare::default);
+    for (i, (team, share)) in teams.iter().zip(&mut out.teams).enumerate() {
+        share.explanation = Explanation {
+            guaranteed: team.guaranteed,
+            effective: to_u32(effective[i]),
+            limit: team.limit,
+            weight: team.weight,
+            requested: to_u32(used[i]),
+            lent: to_u32(lent[i]),
+            entitlement: to_u32(entitlement[i]),
+            idle: to_u32(idle),
+            borrower_weight,
+            over_by: guaranteed_sum.saturating_sub(capacity),
+            can_borrow: u64::from(team.limit) > base[i],
+            over_lent,
+        };
+        set_str(&mut share.team, team.name);
+        share.guaranteed = team.guaranteed;
+        share.effective_guarantee = to_u32(effective[i]);
+        share.limit = team.limit;
+        share.weight = team.weight;
+        share.entitlement = to_u32(entitlement[i]);
+        share.borrowed = to_u32(entitlement[i] - effective[i]);
+        share.requested = to_u32(team.requested);
+        share.allocated = to_u32(team.allocated);
+        share.pending = to_u32(team.pending);
+        share.scaled_down = effective[i] < u64::from(team.guaranteed);
+        split_namespaces(
+            team.namespaces.as_slice(),
+            entitlement[i],
+            &mut share.namespaces,
+        );
+    }
+}
+
+/// Overwrites `target` with `value`, keeping its buffer when it is large enough.
+fn set_str(target: &mut String, value: &str) {
+    if target != value {
+        target.clear();
+        target.push_str(value);
+    }
+}
+
+fn to_u32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+/// Sorts teams by name, merges duplicates and normalises limits, weights and namespaces.
+/// Skips the sort when the input is already sorted, as the planning core keeps it.
+fn normalize(input: &[TeamInput]) -> Vec<Team<'_>> {
+    let mut order: Vec<&TeamInput> = input.iter().collect();
+    // Strictly sorted input has no duplicates to merge either.
+    let unique = order.is_sorted_by(|a, b| a.team < b.team);
+    if !unique {
+        order.sort_by(|a, b| a.team.cmp(&b.team));
+    }
+    let mut teams: Vec<Team<'_>> = Vec::with_capacity(order.len());
+    let mut start = 0;
+    while start < order.len() {
+        let name = order[start].team.as_str();
+        let same = if unique {
+            0
+        } else {
+            order[start + 1..]
+                .iter()
+                .take_while(|t| t.team == name)
+                .count()
+        };
+        let end = start + 1 + same;
+        let group = &order[start..end];
+        let guaranteed = group.iter().map(|t| t.guaranteed).max().unwrap_or(0);
+        let limit = group
+            .iter()
+            .map(|t| t.limit)
+            .max()
+            .unwrap_or(0)
+            .max(guaranteed);
+        let weight = group
+            .iter()
+            .map(|t| t.weight)
+            .max()
+            .unwrap_or(0)
+            .clamp(MIN_WEIGHT, MAX_WEIGHT);
+        let namespaces = match group {
+            [single]
+                if single
+                    .namespaces
+                    .is_sorted_by(|a, b| a.namespace < b.namespace) =>
+            {
+                Namespaces::Input(&single.namespaces)
+            }
+            _ => Namespaces::Merged(merge_namespaces(group)),
+        };
+        let (mut requested, mut allocated, mut pending) = (0u64, 0u64, 0u64);
+        for ns in namespaces.as_slice() {
+            requested += u64::from(ns.requested);
+            allocated += u64::from(ns.allocated);
+            pending += u64::from(ns.pending);
+        }
+        teams.push(Team {
+            name,
+            guaranteed,
+            limit,
+            weight,
+            namespaces,
+            requested,
+            allocated,
+            pending,
+        });
+        start = end;
+    }
+    teams
+}
+
+fn merge_namespaces(group: &[&TeamInput]) -> Vec<NamespaceUsage> {
+    let mut all: Vec<&NamespaceUsage> = group.iter().flat_map(|t| t.namespaces.iter()).collect();
+    all.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+    let mut merged: Vec<NamespaceUsage> = Vec::with_capacity(all.len());
+    for ns in all {
+        match merged.last_mut() {
+            Some(last) if last.namespace == ns.namespace => {
+                last.requested = last.requested.saturating_add(ns.requested);
+                last.allocated = last.allocated.saturating_add(ns.allocated);
+                last.pending = last.pending.saturating_add(ns.pending);
+            }
+            _ => merged.push(ns.clone()),
+        }
+    }
+    merged
+}
+
+/// Rule 5: splits a team's entitlement over its namespaces into `out`. Each keeps what it
+/// requests; the rest goes first to pending demand (water-filled when it does not all fit), then
+/// evenly, the remainder by name.
+fn split_namespaces(
+    namespaces: &[NamespaceUsage],
+    entitlement: u64,
+    out: &mut Vec<NamespaceShare>,
+) {
+    out.truncate(namespaces.len());
+    out.resize_with(namespaces.len(), NamespaceShare::default);
+    for (share, ns) in out.iter_mut().zip(namespaces) {
+        set_str(&mut share.namespace, &ns.namespace);
+    }
+    let requested: u64 = namespaces.iter().map(|ns| u64::from(ns.requested)).sum();
+    let mut rest = entitlement.saturating_sub(requested);
+    let pending: u64 = namespaces.iter().map(|ns| u64::from(ns.pending)).sum();
+    // Pending demand first: all of it when it fits, water-filled otherwise.
+    let water_filled = (pending > rest && namespaces.len() > 1).then(|| {
+        let wants: Vec<(u64, u32)> = namespaces
+            .iter()
+            .map(|ns| (u64::from(ns.pending), 1))
+            .collect();
+        water_fill(rest, &wants)
+    });
+    rest -= pending.min(rest);
+    let count = namespaces.len().max(1) as u64;
+    let (each, remainder) = (rest / count, rest % count);
+    for (i, (share, ns)) in out.iter_mut().zip(namespaces).enumerate() {
+        let for_pending = match &water_filled {
+            Some(extra) => extra[i],
+            None => u64::from(ns.pending).min(entitlement.saturating_sub(requested)),
+        };
+        let even = each + u64::from((i as u64) < remainder);
+        share.hard = to_u32(u64::from(ns.requested) + for_pending + even);
+    }
+}
+
+/// Rule 6: owners below their effective guarantee with pending demand, when the free devices do
+/// not cover them, get devices back from teams holding more than their fair entitlement.
+fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Vec<Reclaim> {
+    let needs: Vec<u64> = teams
+        .iter()
+        .zip(effective)
+        .map(|(t, &eg)| t.pending.min(eg.saturating_sub(t.allocated)))
+        .collect();
+    let need_sum: u64 = needs.iter().sum();
+    let allocated_sum: u64 = teams.iter().map(|t| t.allocated).sum();
+    let free = capacity.saturating_sub(allocated_sum);
+    if need_sum <= free {
+        return Vec::new();
+    }
+    // Fair entitlement: effective guarantee plus a water-filled share of the capacity nobody is
+    // guaranteed. What a team holds above it (never counting below its guarantee) is excess.
+    let unguaranteed = capacity.saturating_sub(effective.iter().sum());
+    let room: Vec<(u64, u32)> = teams
+        .iter()
+        .zip(effective)
+        .map(|(t, &eg)| (u64::from(t.limit).saturating_sub(eg), t.weight))
+        .collect();
+    let fair_extra = water_fill(unguaranteed, &room);
+    let excess: Vec<(u64, u32)> = teams
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (
+                t.allocated.saturating_sub(effective[i] + fair_extra[i]),
+                t.weight,
+            )
+        })
+        .collect();
+    let excess_sum: u64 = excess.iter().map(|e| e.0).sum();
+    let wanted = (need_sum - free).min(excess_sum);
+    if wanted == 0 {
+        return Vec::new();
+    }
+    // Largest excess per weight gives back first: keep the lowest-level excess units.
+    let keep = water_fill(excess_sum - wanted, &excess);
+    let mut gives: Vec<(usize, u64)> = (0..teams.len())
+        .map(|i| (i, excess[i].0 - keep[i]))
+        .filter(|g| g.1 > 0)
+        .collect();
+    // Free devices serve owners in name order first; the rest is matched to borrowers in name
+    // order.
+    let mut free_left = free;
+    let mut out = Vec::new();
+    let mut giver = 0;
+    for (owner, &need) in needs.iter().enumerate() {
+        let from_free = need.min(free_left);
+        free_left -= from_free;
+        let mut short = need - from_free;
+        while short > 0 && giver < gives.len() {
+            let (borrower, left) = &mut gives[giver];
+            let take = short.min(*left);
+            *left -= take;
+            short -= take;
+            if *left == 0 {
+                giver += 1;
+            }
+            out.push(Reclaim {
+                borrower: teams[*borrower].name.to_owned(),
+                devices: to_u32(take),
+                for_team: teams[owner].name.to_owned(),
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.for_team, &a.borrower).cmp(&(&b.for_team, &b.borrower)));
+    out
+}
+
+/// The numbers behind a team's share. Its `Display` is the one-line explanation, e.g.
+/// `8 guaranteed + 3 borrowed of 6 idle at weight 2/5`.
+///
+/// Rendered on demand (`to_string()`): formatting costs more than computing the whole share,
+/// and callers only need the text of teams whose status they write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Explanation {
+    guaranteed: u32,
+    effective: u32,
+    limit: u32,
+    weight: u32,
+    requested: u32,
+    lent: u32,
+    entitlement: u32,
+    idle: u32,
+    borrower_weight: u64,
+    over_by: u64,
+    can_borrow: bool,
+    over_lent: bool,
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} guaranteed", self.effective)?;
+        if self.effective < self.guaranteed {
+            write!(
+                f,
+                " (scaled down from {}: guarantees exceed capacity by {})",
+                self.guaranteed, self.over_by
+            )?;
+        }
+        let in_use_beyond = self.requested.saturating_sub(self.effective);
+        if in_use_beyond > 0 && self.lent > 0 {
+            write!(
+                f,
+                " + {} borrowed ({in_use_beyond} in use, {} more of {} idle at weight {}/{})",
+                u64::from(in_use_beyond) + u64::from(self.lent),
+                self.lent,
+                self.idle,
+                self.weight,
+                self.borrower_weight
+            )?;
+        } else if in_use_beyond > 0 {
+            write!(f, " + {in_use_beyond} borrowed, in use")?;
+        } else if self.lent > 0 {
+            write!(
+                f,
+                " + {} borrowed of {} idle at weight {}/{}",
+                self.lent, self.idle, self.weight, self.borrower_weight
+            )?;
+        }
+        if self.requested > self.limit {
+            write!(
+                f,
+                "; {} in use is above limit {}: quota held at use until claims are released",
+                self.requested, self.limit
+            )
+        } else if self.entitlement >= self.limit && self.limit > self.effective {
+            write!(f, "; limit {} reached", self.limit)
+        } else if self.can_borrow && self.lent == 0 {
+            if self.idle == 0 {
+                f.write_str("; no idle device to borrow")
+            } else if self.over_lent {
+                write!(
+                    f,
+                    "; nothing lent: the {} idle devices are owed to owners below their guarantee",
+                    self.idle
+                )
+            } else {
+                f.write_str("; the idle devices went to other borrowers")
+            }
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! How `teamgpu plan` shows a plan: a table for people, YAML for `kubectl apply`.
+
+use std::fmt::Write;
+
+use crate::plan::Plan;
+
+/// One row per team and sharing policy, then the warnings.
+pub fn table(plan: &Plan) -> String {
+    let header = [
+        "TEAM",
+        "SHARING POLICY",
+        "GUARANTEED",
+        "LIMIT",
+        "WEIGHT",
+        "CAPACITY",
+        "REQUESTED",
+        "ALLOCATED",
+        "ENTITLEMENT",
+        "NAMESPACES",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for team in &plan.teams {
+        let namespaces = if team.namespaces.is_empty() {
+            "-".to_owned()
+        } else {
+            team.namespaces.join(",")
+        };
+        if team.quotas.is_empty() {
+            rows.push(vec![
+                team.name.clone(),
+                "-".into(),
+                "".into(),
+                "".into(),
+                team.weight.to_string(),
+                "".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+                namespaces.clone(),
+            ]);
+        }
+        for q in &team.quotas {
+            let guaranteed = if q.effective_guarantee < q.guaranteed && q.capacity > 0 {
+                format!("{} (of {})", q.effective_guarantee, q.guaranteed)
+            } else {
+                q.guaranteed.to_string()
+            };
+            rows.push(vec![
+                team.name.clone(),
+                q.sharing_policy.clone(),
+                guaranteed,
+                q.limit.to_string(),
+                q.weight.to_string(),
+                q.capacity.to_string(),
+                q.requested.to_string(),
+                q.allocated.to_string(),
+                q.entitlement.to_string(),
+                namespaces.clone(),
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    let explained: Vec<String> = plan
+        .teams
+        .iter()
+        .flat_map(|t| t.quotas.iter().map(move |q| (t, q)))
+        .filter(|(_, q)| !q.explanation.is_empty())
+        .map(|(t, q)| format!("  {}/{}: {}", t.name, q.sharing_policy, q.explanation))
+        .collect();
+    if !explained.is_empty() {
+        let _ = writeln!(out, "\nWhy:");
+        for line in explained {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    if !plan.reclaims.is_empty() {
+        let _ = writeln!(out, "\nReclaim:");
+        for r in &plan.reclaims {
+            let _ = writeln!(
+                out,
+                "  {}: {} gives back {} devices to {}",
+                r.sharing_policy, r.borrower, r.devices, r.for_team
+            );
+        }
+    }
+    let _ = writeln!(out, "\nSharing policies:");
+    for p in &plan.sharing_policies {
+        let ready = p.conditions.iter().find(|c| c.type_ == "Ready");
+        let state = ready.map_or("", |c| if c.status { "Ready" } else { c.reason });
+        let _ = writeln!(
+            out,
+            "  {} -> DeviceClass {}: {} devices, {state}",
+            p.name, p.device_class, p.capacity
+        );
+    }
+    if !plan.warnings.is_empty() {
+        let _ = writeln!(out, "\nWarnings:");
+        for w in &plan.warnings {
+            let _ = writeln!(out, "  - {w}");
+        }
+    }
+    out
+}
+
+/// Every object the operator would apply, as one multi-document YAML stream.
+pub fn yaml(plan: &Plan) -> Result<String, serde_saphyr::SerializeError> {
+    let o = &plan.objects;
+    let mut out = String::new();
+    let mut push = |doc: String| {
+        out.push_str("---\n");
+        out.push_str(&doc);
+    };
+    for x in &o.device_classes {
+        push(serde_saphyr::to_string(x)?);
+    }
+    for x in &o.admission_policies {
+        push(serde_saphyr::to_string(x)?);
+    }
+    for x in &o.admission_bindings {
+        push(serde_saphyr::to_string(x)?);
+    }
+    for x in &o.resource_quotas {
+        push(serde_saphyr::to_string(x)?);
+    }
+    for x in &o.claim_templates {
+        push(serde_saphyr::to_string(x)?);
+    }
+    Ok(out)
+}

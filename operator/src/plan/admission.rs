@@ -1,0 +1,345 @@
+//! The ValidatingAdmissionPolicies that keep teams inside their entitlement. Pure.
+//!
+//! Two policies, because a policy with a `paramKind` cannot also be bound without params:
+//! - `teamgpu-team-requests`, with the team's TeamGpuPolicy as params and one binding per team
+//!   whose namespace selector names the team's namespaces. It denies, in ResourceClaims and
+//!   ResourceClaimTemplates, a governed DeviceClass the team has no quota for (in `exactly` and in
+//!   every `firstAvailable` subrequest), opaque config for a teamgpu class (it would override the
+//!   sharing strategy), `adminAccess`, and `allocationMode: All` on a teamgpu class.
+//! - `teamgpu-non-team-requests`, bound to every namespace outside all teams: no teamgpu class
+//!   there at all.
+//!
+//! The governed classes (teamgpu's and foreign ones that select the same devices) are compiled
+//! into the team policy as a variable, so a change of the set rewrites one object.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation, Variable,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+
+use super::objects::{managed_labels, owned_meta};
+use crate::api::{GROUP, TeamGpuPolicy};
+
+pub const TEAM_POLICY_NAME: &str = "teamgpu-team-requests";
+pub const NON_TEAM_POLICY_NAME: &str = "teamgpu-non-team-requests";
+/// The binding of the non-team policy.
+pub const NON_TEAM_BINDING_NAME: &str = "teamgpu-non-team-requests";
+/// The label Kubernetes sets on every namespace to its name (NamespaceDefaultLabelName, 1.21+).
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// The binding of a team: `teamgpu-team-<team>`.
+pub fn team_binding_name(team: &str) -> String {
+    format!("teamgpu-team-{team}")
+}
+
+/// Whether a request `r` (a DeviceRequest) names a DeviceClass for which `pred(class)` holds.
+fn request_uses(pred: &str) -> String {
+    let exactly = pred.replace("CLASS", "r.exactly.deviceClassName");
+    let sub = pred.replace("CLASS", "s.deviceClassName");
+    format!(
+        "((has(r.exactly) && {exactly}) || (has(r.firstAvailable) && r.firstAvailable.exists(s, {sub})))"
+    )
+}
+
+const TEAMGPU_CLASS: &str = "CLASS.endsWith('.teamgpu.io')";
+
+/// Variables shared by both policies: the claim spec of a ResourceClaim or of a template, and its
+/// requests. Kubernetes compiles VAP expressions with `object` as a dynamic type, so the branch for
+/// the other kind is only a type-checking warning, never evaluated.
+fn common_variables() -> Vec<Variable> {
+    vec![
+        Variable {
+            name: "claimSpec".into(),
+            expression: "object.kind == 'ResourceClaimTemplate' ? object.spec.spec : object.spec"
+                .into(),
+        },
+        Variable {
+            name: "devices".into(),
+            expression: "has(variables.claimSpec.devices) ? variables.claimSpec.devices : {}"
+                .into(),
+        },
+        Variable {
+            name: "requests".into(),
+            expression: "has(variables.devices.requests) ? variables.devices.requests : []".into(),
+        },
+    ]
+}
+
+fn rules() -> MatchResources {
+    MatchResources {
+        resource_rules: Some(vec![NamedRuleWithOperations {
+            api_groups: Some(vec!["resource.k8s.io".into()]),
+            api_versions: Some(vec!["*".into()]),
+            operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+            resources: Some(vec![
+                "resourceclaims".into(),
+                "resourceclaimtemplates".into(),
+            ]),
+            ..NamedRuleWithOperations::default()
+        }]),
+        ..MatchResources::default()
+    }
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: Some(managed_labels(MANAGED_OWNER)),
+        ..ObjectMeta::default()
+    }
+}
+
+/// Owner label of the cluster-wide admission objects, which no single policy owns.
+const MANAGED_OWNER: &str = "teamgpu";
+
+fn validation(expression: String, message_expression: &str) -> Validation {
+    Validation {
+        expression,
+        message_expression: Some(message_expression.to_owned()),
+        reason: Some("Forbidden".into()),
+        ..Validation::default()
+    }
+}
+
+/// The policy for team namespaces. `governed` are the foreign DeviceClass names that select
+/// devices teamgpu governs; teamgpu's own classes are recognised by their suffix.
+pub fn team_policy(governed: &BTreeSet<String>) -> ValidatingAdmissionPolicy {
+    let governed_list = governed
+        .iter()
+        .map(|c| super::selector::cel_string(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut variables = common_variables();
+    variables.push(Variable {
+        name: "governed".into(),
+        expression: format!("[{governed_list}]"),
+    });
+    variables.push(Variable {
+        name: "allowed".into(),
+        expression: format!(
+            "has(params.spec.quotas) ? params.spec.quotas.map(q, q.sharingPolicy + '.{GROUP}') : []"
+        ),
+    });
+    let denied_class = "((CLASS.endsWith('.teamgpu.io') || CLASS in variables.governed) && !(CLASS in variables.allowed))";
+    let who = "' (namespace ' + request.namespace + ' belongs to TeamGpuPolicy ' + params.metadata.name + ')'";
+    let validations = vec![
+        validation(
+            format!("!variables.requests.exists(r, {})", request_uses(denied_class)),
+            &format!(
+                "'a request names a GPU DeviceClass outside the team\\'s quotas; allowed: [' + variables.allowed.join(', ') + ']' + {who}"
+            ),
+        ),
+        validation(
+            format!(
+                "!(has(variables.devices.config) && variables.devices.config.exists(c, has(c.opaque) && \
+                 variables.requests.exists(r, {uses} && (!has(c.requests) || size(c.requests) == 0 || \
+                 r.name in c.requests || (has(r.firstAvailable) && r.firstAvailable.exists(s, r.name + '/' + s.name in c.requests))))))",
+                uses = request_uses(TEAMGPU_CLASS)
+            ),
+            &format!(
+                "'opaque device config is not allowed on teamgpu DeviceClasses: the class sets the sharing strategy' + {who}"
+            ),
+        ),
+        validation(
+            "!variables.requests.exists(r, has(r.exactly) && has(r.exactly.adminAccess) && r.exactly.adminAccess)".into(),
+            &format!("'adminAccess is not allowed in team namespaces' + {who}"),
+        ),
+        validation(
+            "!variables.requests.exists(r, (has(r.exactly) && has(r.exactly.allocationMode) && r.exactly.allocationMode == 'All' && r.exactly.deviceClassName.endsWith('.teamgpu.io')) || \
+             (has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.allocationMode) && s.allocationMode == 'All' && s.deviceClassName.endsWith('.teamgpu.io'))))".into(),
+            &format!("'allocationMode All is not allowed on teamgpu DeviceClasses: request an exact count' + {who}"),
+        ),
+    ];
+    ValidatingAdmissionPolicy {
+        metadata: meta(TEAM_POLICY_NAME),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(rules()),
+            param_kind: Some(ParamKind {
+                api_version: Some(format!("{GROUP}/v1alpha1")),
+                kind: Some("TeamGpuPolicy".into()),
+            }),
+            variables: Some(variables),
+            validations: Some(validations),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The policy for namespaces outside every team: no teamgpu DeviceClass.
+pub fn non_team_policy() -> ValidatingAdmissionPolicy {
+    ValidatingAdmissionPolicy {
+        metadata: meta(NON_TEAM_POLICY_NAME),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(rules()),
+            variables: Some(common_variables()),
+            validations: Some(vec![validation(
+                format!(
+                    "!variables.requests.exists(r, {})",
+                    request_uses(TEAMGPU_CLASS)
+                ),
+                "'namespace ' + request.namespace + ' belongs to no TeamGpuPolicy, so it may not request teamgpu DeviceClasses'",
+            )]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn names_selector(operator: &str, namespaces: &[String]) -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: NAMESPACE_NAME_LABEL.into(),
+            operator: operator.into(),
+            values: Some(namespaces.to_vec()),
+        }]),
+        ..LabelSelector::default()
+    }
+}
+
+/// A team's binding: its TeamGpuPolicy as params, in exactly the namespaces it owns now (the
+/// resolved list, so conflicts and explicit names are honoured). A team owning no namespace gets
+/// no binding: `In` needs at least one value.
+pub fn team_binding(
+    team: &TeamGpuPolicy,
+    namespaces: &[String],
+) -> Option<ValidatingAdmissionPolicyBinding> {
+    if namespaces.is_empty() {
+        return None;
+    }
+    let team_name = team.metadata.name.clone().unwrap_or_default();
+    Some(ValidatingAdmissionPolicyBinding {
+        metadata: owned_meta(team, team_binding_name(&team_name), None),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(TEAM_POLICY_NAME.into()),
+            param_ref: Some(ParamRef {
+                name: Some(team_name),
+                parameter_not_found_action: Some("Deny".into()),
+                ..ParamRef::default()
+            }),
+            match_resources: Some(MatchResources {
+                namespace_selector: Some(names_selector("In", namespaces)),
+                ..MatchResources::default()
+            }),
+            validation_actions: Some(vec!["Deny".into()]),
+        }),
+    })
+}
+
+/// The binding of the non-team policy: every namespace not owned by a team.
+pub fn non_team_binding(team_namespaces: &BTreeSet<&str>) -> ValidatingAdmissionPolicyBinding {
+    let owned: Vec<String> = team_namespaces.iter().map(|n| (*n).to_owned()).collect();
+    let namespace_selector = if owned.is_empty() {
+        LabelSelector::default()
+    } else {
+        names_selector("NotIn", &owned)
+    };
+    ValidatingAdmissionPolicyBinding {
+        metadata: meta(NON_TEAM_BINDING_NAME),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(NON_TEAM_POLICY_NAME.into()),
+            match_resources: Some(MatchResources {
+                namespace_selector: Some(namespace_selector),
+                ..MatchResources::default()
+            }),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..ValidatingAdmissionPolicyBindingSpec::default()
+        }),
+    }
+}
+
+/// Why a policy could not be evaluated.
+#[derive(Debug, thiserror::Error)]
+pub enum EvaluationError {
+    #[error("ValidatingAdmissionPolicy {0} has no spec")]
+    NoSpec(String),
+    #[error("variable {name} of ValidatingAdmissionPolicy {policy} references itself")]
+    CyclicVariable { policy: String, name: String },
+}
+
+/// Evaluate a ValidatingAdmissionPolicy's validations against one admission request with kube-cel
+/// and return the messages of the validations that deny it (empty: admitted).
+///
+/// kube-cel's evaluator binds `object`, `oldObject`, `request` and `params` but not `variables`, so
+/// each `variables.<name>` is inlined as its (parenthesised) expression first. Kubernetes evaluates
+/// variables lazily and at most once, which gives the same result as inlining; only cost differs.
+/// An expression that errors denies, as `failurePolicy: Fail` does.
+pub fn evaluate(
+    policy: &ValidatingAdmissionPolicy,
+    object: &serde_json::Value,
+    request: kube_cel::AdmissionRequest,
+    params: Option<&serde_json::Value>,
+) -> Result<Vec<String>, EvaluationError> {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let spec = policy
+        .spec
+        .as_ref()
+        .ok_or_else(|| EvaluationError::NoSpec(name.clone()))?;
+    let variables: Vec<(&str, &str)> = spec
+        .variables
+        .iter()
+        .flatten()
+        .map(|v| (v.name.as_str(), v.expression.as_str()))
+        .collect();
+    let inline = |expr: &str| -> Result<String, EvaluationError> {
+        let mut out = expr.to_owned();
+        // Each pass resolves one level of variables referring to earlier ones.
+        for _ in 0..=variables.len() {
+            if !out.contains("variables.") {
+                return Ok(out);
+            }
+            for (var, body) in &variables {
+                out = replace_identifier(&out, &format!("variables.{var}"), &format!("({body})"));
+            }
+        }
+        Err(EvaluationError::CyclicVariable {
+            policy: name.clone(),
+            name: expr.to_owned(),
+        })
+    };
+    let mut expressions = Vec::new();
+    for v in spec.validations.iter().flatten() {
+        expressions.push(kube_cel::VapExpression {
+            expression: inline(&v.expression)?,
+            message: v.message.clone(),
+            message_expression: v.message_expression.as_deref().map(inline).transpose()?,
+        });
+    }
+    let mut evaluator = kube_cel::VapEvaluator::builder()
+        .object(object.clone())
+        .request(request);
+    if let Some(params) = params {
+        evaluator = evaluator.params(params.clone());
+    }
+    Ok(evaluator
+        .build()
+        .evaluate(&expressions)
+        .into_iter()
+        .filter(|r| !r.passed)
+        .map(|r| r.message.unwrap_or_default())
+        .collect())
+}
+
+/// Replace `ident` in `text` where it is a whole identifier path (not followed by an identifier
+/// character, so `variables.spec` leaves `variables.specs` alone).
+fn replace_identifier(text: &str, ident: &str, with: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find(ident) {
+        let after = &rest[pos + ident.len()..];
+        let whole = !after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        out.push_str(&rest[..pos]);
+        out.push_str(if whole { with } else { ident });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}

@@ -1,0 +1,271 @@
+//! Which namespaces belong to which team. Pure.
+//!
+//! A namespace belongs to a team when the team's `namespaceSelector` matches its labels or the
+//! team lists it by name. A namespace claimed by two or more teams belongs to none of them: giving
+//! it to either would be a guess, and both teams report the conflict.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::api::TeamGpuPolicy;
+
+/// A namespace as the planner sees it: its name and labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A label selector Kubernetes would reject, so teamgpu does not guess what it means.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("matchExpressions[{index}]: operator {operator} needs at least one value")]
+    MissingValues { index: usize, operator: String },
+    #[error("matchExpressions[{index}]: operator {operator} takes no values")]
+    UnexpectedValues { index: usize, operator: String },
+    #[error(
+        "matchExpressions[{index}]: unknown operator {operator} (In, NotIn, Exists, DoesNotExist)"
+    )]
+    UnknownOperator { index: usize, operator: String },
+}
+
+/// Whether `selector` matches `labels`, with Kubernetes' semantics
+/// (apimachinery `LabelSelectorAsSelector`): all `matchLabels` and all `matchExpressions` must hold.
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, SelectorError> {
+    let mut matches = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    for (index, expr) in selector.match_expressions.iter().flatten().enumerate() {
+        let values = expr.values.as_deref().unwrap_or_default();
+        let value = labels.get(&expr.key);
+        let operator = expr.operator.clone();
+        let holds = match expr.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                return Err(SelectorError::MissingValues { index, operator });
+            }
+            "Exists" | "DoesNotExist" if !values.is_empty() => {
+                return Err(SelectorError::UnexpectedValues { index, operator });
+            }
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => !value.is_some_and(|v| values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => return Err(SelectorError::UnknownOperator { index, operator }),
+        };
+        matches &= holds;
+    }
+    Ok(matches)
+}
+
+/// The resolved membership of every team.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Team name -> the namespaces it owns, sorted.
+    pub namespaces: BTreeMap<String, Vec<String>>,
+    /// Team name -> namespace -> the other teams that also claim it.
+    pub conflicts: BTreeMap<String, BTreeMap<String, Vec<String>>>,
+    /// Team name -> why its selector could not be used.
+    pub selector_errors: BTreeMap<String, SelectorError>,
+    /// Team name -> namespaces it lists by name that do not exist.
+    pub missing: BTreeMap<String, Vec<String>>,
+}
+
+impl Membership {
+    /// The team that owns `namespace`, if exactly one does.
+    pub fn team_of<'a>(&'a self, namespace: &str) -> Option<&'a str> {
+        self.namespaces
+            .iter()
+            .find(|(_, nss)| nss.binary_search_by(|n| n.as_str().cmp(namespace)).is_ok())
+            .map(|(team, _)| team.as_str())
+    }
+
+    /// Every namespace that belongs to some team.
+    pub fn all_team_namespaces(&self) -> BTreeSet<&str> {
+        self.namespaces
+            .values()
+            .flatten()
+            .map(String::as_str)
+            .collect()
+    }
+}
+
+/// Resolve which namespaces belong to which team.
+pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[NamespaceInfo]) -> Membership {
+    let existing: BTreeSet<&str> = namespaces.iter().map(|n| n.name.as_str()).collect();
+    let mut claims: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut membership = Membership::default();
+
+    for team in teams {
+        let name = team.metadata.name.clone().unwrap_or_default();
+        membership.namespaces.entry(name.clone()).or_default();
+        for listed in &team.spec.namespaces {
+            if existing.contains(listed.as_str()) {
+                claims
+                    .entry(listed.as_str())
+                    .or_default()
+                    .insert(name.clone());
+            } else {
+                membership
+                    .missing
+                    .entry(name.clone())
+                    .or_default()
+                    .push(listed.clone());
+            }
+        }
+        let Some(selector) = &team.spec.namespace_selector else {
+            continue;
+        };
+        for ns in namespaces {
+            match selector_matches(selector, &ns.labels) {
+                Ok(true) => {
+                    claims
+                        .entry(ns.name.as_str())
+                        .or_default()
+                        .insert(name.clone());
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    membership.selector_errors.insert(name.clone(), error);
+                    break;
+                }
+            }
+        }
+    }
+
+    for (namespace, owners) in claims {
+        if owners.len() == 1 {
+            let owner = owners.into_iter().next().unwrap_or_default();
+            membership
+                .namespaces
+                .entry(owner)
+                .or_default()
+                .push(namespace.to_owned());
+            continue;
+        }
+        for team in &owners {
+            let others = owners.iter().filter(|o| *o != team).cloned().collect();
+            membership
+                .conflicts
+                .entry(team.clone())
+                .or_default()
+                .insert(namespace.to_owned(), others);
+        }
+    }
+    for list in membership.namespaces.values_mut() {
+        list.sort();
+    }
+    membership
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::TeamGpuPolicySpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn ns(name: &str, labels: &[(&str, &str)]) -> NamespaceInfo {
+        NamespaceInfo {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn team(name: &str, label: Option<&str>, names: &[&str]) -> TeamGpuPolicy {
+        TeamGpuPolicy::new(
+            name,
+            TeamGpuPolicySpec {
+                namespace_selector: label.map(|l| LabelSelector {
+                    match_labels: Some([("teamgpu.io/team".to_string(), l.to_string())].into()),
+                    ..Default::default()
+                }),
+                namespaces: names.iter().map(|n| n.to_string()).collect(),
+                weight: 1,
+                quotas: vec![],
+                reclaim: None,
+            },
+        )
+    }
+
+    #[test]
+    fn label_and_explicit_names_join_a_team() {
+        let namespaces = [
+            ns("ml-dev", &[("teamgpu.io/team", "ml")]),
+            ns("ml-prod", &[]),
+            ns("web", &[("teamgpu.io/team", "web")]),
+        ];
+        let m = resolve(&[team("ml", Some("ml"), &["ml-prod", "gone"])], &namespaces);
+        assert_eq!(m.namespaces["ml"], ["ml-dev", "ml-prod"]);
+        assert_eq!(m.missing["ml"], ["gone"]);
+        assert_eq!(m.team_of("ml-prod"), Some("ml"));
+        assert_eq!(m.team_of("web"), None);
+    }
+
+    #[test]
+    fn a_namespace_claimed_twice_belongs_to_neither_and_both_name_the_other() {
+        let namespaces = [ns("shared", &[("teamgpu.io/team", "a")]), ns("b-only", &[])];
+        let m = resolve(
+            &[
+                team("a", Some("a"), &[]),
+                team("b", None, &["shared", "b-only"]),
+            ],
+            &namespaces,
+        );
+        assert!(m.namespaces["a"].is_empty());
+        assert_eq!(m.namespaces["b"], ["b-only"]);
+        assert_eq!(m.conflicts["a"]["shared"], ["b"]);
+        assert_eq!(m.conflicts["b"]["shared"], ["a"]);
+        assert_eq!(m.team_of("shared"), None);
+    }
+
+    #[test]
+    fn match_expressions_follow_kubernetes_semantics() {
+        let labels: BTreeMap<String, String> = [("tier".to_string(), "gold".to_string())].into();
+        let expr = |op: &str, values: &[&str]| LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: op.into(),
+                values: (!values.is_empty())
+                    .then(|| values.iter().map(|v| v.to_string()).collect()),
+            }]),
+            ..Default::default()
+        };
+        assert_eq!(
+            selector_matches(&expr("In", &["gold", "silver"]), &labels),
+            Ok(true)
+        );
+        assert_eq!(
+            selector_matches(&expr("NotIn", &["gold"]), &labels),
+            Ok(false)
+        );
+        assert_eq!(
+            selector_matches(&expr("NotIn", &["gold"]), &BTreeMap::new()),
+            Ok(true)
+        );
+        assert_eq!(selector_matches(&expr("Exists", &[]), &labels), Ok(true));
+        assert_eq!(
+            selector_matches(&expr("DoesNotExist", &[]), &labels),
+            Ok(false)
+        );
+        assert!(matches!(
+            selector_matches(&expr("In", &[]), &labels),
+            Err(SelectorError::MissingValues { .. })
+        ));
+        assert!(matches!(
+            selector_matches(&expr("Exists", &["x"]), &labels),
+            Err(SelectorError::UnexpectedValues { .. })
+        ));
+        assert!(matches!(
+            selector_matches(&expr("Gt", &["1"]), &labels),
+            Err(SelectorError::UnknownOperator { .. })
+        ));
+    }
+}

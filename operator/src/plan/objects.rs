@@ -1,0 +1,361 @@
+//! The Kubernetes objects teamgpu generates: DeviceClasses, ResourceClaimTemplates and
+//! ResourceQuotas. Pure builders; the admission policy lives in [`super::admission`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, DeviceClaim, DeviceClass, DeviceClassConfiguration, DeviceClassSpec,
+    DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
+    ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use serde_json::json;
+
+use crate::api::{
+    DEFAULT_DRIVER, DeviceType, GROUP, GpuSharingPolicy, SharingStrategy, TeamGpuPolicy,
+    TimeSliceInterval,
+};
+
+/// The label every object teamgpu writes carries; pruning selects on it.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "teamgpu";
+/// `<Kind>.<name>` of the policy an object was generated from.
+pub const OWNER_LABEL: &str = "teamgpu.io/owner";
+/// A ResourceClaimTemplate's spec is immutable: a changed hash means delete and create.
+pub const CONTENT_HASH_ANNOTATION: &str = "teamgpu.io/content-hash";
+/// The name of the ResourceQuota in every team namespace.
+pub const QUOTA_NAME: &str = "teamgpu";
+/// The name of the single request in every generated template (`resources.claims[].request`).
+pub const TEMPLATE_REQUEST: &str = "gpu";
+/// The NVIDIA driver's opaque configuration API.
+const NVIDIA_CONFIG_API_VERSION: &str = "resource.nvidia.com/v1beta1";
+
+/// The DeviceClass generated for a GpuSharingPolicy.
+pub fn device_class_name(policy: &str) -> String {
+    format!("{policy}.{GROUP}")
+}
+
+/// Whether a DeviceClass name is in teamgpu's namespace of names (ours, even if stale).
+pub fn is_teamgpu_class(class: &str) -> bool {
+    class.ends_with(&format!(".{GROUP}"))
+}
+
+/// The ResourceClaimTemplate offering `count` devices of a sharing policy.
+pub fn template_name(policy: &str, count: u32) -> String {
+    if count == 1 {
+        policy.to_owned()
+    } else {
+        format!("{policy}-x{count}")
+    }
+}
+
+/// Labels and owner of an object generated from `owner`.
+pub(crate) fn owned_meta<K>(owner: &K, name: String, namespace: Option<String>) -> ObjectMeta
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let kind = K::kind(&());
+    let owner_name = owner.meta().name.clone().unwrap_or_default();
+    ObjectMeta {
+        name: Some(name),
+        namespace,
+        labels: Some(managed_labels(&format!("{kind}.{owner_name}"))),
+        // An ownerReference needs the owner's uid, which only a live object has; `teamgpu plan`
+        // on files leaves it out, and the operator (which reads live objects) always sets it.
+        owner_references: owner.meta().uid.clone().map(|uid| {
+            vec![OwnerReference {
+                api_version: K::api_version(&()).into_owned(),
+                kind: kind.into_owned(),
+                name: owner_name,
+                uid,
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]
+        }),
+        ..ObjectMeta::default()
+    }
+}
+
+/// `managed-by` plus the owner label. Never Argo CD's tracking label: Argo CD would prune what
+/// carries its parent's instance label.
+pub(crate) fn managed_labels(owner: &str) -> BTreeMap<String, String> {
+    [
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+        (OWNER_LABEL.to_owned(), owner.to_owned()),
+    ]
+    .into()
+}
+
+/// The DeviceClass of a sharing policy: its CEL selectors and the driver configuration of its
+/// sharing strategy.
+pub fn device_class(policy: &GpuSharingPolicy, selectors: &[String]) -> DeviceClass {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let config = sharing_config(policy).map(|parameters| {
+        vec![DeviceClassConfiguration {
+            opaque: Some(OpaqueDeviceConfiguration {
+                driver: policy.spec.driver.clone(),
+                parameters: RawExtension(parameters),
+            }),
+        }]
+    });
+    DeviceClass {
+        metadata: owned_meta(policy, device_class_name(&name), None),
+        spec: DeviceClassSpec {
+            selectors: Some(
+                selectors
+                    .iter()
+                    .map(|expression| DeviceSelector {
+                        cel: Some(CELDeviceSelector {
+                            expression: expression.clone(),
+                        }),
+                    })
+                    .collect(),
+            ),
+            config,
+            ..DeviceClassSpec::default()
+        },
+    }
+}
+
+/// The NVIDIA driver's opaque config for a sharing strategy (api/nvidia.com/resource/v1beta1:
+/// `GpuConfig` for whole GPUs, `MigDeviceConfig` for MIG devices). Exclusive needs none, and
+/// other drivers get none: their parameters are unknown to us (reported by the status).
+pub fn sharing_config(policy: &GpuSharingPolicy) -> Option<serde_json::Value> {
+    let spec = &policy.spec;
+    if spec.driver != DEFAULT_DRIVER {
+        return None;
+    }
+    let kind = match spec.selector.device_type {
+        DeviceType::Gpu => "GpuConfig",
+        DeviceType::Mig => "MigDeviceConfig",
+        DeviceType::Vfio => return None,
+    };
+    let sharing = match spec.sharing.strategy {
+        SharingStrategy::Exclusive => return None,
+        // MIG slices take no timeSlicingConfig (the driver rejects it on MigDeviceConfig).
+        SharingStrategy::TimeSlicing if spec.selector.device_type == DeviceType::Mig => {
+            json!({"strategy": "TimeSlicing"})
+        }
+        SharingStrategy::TimeSlicing => {
+            let interval = spec
+                .sharing
+                .time_slicing
+                .as_ref()
+                .map(|t| t.interval)
+                .unwrap_or_default();
+            let interval = match interval {
+                TimeSliceInterval::Default => "Default",
+                TimeSliceInterval::Short => "Short",
+                TimeSliceInterval::Medium => "Medium",
+                TimeSliceInterval::Long => "Long",
+            };
+            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}})
+        }
+        SharingStrategy::Mps => {
+            let mut mps = serde_json::Map::new();
+            if let Some(mps_spec) = &spec.sharing.mps {
+                if let Some(pct) = mps_spec.default_active_thread_percentage {
+                    mps.insert("defaultActiveThreadPercentage".into(), json!(pct));
+                }
+                if let Some(limit) = &mps_spec.default_pinned_device_memory_limit {
+                    mps.insert("defaultPinnedDeviceMemoryLimit".into(), json!(limit));
+                }
+            }
+            json!({"strategy": "MPS", "mpsConfig": mps})
+        }
+    };
+    Some(json!({"apiVersion": NVIDIA_CONFIG_API_VERSION, "kind": kind, "sharing": sharing}))
+}
+
+/// The ResourceClaimTemplates a team gets in one namespace for one sharing policy.
+pub fn claim_templates(
+    team: &TeamGpuPolicy,
+    policy: &GpuSharingPolicy,
+    namespace: &str,
+) -> Vec<ResourceClaimTemplate> {
+    let policy_name = policy.metadata.name.clone().unwrap_or_default();
+    let class = device_class_name(&policy_name);
+    let mut counts = policy.spec.claim_templates.counts.clone();
+    counts.sort_unstable();
+    counts.dedup();
+    counts
+        .into_iter()
+        .map(|count| {
+            let spec = ResourceClaimTemplateSpec {
+                metadata: None,
+                spec: ResourceClaimSpec {
+                    devices: Some(DeviceClaim {
+                        requests: Some(vec![DeviceRequest {
+                            name: TEMPLATE_REQUEST.to_owned(),
+                            exactly: Some(ExactDeviceRequest {
+                                device_class_name: class.clone(),
+                                allocation_mode: Some("ExactCount".to_owned()),
+                                count: Some(i64::from(count)),
+                                ..ExactDeviceRequest::default()
+                            }),
+                            first_available: None,
+                        }]),
+                        ..DeviceClaim::default()
+                    }),
+                },
+            };
+            let mut metadata = owned_meta(
+                team,
+                template_name(&policy_name, count),
+                Some(namespace.to_owned()),
+            );
+            metadata.annotations =
+                Some([(CONTENT_HASH_ANNOTATION.to_owned(), content_hash(&spec))].into());
+            ResourceClaimTemplate { metadata, spec }
+        })
+        .collect()
+}
+
+/// The ResourceQuota of one team namespace: `hard` holds, per DeviceClass resource name, the
+/// devices this namespace may request.
+pub fn resource_quota(
+    team: &TeamGpuPolicy,
+    namespace: &str,
+    hard: &BTreeMap<String, u32>,
+) -> ResourceQuota {
+    ResourceQuota {
+        metadata: owned_meta(team, QUOTA_NAME.to_owned(), Some(namespace.to_owned())),
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(
+                hard.iter()
+                    .map(|(k, v)| (k.clone(), Quantity(v.to_string())))
+                    .collect(),
+            ),
+            ..ResourceQuotaSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A stable hash of an object's content (FNV-1a over its JSON), so that a toolchain upgrade
+/// never changes it and recreates every template.
+pub fn content_hash<T: serde::Serialize>(value: &T) -> String {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{GpuSharingPolicySpec, Mps, Sharing, TimeSlicing};
+
+    fn policy(strategy: SharingStrategy) -> GpuSharingPolicy {
+        let mut spec: GpuSharingPolicySpec =
+            serde_json::from_value(json!({"claimTemplates": {"counts": [4, 1, 2]}})).unwrap();
+        spec.sharing = Sharing {
+            strategy,
+            time_slicing: (strategy == SharingStrategy::TimeSlicing).then_some(TimeSlicing {
+                interval: TimeSliceInterval::Long,
+            }),
+            mps: (strategy == SharingStrategy::Mps).then(|| Mps {
+                default_active_thread_percentage: Some(50),
+                default_pinned_device_memory_limit: Some("10Gi".into()),
+            }),
+        };
+        let mut p = GpuSharingPolicy::new("a100", spec);
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    #[test]
+    fn device_class_carries_selectors_owner_and_sharing_config() {
+        let class = device_class(&policy(SharingStrategy::TimeSlicing), &["true".into()]);
+        assert_eq!(class.metadata.name.as_deref(), Some("a100.teamgpu.io"));
+        let labels = class.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[OWNER_LABEL], "GpuSharingPolicy.a100");
+        assert_eq!(labels[MANAGED_BY_LABEL], "teamgpu");
+        assert!(!labels.contains_key("app.kubernetes.io/instance"));
+        let owner = &class.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("GpuSharingPolicy", "uid-1")
+        );
+        let config = class.spec.config.as_ref().unwrap()[0]
+            .opaque
+            .as_ref()
+            .unwrap();
+        assert_eq!(config.driver, "gpu.nvidia.com");
+        assert_eq!(
+            config.parameters.0,
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                   "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}})
+        );
+    }
+
+    #[test]
+    fn mps_config_matches_the_nvidia_demo_and_exclusive_has_none() {
+        let mps = sharing_config(&policy(SharingStrategy::Mps)).unwrap();
+        assert_eq!(
+            mps["sharing"],
+            json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                   "defaultPinnedDeviceMemoryLimit": "10Gi"}})
+        );
+        assert_eq!(sharing_config(&policy(SharingStrategy::Exclusive)), None);
+        let mut other_driver = policy(SharingStrategy::Mps);
+        other_driver.spec.driver = "gpu.example.com".into();
+        assert_eq!(sharing_config(&other_driver), None);
+    }
+
+    #[test]
+    fn one_template_per_count_named_by_count_with_a_content_hash() {
+        let team = TeamGpuPolicy::new(
+            "ml",
+            serde_json::from_value(json!({"namespaces": ["ml"]})).unwrap(),
+        );
+        let templates = claim_templates(&team, &policy(SharingStrategy::Exclusive), "ml");
+        let names: Vec<_> = templates
+            .iter()
+            .map(|t| t.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["a100", "a100-x2", "a100-x4"]);
+        let exactly = |t: &ResourceClaimTemplate| {
+            t.spec
+                .spec
+                .devices
+                .as_ref()
+                .unwrap()
+                .requests
+                .as_ref()
+                .unwrap()[0]
+                .exactly
+                .clone()
+                .unwrap()
+        };
+        assert_eq!(exactly(&templates[2]).count, Some(4));
+        assert_eq!(exactly(&templates[2]).device_class_name, "a100.teamgpu.io");
+        // No uid on the team (planned from a file): no ownerReference rather than an invalid one.
+        assert_eq!(templates[0].metadata.owner_references, None);
+        let hashes: Vec<_> = templates
+            .iter()
+            .map(|t| t.metadata.annotations.as_ref().unwrap()[CONTENT_HASH_ANNOTATION].clone())
+            .collect();
+        assert_ne!(hashes[0], hashes[1]);
+        assert_eq!(
+            hashes[0],
+            claim_templates(&team, &policy(SharingStrategy::Mps), "ml")[0]
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()[CONTENT_HASH_ANNOTATION]
+        );
+    }
+
+    #[test]
+    fn names_follow_the_documented_scheme() {
+        assert_eq!(template_name("a100", 1), "a100");
+        assert_eq!(template_name("a100", 8), "a100-x8");
+        assert!(is_teamgpu_class("x.teamgpu.io"));
+        assert!(!is_teamgpu_class("gpu.nvidia.com"));
+    }
+}

@@ -1,0 +1,164 @@
+//! Pending demand: devices that Pods wait for because their claims could not be created (quota
+//! refused them) or are not allocated yet. Pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+
+use super::PendingDemand;
+use super::usage::quota_charge;
+
+/// The devices pending Pods wait for, per namespace and DeviceClass.
+///
+/// For each claim of a pending Pod: an existing claim without allocation counts what quota charges
+/// for it; a claim from a template that does not exist yet (the resourceclaim controller could not
+/// create it, typically because quota refused) counts what the template would be charged.
+pub fn pending_demand(
+    pods: &[&Pod],
+    claims: &[&ResourceClaim],
+    templates: &[&ResourceClaimTemplate],
+) -> Vec<PendingDemand> {
+    let claim_by_name: BTreeMap<(&str, &str), &ResourceClaim> = claims
+        .iter()
+        .filter_map(|c| {
+            Some((
+                (
+                    c.metadata.namespace.as_deref()?,
+                    c.metadata.name.as_deref()?,
+                ),
+                *c,
+            ))
+        })
+        .collect();
+    let template_by_name: BTreeMap<(&str, &str), &ResourceClaimTemplate> = templates
+        .iter()
+        .filter_map(|t| {
+            Some((
+                (
+                    t.metadata.namespace.as_deref()?,
+                    t.metadata.name.as_deref()?,
+                ),
+                *t,
+            ))
+        })
+        .collect();
+    let mut demand: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for pod in pods {
+        let Some(namespace) = pod.metadata.namespace.as_deref() else {
+            continue;
+        };
+        if pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending") {
+            continue;
+        }
+        let generated: BTreeMap<&str, Option<&str>> = pod
+            .status
+            .iter()
+            .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+            .map(|s| (s.name.as_str(), s.resource_claim_name.as_deref()))
+            .collect();
+        for pod_claim in pod
+            .spec
+            .iter()
+            .flat_map(|s| s.resource_claims.iter().flatten())
+        {
+            let claim_name = pod_claim
+                .resource_claim_name
+                .as_deref()
+                .or_else(|| generated.get(pod_claim.name.as_str()).copied().flatten());
+            let charge = match claim_name.and_then(|n| claim_by_name.get(&(namespace, n))) {
+                Some(claim)
+                    if claim
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.allocation.is_some()) =>
+                {
+                    continue;
+                }
+                Some(claim) => quota_charge(&claim.spec),
+                None => match pod_claim.resource_claim_template_name.as_deref() {
+                    Some(t) => match template_by_name.get(&(namespace, t)) {
+                        Some(template) => quota_charge(&template.spec.spec),
+                        None => continue,
+                    },
+                    None => continue,
+                },
+            };
+            for (class, devices) in charge {
+                *demand.entry((namespace.to_owned(), class)).or_default() += devices;
+            }
+        }
+    }
+    demand
+        .into_iter()
+        .map(|((namespace, device_class), devices)| PendingDemand {
+            namespace,
+            device_class,
+            devices: u32::try_from(devices).unwrap_or(u32::MAX),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template() -> ResourceClaimTemplate {
+        serde_json::from_value(json!({
+            "metadata": {"name": "a100-x2", "namespace": "ml"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "a100.teamgpu.io", "allocationMode": "ExactCount", "count": 2}}]}}}
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str, phase: &str, generated: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"containers": [], "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "a100-x2"}]},
+            "status": {"phase": phase, "resourceClaimStatuses": generated.map(|c| vec![json!({"name": "gpus", "resourceClaimName": c})])}
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, allocated: bool) -> ResourceClaim {
+        let mut c: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": template().spec.spec,
+        }))
+        .unwrap();
+        if allocated {
+            c.status = Some(
+                serde_json::from_value(json!({"allocation": {"devices": {"results": []}}}))
+                    .unwrap(),
+            );
+        }
+        c
+    }
+
+    #[test]
+    fn pods_waiting_for_claims_count_what_they_would_be_charged() {
+        let t = template();
+        let (refused, unallocated, allocated, running) = (
+            pod("refused", "Pending", None),
+            pod("waiting", "Pending", Some("waiting-gpus")),
+            pod("placed", "Pending", Some("placed-gpus")),
+            pod("running", "Running", None),
+        );
+        let (c1, c2) = (claim("waiting-gpus", false), claim("placed-gpus", true));
+        let demand = pending_demand(
+            &[&refused, &unallocated, &allocated, &running],
+            &[&c1, &c2],
+            &[&t],
+        );
+        assert_eq!(
+            demand,
+            [PendingDemand {
+                namespace: "ml".into(),
+                device_class: "a100.teamgpu.io".into(),
+                devices: 4
+            }]
+        );
+    }
+}

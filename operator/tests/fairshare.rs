@@ -1,0 +1,711 @@
+//! Fair-share engine: property tests of every rule in docs/fair-sharing.md and the worked
+//! examples from that document.
+
+use proptest::prelude::*;
+use teamgpu::fairshare::{
+    FairShares, NamespaceUsage, PoolInput, PoolShares, TeamInput, TeamShare, compute_pool,
+    compute_pool_into,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Builders
+
+fn ns(namespace: &str, requested: u32, allocated: u32, pending: u32) -> NamespaceUsage {
+    NamespaceUsage {
+        namespace: namespace.to_owned(),
+        requested,
+        allocated,
+        pending,
+    }
+}
+
+fn team(
+    name: &str,
+    guaranteed: u32,
+    limit: u32,
+    weight: u32,
+    namespaces: Vec<NamespaceUsage>,
+) -> TeamInput {
+    TeamInput {
+        team: name.to_owned(),
+        guaranteed,
+        limit,
+        weight,
+        namespaces,
+    }
+}
+
+/// A team with one namespace named after it, whose claims are all allocated.
+fn using(name: &str, guaranteed: u32, limit: u32, weight: u32, in_use: u32) -> TeamInput {
+    team(
+        name,
+        guaranteed,
+        limit,
+        weight,
+        vec![ns(&format!("{name}-ns"), in_use, in_use, 0)],
+    )
+}
+
+fn share<'a>(out: &'a PoolShares, name: &str) -> &'a TeamShare {
+    out.teams
+        .iter()
+        .find(|t| t.team == name)
+        .unwrap_or_else(|| panic!("no team {name} in {out:#?}"))
+}
+
+fn entitlements(out: &PoolShares) -> Vec<(&str, u32)> {
+    out.teams
+        .iter()
+        .map(|t| (t.team.as_str(), t.entitlement))
+        .collect()
+}
+
+fn reclaims(out: &PoolShares) -> Vec<(&str, u32, &str)> {
+    out.reclaims
+        .iter()
+        .map(|r| (r.borrower.as_str(), r.devices, r.for_team.as_str()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worked examples (docs/fair-sharing.md)
+
+#[test]
+fn no_contention_everyone_can_reach_its_limit() {
+    let out = compute_pool(&PoolInput {
+        capacity: 32,
+        teams: vec![
+            using("alpha", 8, 16, 1, 3),
+            using("beta", 8, 16, 3, 5),
+            using("gamma", 8, 8, 1, 8),
+        ],
+    });
+    assert_eq!(out.idle, 16);
+    assert_eq!(
+        entitlements(&out),
+        [("alpha", 16), ("beta", 16), ("gamma", 8)]
+    );
+    assert_eq!(share(&out, "alpha").borrowed, 8);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed + 8 borrowed of 16 idle at weight 1/4; limit 16 reached"
+    );
+    assert_eq!(share(&out, "gamma").explanation.to_string(), "8 guaranteed");
+    assert!(out.reclaims.is_empty());
+    assert_eq!(out.overcommit, None);
+}
+
+#[test]
+fn one_team_idle_two_borrow_at_weights_1_and_3() {
+    let out = compute_pool(&PoolInput {
+        capacity: 24,
+        teams: vec![
+            using("alpha", 8, 24, 1, 8),
+            using("beta", 8, 24, 3, 8),
+            using("gamma", 8, 8, 1, 0),
+        ],
+    });
+    assert_eq!(out.idle, 8);
+    assert_eq!(
+        entitlements(&out),
+        [("alpha", 10), ("beta", 14), ("gamma", 8)]
+    );
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed + 2 borrowed of 8 idle at weight 1/4"
+    );
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "8 guaranteed + 6 borrowed of 8 idle at weight 3/4"
+    );
+    // gamma can still claim its whole guarantee at once.
+    assert_eq!(share(&out, "gamma").namespaces[0].hard, 8);
+}
+
+#[test]
+fn owner_returns_and_the_reclaim_is_named() {
+    // alpha and beta used what they borrowed; gamma's Pods now wait for 4 devices.
+    let out = compute_pool(&PoolInput {
+        capacity: 24,
+        teams: vec![
+            using("alpha", 8, 24, 1, 10),
+            using("beta", 8, 24, 3, 14),
+            team("gamma", 8, 8, 1, vec![ns("gamma-ns", 4, 0, 4)]),
+        ],
+    });
+    assert_eq!(out.idle, 0);
+    // Quotas never drop below use: the borrowers keep their claims, but cannot add any.
+    assert_eq!(
+        entitlements(&out),
+        [("alpha", 10), ("beta", 14), ("gamma", 8)]
+    );
+    // Excess over weight is 2/1 for alpha and 6/3 for beta: both give back, beta more.
+    assert_eq!(
+        reclaims(&out),
+        [("alpha", 1, "gamma"), ("beta", 3, "gamma")]
+    );
+}
+
+#[test]
+fn guarantees_above_capacity_are_scaled_down() {
+    let out = compute_pool(&PoolInput {
+        capacity: 20,
+        teams: vec![
+            using("alpha", 12, 12, 1, 8),
+            using("beta", 8, 8, 1, 5),
+            using("gamma", 10, 10, 1, 7),
+        ],
+    });
+    let effective: Vec<u32> = out.teams.iter().map(|t| t.effective_guarantee).collect();
+    assert_eq!(effective, [8, 5, 7]);
+    assert!(out.teams.iter().all(|t| t.scaled_down));
+    let overcommit = out.overcommit.as_ref().expect("overcommit condition");
+    assert_eq!((overcommit.guaranteed, overcommit.capacity), (30, 20));
+    assert_eq!(
+        overcommit.message,
+        "guarantees add up to 30 devices but the pool has 20 (10 too many): effective guarantees scaled down in proportion"
+    );
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "5 guaranteed (scaled down from 8: guarantees exceed capacity by 10); no idle device to borrow"
+    );
+}
+
+#[test]
+fn limit_reached_the_rest_goes_to_the_other_borrower() {
+    let out = compute_pool(&PoolInput {
+        capacity: 16,
+        teams: vec![using("alpha", 4, 6, 1, 4), using("beta", 4, 16, 1, 4)],
+    });
+    assert_eq!(entitlements(&out), [("alpha", 6), ("beta", 10)]);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "4 guaranteed + 2 borrowed of 8 idle at weight 1/2; limit 6 reached"
+    );
+}
+
+#[test]
+fn zero_guarantee_team_only_borrows() {
+    let out = compute_pool(&PoolInput {
+        capacity: 10,
+        teams: vec![using("guest", 0, 10, 1, 0), using("owner", 6, 6, 1, 2)],
+    });
+    assert_eq!(entitlements(&out), [("guest", 8), ("owner", 6)]);
+    assert_eq!(
+        share(&out, "guest").explanation.to_string(),
+        "0 guaranteed + 8 borrowed of 8 idle at weight 1/1"
+    );
+    // When the owner needs its devices back, the guest is named.
+    let out = compute_pool(&PoolInput {
+        capacity: 10,
+        teams: vec![
+            using("guest", 0, 10, 1, 8),
+            team("owner", 6, 6, 1, vec![ns("owner-ns", 6, 2, 4)]),
+        ],
+    });
+    assert_eq!(share(&out, "guest").entitlement, 8);
+    assert_eq!(reclaims(&out), [("guest", 4, "owner")]);
+}
+
+#[test]
+fn namespace_split_serves_pending_demand_first_then_evenly() {
+    let out = compute_pool(&PoolInput {
+        capacity: 20,
+        teams: vec![team(
+            "alpha",
+            12,
+            12,
+            1,
+            vec![
+                ns("train", 4, 4, 3),
+                ns("infer", 2, 2, 0),
+                ns("dev", 0, 0, 0),
+            ],
+        )],
+    });
+    let hards: Vec<(&str, u32)> = share(&out, "alpha")
+        .namespaces
+        .iter()
+        .map(|n| (n.namespace.as_str(), n.hard))
+        .collect();
+    // 12 - 6 in use = 6 headroom: 3 to train's pending Pods, then 1 each.
+    assert_eq!(hards, [("dev", 1), ("infer", 3), ("train", 8)]);
+}
+
+#[test]
+fn use_above_limit_keeps_existing_claims_valid() {
+    // The limit was lowered below what the team already uses.
+    let out = compute_pool(&PoolInput {
+        capacity: 20,
+        teams: vec![using("alpha", 2, 4, 1, 7)],
+    });
+    let alpha = share(&out, "alpha");
+    assert_eq!((alpha.entitlement, alpha.namespaces[0].hard), (7, 7));
+    assert_eq!(
+        alpha.explanation.to_string(),
+        "2 guaranteed + 5 borrowed, in use; 7 in use is above limit 4: quota held at use until claims are released"
+    );
+}
+
+#[test]
+fn duplicate_teams_are_merged() {
+    let a = compute_pool(&PoolInput {
+        capacity: 10,
+        teams: vec![
+            team("alpha", 2, 3, 1, vec![ns("x", 1, 1, 0)]),
+            team("alpha", 4, 1, 5, vec![ns("x", 1, 0, 1), ns("y", 2, 2, 0)]),
+        ],
+    });
+    let b = compute_pool(&PoolInput {
+        capacity: 10,
+        teams: vec![team(
+            "alpha",
+            4,
+            4,
+            5,
+            vec![ns("y", 2, 2, 0), ns("x", 2, 1, 1)],
+        )],
+    });
+    assert_eq!(a, b);
+    assert_eq!(a.teams.len(), 1);
+}
+
+#[test]
+fn incremental_update_recomputes_one_pool() {
+    let mut shares = FairShares::new();
+    let pool = PoolInput {
+        capacity: 8,
+        teams: vec![using("alpha", 4, 8, 1, 2)],
+    };
+    assert!(shares.update_pool("a100", &pool));
+    assert!(shares.update_pool("h100", &pool));
+    assert!(
+        !shares.update_pool("a100", &pool),
+        "same input, same shares"
+    );
+    let busier = PoolInput {
+        capacity: 8,
+        teams: vec![using("alpha", 4, 8, 1, 3)],
+    };
+    // Usage changed, but alpha's entitlement did not: only the usage figures differ.
+    assert!(shares.update_pool("a100", &busier));
+    assert_eq!(shares.pool("a100").map(|p| p.teams[0].requested), Some(3));
+    assert_eq!(shares.pool("h100").map(|p| p.teams[0].requested), Some(2));
+    assert_eq!(
+        shares.pools().map(|(name, _)| name).collect::<Vec<_>>(),
+        ["a100", "h100"]
+    );
+    assert!(shares.remove_pool("h100"));
+    assert!(shares.pool("h100").is_none());
+}
+
+#[test]
+fn extreme_values_do_not_panic() {
+    let huge = ns("n", u32::MAX, u32::MAX, u32::MAX);
+    let out = compute_pool(&PoolInput {
+        capacity: u32::MAX,
+        teams: vec![
+            team(
+                "a",
+                u32::MAX,
+                u32::MAX,
+                u32::MAX,
+                vec![huge.clone(), ns("m", u32::MAX, 0, 0)],
+            ),
+            team("b", u32::MAX, 0, 0, vec![huge.clone()]),
+            team("c", 0, u32::MAX, 1, vec![]),
+        ],
+    });
+    assert_eq!(out.teams.len(), 3);
+    assert!(compute_pool(&PoolInput::default()).teams.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties
+
+/// One team: guarantee, limit, weight and its namespaces' (requested, allocated, pending).
+fn team_strategy() -> impl Strategy<Value = (u32, u32, u32, Vec<(u32, u32, u32)>)> {
+    (
+        0u32..=120,
+        prop_oneof![Just(0u32), 0u32..=150, 0u32..=30],
+        0u32..=1100,
+        prop::collection::vec((0u32..=60, 0u32..=100, 0u32..=40), 0..=3),
+    )
+        .prop_map(|(g, extra, w, namespaces)| {
+            // Mostly limit >= guarantee, sometimes (extra drawn small) a limit below it.
+            let limit = if extra <= 10 && g > 20 {
+                g / 2
+            } else {
+                g + extra
+            };
+            let namespaces = namespaces
+                .into_iter()
+                .map(|(requested, allocated_pct, pending)| {
+                    (requested, requested * allocated_pct / 100, pending)
+                })
+                .collect();
+            (g, limit, w, namespaces)
+        })
+}
+
+/// A pool of up to `max_teams` uniquely named teams, listed in random order.
+fn pool_strategy(max_teams: usize) -> impl Strategy<Value = PoolInput> {
+    prop::collection::vec(team_strategy(), 0..=max_teams)
+        .prop_flat_map(|raw| {
+            let guaranteed: u32 = raw.iter().map(|t| t.0).sum();
+            let requested: u32 = raw.iter().flat_map(|t| t.3.iter().map(|n| n.0)).sum();
+            let held: u32 = raw
+                .iter()
+                .map(|t| t.0.max(t.3.iter().map(|n| n.0).sum()))
+                .sum();
+            // Capacity anywhere, or close to the guarantees, the use or what the teams hold,
+            // where the rules bite.
+            let capacity = prop_oneof![
+                0u32..=10_000,
+                (guaranteed / 2)..=(guaranteed + guaranteed / 2 + 1),
+                (requested / 2)..=(requested + requested / 4 + 1),
+                held..=(held + held / 2 + 1),
+            ];
+            (Just(raw), capacity.prop_map(|c| c.min(10_000)))
+        })
+        .prop_map(|(raw, capacity)| PoolInput {
+            capacity,
+            teams: raw
+                .into_iter()
+                .enumerate()
+                .map(|(i, (g, limit, weight, namespaces))| {
+                    let name = format!("team-{i:03}");
+                    let namespaces = namespaces
+                        .into_iter()
+                        .enumerate()
+                        .map(|(j, (r, a, p))| ns(&format!("{name}-ns{j}"), r, a, p))
+                        .collect();
+                    team(&name, g, limit, weight, namespaces)
+                })
+                .collect(),
+        })
+        .prop_shuffle_teams()
+}
+
+/// Shuffles the team order, so that tests never rely on sorted input.
+trait ShuffleTeams: Strategy<Value = PoolInput> + Sized {
+    fn prop_shuffle_teams(self) -> BoxedStrategy<PoolInput>
+    where
+        Self: 'static,
+    {
+        self.prop_flat_map(|pool| {
+            let capacity = pool.capacity;
+            Just(pool.teams)
+                .prop_shuffle()
+                .prop_map(move |teams| PoolInput { capacity, teams })
+        })
+        .boxed()
+    }
+}
+
+impl<S: Strategy<Value = PoolInput> + Sized> ShuffleTeams for S {}
+
+fn input_of<'a>(pool: &'a PoolInput, name: &str) -> &'a TeamInput {
+    pool.teams
+        .iter()
+        .find(|t| t.team == name)
+        .unwrap_or_else(|| panic!("no input for {name}"))
+}
+
+/// What a team holds without borrowing, and how much more it may borrow at most.
+fn base_and_cap(t: &TeamShare, idle: u64) -> (u64, u64) {
+    let (eg, used, limit) = (
+        u64::from(t.effective_guarantee),
+        u64::from(t.requested),
+        u64::from(t.limit),
+    );
+    let base = eg.max(used);
+    let cap = limit
+        .saturating_sub(base)
+        .min((used + idle).saturating_sub(base));
+    (base, cap)
+}
+
+/// Every rule of docs/fair-sharing.md that holds for a single pool.
+fn check_pool(input: &PoolInput, out: &PoolShares) {
+    let capacity = u64::from(input.capacity);
+    let names: Vec<&str> = out.teams.iter().map(|t| t.team.as_str()).collect();
+    assert!(
+        names.windows(2).all(|w| w[0] < w[1]),
+        "teams sorted and unique"
+    );
+    assert_eq!(out.teams.len(), input.teams.len());
+
+    // Rule 1: effective guarantees.
+    let g_sum: u64 = out.teams.iter().map(|t| u64::from(t.guaranteed)).sum();
+    let eg_sum: u64 = out
+        .teams
+        .iter()
+        .map(|t| u64::from(t.effective_guarantee))
+        .sum();
+    assert_eq!(
+        eg_sum,
+        g_sum.min(capacity),
+        "guarantees fill the capacity when overcommitted"
+    );
+    assert_eq!(out.overcommit.is_some(), g_sum > capacity);
+    for t in &out.teams {
+        let input = input_of(input, &t.team);
+        assert_eq!(t.guaranteed, input.guaranteed);
+        assert_eq!(
+            t.limit,
+            input.limit.max(input.guaranteed),
+            "limit below guarantee counts as guarantee"
+        );
+        assert_eq!(t.weight, input.weight.clamp(1, 1000));
+        assert!(t.effective_guarantee <= t.guaranteed);
+        assert_eq!(t.scaled_down, t.effective_guarantee < t.guaranteed);
+        // Proportional: never below the floor of the exact share.
+        if let Some(floor) = (capacity.min(g_sum) * u64::from(t.guaranteed)).checked_div(g_sum) {
+            assert!(
+                u64::from(t.effective_guarantee) >= floor,
+                "{} below its proportional share",
+                t.team
+            );
+        }
+        // Always claimable at once.
+        assert!(t.entitlement >= t.effective_guarantee);
+        assert_eq!(t.borrowed, t.entitlement - t.effective_guarantee);
+        let reqs: u32 = input.namespaces.iter().map(|n| n.requested).sum();
+        assert_eq!(t.requested, reqs);
+        if t.scaled_down {
+            assert!(
+                t.explanation.to_string().contains("scaled down"),
+                "{}",
+                t.explanation
+            );
+        }
+    }
+
+    // Rules 2 and 3: idle devices are lent, never twice, max-min fair by weight, all of them
+    // unless every borrower is full.
+    let used_sum: u64 = out.teams.iter().map(|t| u64::from(t.requested)).sum();
+    let idle = capacity.saturating_sub(used_sum);
+    assert_eq!(u64::from(out.idle), idle);
+    let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, idle).0).sum();
+    let over_lent = base_sum > capacity;
+    let mut lent_sum = 0;
+    let mut lent = Vec::new();
+    for t in &out.teams {
+        let (base, cap) = base_and_cap(t, idle);
+        let cap = if over_lent { 0 } else { cap };
+        let b = u64::from(t.entitlement) - base;
+        assert!(b <= cap, "{} borrows {b} beyond its cap {cap}", t.team);
+        lent_sum += b;
+        lent.push((b, cap, u64::from(t.weight)));
+    }
+    assert!(lent_sum <= idle, "lent {lent_sum} of {idle} idle");
+    if lent_sum < idle {
+        assert!(
+            lent.iter().all(|&(b, cap, _)| b == cap),
+            "idle left while a team may borrow"
+        );
+    }
+    for &(bs, _, ws) in &lent {
+        for &(bt, capt, wt) in &lent {
+            if bs > 0 && bt < capt {
+                // s's last device is at level bs/ws, t's next one at (bt+1)/wt.
+                assert!(
+                    bs * wt <= (bt + 1) * ws,
+                    "weighted max-min violated: {lent:?}"
+                );
+            }
+        }
+    }
+
+    // Rules 4 and 5: limits, use and the namespace split.
+    for t in &out.teams {
+        let input = input_of(input, &t.team);
+        assert!(t.entitlement >= t.requested, "quota below use");
+        assert!(t.entitlement <= t.limit.max(t.requested), "limit exceeded");
+        assert_eq!(t.namespaces.len(), input.namespaces.len());
+        let hard_sum: u64 = t.namespaces.iter().map(|n| u64::from(n.hard)).sum();
+        if !t.namespaces.is_empty() {
+            assert_eq!(
+                hard_sum,
+                u64::from(t.entitlement),
+                "namespace hards add up to the entitlement"
+            );
+        }
+        let headroom = t.entitlement - t.requested;
+        let pending_sum: u32 = input.namespaces.iter().map(|n| n.pending).sum();
+        for share in &t.namespaces {
+            let usage = input
+                .namespaces
+                .iter()
+                .find(|n| n.namespace == share.namespace)
+                .expect("namespace");
+            assert!(share.hard >= usage.requested, "namespace quota below use");
+            if pending_sum <= headroom {
+                assert!(
+                    share.hard >= usage.requested + usage.pending,
+                    "pending demand served first"
+                );
+            }
+        }
+    }
+
+    // Rule 6: reclaims cover the waiting owners' shortfall, never take a borrower below its
+    // guarantee and only happen when an owner waits.
+    let need = |t: &TeamShare| {
+        t.pending
+            .min(t.effective_guarantee.saturating_sub(t.allocated))
+    };
+    let need_sum: u64 = out.teams.iter().map(|t| u64::from(need(t))).sum();
+    let allocated_sum: u64 = out.teams.iter().map(|t| u64::from(t.allocated)).sum();
+    let free = capacity.saturating_sub(allocated_sum);
+    let reclaimed: u64 = out.reclaims.iter().map(|r| u64::from(r.devices)).sum();
+    assert_eq!(
+        reclaimed,
+        need_sum.saturating_sub(free),
+        "reclaim covers the shortfall: {:?}",
+        out.reclaims
+    );
+    for t in &out.teams {
+        let given: u32 = out
+            .reclaims
+            .iter()
+            .filter(|r| r.borrower == t.team)
+            .map(|r| r.devices)
+            .sum();
+        let got: u32 = out
+            .reclaims
+            .iter()
+            .filter(|r| r.for_team == t.team)
+            .map(|r| r.devices)
+            .sum();
+        assert!(
+            given == 0 || t.allocated - given >= t.effective_guarantee,
+            "{} reclaimed below guarantee",
+            t.team
+        );
+        assert!(got <= need(t), "{} gets more than it waits for", t.team);
+        assert!(given == 0 || got == 0);
+    }
+    assert!(out.reclaims.iter().all(|r| r.devices > 0));
+}
+
+proptest! {
+    #[test]
+    fn every_rule_holds(pool in pool_strategy(200)) {
+        check_pool(&pool, &compute_pool(&pool));
+    }
+
+    #[test]
+    fn independent_of_input_order(pool in pool_strategy(60), seed in any::<u64>()) {
+        let mut shuffled = pool.clone();
+        shuffled.teams.reverse();
+        let len = shuffled.teams.len().max(1);
+        shuffled.teams.rotate_left((seed as usize) % len);
+        for t in &mut shuffled.teams {
+            t.namespaces.reverse();
+        }
+        prop_assert_eq!(compute_pool(&pool), compute_pool(&shuffled));
+    }
+
+    #[test]
+    fn reusing_an_old_answer_gives_the_same_answer(a in pool_strategy(40), b in pool_strategy(40)) {
+        let mut out = compute_pool(&a);
+        compute_pool_into(&b, &mut out);
+        prop_assert_eq!(out, compute_pool(&b));
+    }
+
+    #[test]
+    fn more_capacity_never_lowers_an_entitlement(pool in pool_strategy(60), more in 1u32..=50) {
+        let before = compute_pool(&pool);
+        let bigger = PoolInput { capacity: pool.capacity + more, ..pool.clone() };
+        let after = compute_pool(&bigger);
+        for (b, a) in before.teams.iter().zip(&after.teams) {
+            prop_assert!(a.effective_guarantee >= b.effective_guarantee, "{}", a.team);
+            prop_assert!(
+                a.entitlement >= b.entitlement,
+                "{}: {} -> {}", a.team, b.entitlement, a.entitlement
+            );
+        }
+    }
+
+    #[test]
+    fn more_weight_never_lowers_the_own_entitlement(
+        pool in pool_strategy(60),
+        pick in any::<prop::sample::Index>(),
+        more in 1u32..=500,
+    ) {
+        prop_assume!(!pool.teams.is_empty());
+        let i = pick.index(pool.teams.len());
+        let before = compute_pool(&pool);
+        let mut heavier = pool.clone();
+        heavier.teams[i].weight = heavier.teams[i].weight.saturating_add(more);
+        let after = compute_pool(&heavier);
+        let name = &pool.teams[i].team;
+        prop_assert!(share(&after, name).entitlement >= share(&before, name).entitlement);
+    }
+
+    #[test]
+    fn arbitrary_input_never_panics(
+        capacity in any::<u32>(),
+        teams in prop::collection::vec(
+            ("[a-c]", any::<u32>(), any::<u32>(), any::<u32>(),
+             prop::collection::vec(("[x-z]", any::<u32>(), any::<u32>(), any::<u32>()), 0..3)),
+            0..8),
+    ) {
+        let pool = PoolInput {
+            capacity,
+            teams: teams.into_iter().map(|(name, g, l, w, nss)| team(&name, g, l, w,
+                nss.into_iter().map(|(n, r, a, p)| ns(&n, r, a, p)).collect())).collect(),
+        };
+        let out = compute_pool(&pool);
+        for t in &out.teams {
+            prop_assert!(t.entitlement >= t.effective_guarantee);
+            prop_assert!(t.entitlement <= t.limit.max(t.requested));
+        }
+    }
+}
+
+/// The random pools reach every regime the rules talk about, so that the properties above are
+/// exercised and not passed vacuously.
+#[test]
+fn random_pools_reach_every_regime() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let (mut overcommitted, mut lending, mut reclaiming, mut over_lent, mut at_limit) =
+        (0, 0, 0, 0, 0);
+    for _ in 0..500 {
+        let Ok(tree) = pool_strategy(200).new_tree(&mut runner) else {
+            continue;
+        };
+        let pool = tree.current();
+        let out = compute_pool(&pool);
+        let held: u64 = out
+            .teams
+            .iter()
+            .map(|t| u64::from(t.effective_guarantee.max(t.requested)))
+            .sum();
+        overcommitted += u32::from(out.overcommit.is_some());
+        lending += u32::from(
+            out.teams
+                .iter()
+                .any(|t| t.entitlement > t.effective_guarantee.max(t.requested)),
+        );
+        reclaiming += u32::from(!out.reclaims.is_empty());
+        over_lent += u32::from(held > u64::from(pool.capacity));
+        at_limit +=
+            u32::from(out.teams.iter().any(|t| {
+                t.entitlement == t.limit && t.limit > t.effective_guarantee.max(t.requested)
+            }));
+    }
+    for (regime, count) in [
+        ("overcommitted", overcommitted),
+        ("lending", lending),
+        ("reclaiming", reclaiming),
+        ("over-lent", over_lent),
+        ("borrower at its limit", at_limit),
+    ] {
+        assert!(count >= 25, "only {count} of 500 random pools are {regime}");
+    }
+}
