@@ -10,7 +10,7 @@ mod observe;
 mod reclaim;
 mod writer;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +43,8 @@ pub struct Config {
     pub lease_name: String,
     /// This replica's identity in the Lease (the Pod name).
     pub identity: String,
+    /// How long a Lease holds without renewal: the longest a crashed leader blocks a successor.
+    pub lease_duration: Duration,
     /// Serves /metrics, /healthz and /readyz.
     pub metrics_addr: SocketAddr,
     /// Whether teams reclaim borrowed devices by eviction unless their policy says otherwise.
@@ -62,6 +64,7 @@ impl Default for Config {
             lease_namespace: "teamgpu-system".into(),
             lease_name: "teamgpu-leader".into(),
             identity: "teamgpu".into(),
+            lease_duration: Duration::from_secs(15),
             metrics_addr: ([0, 0, 0, 0], 8080).into(),
             reclaim_default: false,
             reclaim_grace: Duration::from_secs(120),
@@ -189,7 +192,7 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), reporter),
         backoff: writer::Backoff::default(),
         reclaim: reclaim::Tracker::default(),
-        reported: BTreeSet::new(),
+        inventory: None,
     };
     let loop_ = async {
         let mut leader = leader.clone();
@@ -234,8 +237,9 @@ struct Reconciler {
     recorder: Recorder,
     backoff: writer::Backoff,
     reclaim: reclaim::Tracker,
-    /// Warnings already published as Events, so each is reported once.
-    reported: BTreeSet<String>,
+    /// The inventory of the ResourceSlices it was built from (by uid and resourceVersion):
+    /// rebuilt only when a slice changed, since it is the costliest part of a plan.
+    inventory: Option<(u64, Arc<plan::inventory::Inventory>)>,
 }
 
 /// A custom resource that could not be read into its type: reported, never fatal.
@@ -385,7 +389,8 @@ impl Reconciler {
         };
         self.metrics.reconciles.get_or_create(&labels).inc();
         let (state, sharing, teams, malformed) = self.snapshot();
-        let plan = plan::plan(&state);
+        let inventory = self.inventory(&state);
+        let plan = plan::plan_with_inventory(&state, &inventory);
         self.metrics.observe_plan(&plan);
         for m in &malformed {
             tracing::warn!(object = %m, "custom resource could not be read; skipped");
@@ -415,8 +420,36 @@ impl Reconciler {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    /// Events for what a person should know: conflicts, overcommit, invalid selectors. Each
-    /// finding is published once per process (the recorder also folds repeats into a series).
+    fn inventory(&mut self, state: &ClusterState) -> Arc<plan::inventory::Inventory> {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut versions: Vec<(&str, &str)> = state
+            .slices
+            .iter()
+            .map(|s| {
+                (
+                    s.metadata.uid.as_deref().unwrap_or(""),
+                    s.metadata.resource_version.as_deref().unwrap_or(""),
+                )
+            })
+            .collect();
+        versions.sort_unstable();
+        let mut hasher =
+            std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher();
+        versions.hash(&mut hasher);
+        let fingerprint = hasher.finish();
+        match &self.inventory {
+            Some((f, inventory)) if *f == fingerprint => inventory.clone(),
+            _ => {
+                let inventory = Arc::new(plan::inventory::Inventory::from_slices(&state.slices));
+                self.inventory = Some((fingerprint, inventory.clone()));
+                inventory
+            }
+        }
+    }
+
+    /// Events for what a person should know: conflicts, overcommit, quota changes, invalid
+    /// selectors. An event is published when the finding differs from the live status (a
+    /// transition), so a restart on a converged cluster publishes nothing.
     async fn publish_events(
         &mut self,
         plan: &plan::Plan,
@@ -425,32 +458,54 @@ impl Reconciler {
     ) {
         use kube::Resource;
         use kube::runtime::events::{Event, EventType};
+        let is_new =
+            |live: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]>,
+             c: &plan::conditions::DesiredCondition| {
+                let status = if c.status { "True" } else { "False" };
+                !live
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|l| l.type_ == c.type_ && l.status == status && l.message == c.message)
+            };
         let mut events = Vec::new();
         for report in &plan.teams {
             let Some(team) = teams.iter().find(|t| t.name_any() == report.name) else {
                 continue;
             };
+            let live = team.status.as_ref();
+            let live_conditions = live.map(|s| s.conditions.as_slice());
             for c in report
                 .conditions
                 .iter()
                 .filter(|c| c.status && (c.type_ == "Conflict" || c.type_ == "Overcommitted"))
             {
-                events.push((team.object_ref(&()), c.reason, c.message.clone()));
-            }
-            for q in &report.quotas {
-                let key = format!(
-                    "quota/{}/{}/{}",
-                    report.name, q.sharing_policy, q.entitlement
-                );
-                if !self.reported.contains(&key) {
-                    self.reported.insert(key);
+                if is_new(live_conditions, c) {
                     events.push((
                         team.object_ref(&()),
+                        EventType::Warning,
+                        c.reason,
+                        c.message.clone(),
+                    ));
+                }
+            }
+            for q in &report.quotas {
+                let before = live
+                    .and_then(|s| {
+                        s.quotas
+                            .iter()
+                            .find(|l| l.sharing_policy == q.sharing_policy)
+                    })
+                    .map(|l| l.entitlement);
+                if before != Some(q.entitlement) {
+                    let note = format!(
+                        "{}: entitlement {} devices ({})",
+                        q.sharing_policy, q.entitlement, q.explanation
+                    );
+                    events.push((
+                        team.object_ref(&()),
+                        EventType::Normal,
                         "QuotaChanged",
-                        format!(
-                            "{}: entitlement {} ({})",
-                            q.sharing_policy, q.entitlement, q.explanation
-                        ),
+                        note,
                     ));
                 }
             }
@@ -459,29 +514,25 @@ impl Reconciler {
             let Some(policy) = sharing.iter().find(|p| p.name_any() == report.name) else {
                 continue;
             };
+            let live_conditions = policy.status.as_ref().map(|s| s.conditions.as_slice());
             for c in report
                 .conditions
                 .iter()
                 .filter(|c| c.type_ == "SelectorValid" && !c.status)
             {
-                events.push((policy.object_ref(&()), c.reason, c.message.clone()));
+                if is_new(live_conditions, c) {
+                    events.push((
+                        policy.object_ref(&()),
+                        EventType::Warning,
+                        c.reason,
+                        c.message.clone(),
+                    ));
+                }
             }
         }
-        for (reference, reason, note) in events {
-            let key = format!(
-                "{}/{}/{reason}/{note}",
-                reference.kind.clone().unwrap_or_default(),
-                reference.name.clone().unwrap_or_default()
-            );
-            if !reason.starts_with("Quota") && !self.reported.insert(key) {
-                continue;
-            }
+        for (reference, type_, reason, note) in events {
             let event = Event {
-                type_: if reason == "QuotaChanged" {
-                    EventType::Normal
-                } else {
-                    EventType::Warning
-                },
+                type_,
                 reason: reason.into(),
                 note: Some(note.chars().take(1000).collect()),
                 action: "Plan".into(),

@@ -289,18 +289,8 @@ pub fn evaluate(
         .flatten()
         .map(|v| (v.name.as_str(), v.expression.as_str()))
         .collect();
-    let inline = |expr: &str| -> Result<String, EvaluationError> {
-        let mut out = expr.to_owned();
-        // Each pass resolves one level of variables referring to earlier ones.
-        for _ in 0..=variables.len() {
-            if !out.contains("variables.") {
-                return Ok(out);
-            }
-            for (var, body) in &variables {
-                out = replace_identifier(&out, &format!("variables.{var}"), &format!("({body})"));
-            }
-        }
-        Err(EvaluationError::CyclicVariable {
+    let inline = |expr: &str| {
+        inline_variables(&variables, expr).ok_or_else(|| EvaluationError::CyclicVariable {
             policy: name.clone(),
             name: expr.to_owned(),
         })
@@ -326,6 +316,24 @@ pub fn evaluate(
         .filter(|r| !r.passed)
         .map(|r| r.message.unwrap_or_default())
         .collect())
+}
+
+/// `expr` with every `variables.<name>` replaced by that variable's (parenthesised) expression,
+/// recursively; `None` when variables refer to each other in a cycle. Kubernetes evaluates a
+/// variable lazily and at most once, which gives the same result as inlining (only the cost
+/// differs), so an evaluator without `variables` (kube-cel's) can run such a policy.
+pub fn inline_variables(variables: &[(&str, &str)], expr: &str) -> Option<String> {
+    let mut out = expr.to_owned();
+    // Each pass resolves one level of variables referring to earlier ones.
+    for _ in 0..=variables.len() {
+        if !out.contains("variables.") {
+            return Some(out);
+        }
+        for (var, body) in variables {
+            out = replace_identifier(&out, &format!("variables.{var}"), &format!("({body})"));
+        }
+    }
+    None
 }
 
 /// Replace `ident` in `text` where it is a whole identifier path (not followed by an identifier

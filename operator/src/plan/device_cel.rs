@@ -337,21 +337,21 @@ impl DeviceEnv {
 }
 
 /// Shares the `Arc<str>` of driver, domain and attribute names (few distinct ones, repeated on
-/// every device) process-wide.
+/// every device) per thread: no lock on the hot path of building an inventory.
 fn intern(s: &str) -> Arc<str> {
-    static POOL: OnceLock<Mutex<std::collections::HashSet<Arc<str>>>> = OnceLock::new();
-    let pool = POOL.get_or_init(Default::default);
-    if let Ok(mut p) = pool.lock() {
-        if let Some(a) = p.get(s) {
+    thread_local! {
+        static POOL: std::cell::RefCell<std::collections::HashSet<Arc<str>>> = Default::default();
+    }
+    POOL.with_borrow_mut(|pool| {
+        if let Some(a) = pool.get(s) {
             return a.clone();
         }
-        if p.len() < INTERN_CAPACITY {
-            let a: Arc<str> = Arc::from(s);
-            p.insert(a.clone());
-            return a;
+        let a: Arc<str> = Arc::from(s);
+        if pool.len() < INTERN_CAPACITY {
+            pool.insert(a.clone());
         }
-    }
-    Arc::from(s)
+        a
+    })
 }
 
 fn key(s: &str) -> Key {

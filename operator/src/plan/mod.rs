@@ -504,9 +504,7 @@ fn stamp_content_hashes(objects: &mut DesiredObjects) {
     for o in &mut objects.device_classes {
         stamp(&mut o.metadata, &o.spec);
     }
-    for o in &mut objects.claim_templates {
-        stamp(&mut o.metadata, &o.spec);
-    }
+    // ResourceClaimTemplates carry theirs from `objects::claim_templates` already.
     for o in &mut objects.resource_quotas {
         stamp(&mut o.metadata, &o.spec);
     }

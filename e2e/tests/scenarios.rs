@@ -1,0 +1,815 @@
+//! End-to-end scenarios: the real operator (`teamgpu::controller::run`) against the API stand-in,
+//! or against the cluster named by `TEAMGPU_E2E_KUBECONFIG`. Each asserts what a user would check
+//! with kubectl.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu_e2e::TestCluster;
+use tokio::sync::oneshot;
+
+/// The operator running in-process until dropped.
+struct Operator {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), teamgpu::controller::Error>>,
+}
+
+impl Operator {
+    fn start(client: Client, config: teamgpu::controller::Config) -> Operator {
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(teamgpu::controller::run(client, config, async {
+            let _ = stopped.await;
+        }));
+        Operator {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn default_config() -> teamgpu::controller::Config {
+        teamgpu::controller::Config {
+            metrics_addr: ([127, 0, 0, 1], 0).into(),
+            debounce: Duration::from_millis(20),
+            ..Default::default()
+        }
+    }
+
+    /// Graceful stop (as on SIGTERM).
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Poll `check` until it returns `Some`, or fail after `timeout` with the last state.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) if started.elapsed() > timeout => {
+                panic!("{what}: not within {timeout:?}; last: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+        }
+    }
+}
+
+const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/samples");
+
+fn samples() -> (Vec<GpuSharingPolicy>, Vec<TeamGpuPolicy>) {
+    let mut loaded = teamgpu::input::Loaded::default();
+    for name in std::fs::read_dir(SAMPLES)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+    {
+        if name.file_name().is_some_and(|n| n != "kustomization.yaml") {
+            let text = std::fs::read_to_string(&name).unwrap();
+            teamgpu::input::add_documents(&mut loaded, &name, &text).unwrap();
+        }
+    }
+    (loaded.state.sharing_policies, loaded.state.teams)
+}
+
+fn fresh<K: kube::Resource + Clone>(obj: &K) -> K {
+    let mut obj = obj.clone();
+    let meta = obj.meta_mut();
+    *meta = ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        labels: meta.labels.clone(),
+        ..Default::default()
+    };
+    obj
+}
+
+/// A cluster with the NVIDIA driver's DeviceClasses and six 8-GPU nodes (the built-in example's
+/// inventory), the sample policies, and the example's namespaces.
+struct World {
+    cluster: TestCluster,
+    client: Client,
+}
+
+impl World {
+    async fn new() -> World {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let cluster = TestCluster::start().await.expect("cluster");
+        let client = cluster.client();
+        let example = teamgpu::example::state().unwrap();
+        let classes: Api<DeviceClass> = Api::all(client.clone());
+        for class in &example.device_classes {
+            classes
+                .create(&PostParams::default(), &fresh(class))
+                .await
+                .unwrap();
+        }
+        let slices: Api<ResourceSlice> = Api::all(client.clone());
+        for slice in &example.slices {
+            slices
+                .create(&PostParams::default(), &fresh(slice))
+                .await
+                .unwrap();
+        }
+        let world = World { cluster, client };
+        for ns in &example.namespaces {
+            world
+                .namespace(
+                    &ns.name,
+                    ns.labels.get("teamgpu.io/team").map(String::as_str),
+                )
+                .await;
+        }
+        world
+    }
+
+    async fn namespace(&self, name: &str, team: Option<&str>) {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: team
+                    .map(|t| BTreeMap::from([("teamgpu.io/team".to_owned(), t.to_owned())])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+
+    async fn install_samples(&self) {
+        let (sharing, teams) = samples();
+        for p in &sharing {
+            Api::<GpuSharingPolicy>::all(self.client.clone())
+                .create(&PostParams::default(), &fresh(p))
+                .await
+                .unwrap();
+        }
+        for t in &teams {
+            Api::<TeamGpuPolicy>::all(self.client.clone())
+                .create(&PostParams::default(), &fresh(t))
+                .await
+                .unwrap();
+        }
+    }
+
+    fn operator(&self) -> Operator {
+        Operator::start(self.client.clone(), Operator::default_config())
+    }
+
+    async fn quota_hard(&self, ns: &str) -> Result<BTreeMap<String, String>, String> {
+        let q = Api::<ResourceQuota>::namespaced(self.client.clone(), ns)
+            .get_opt("teamgpu")
+            .await
+            .map_err(|e| e.to_string())?;
+        let q = q.ok_or_else(|| format!("no quota in {ns}"))?;
+        Ok(q.spec
+            .and_then(|s| s.hard)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect())
+    }
+
+    async fn templates(&self, ns: &str) -> Vec<String> {
+        let list = Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+        let mut names: Vec<_> = list.items.iter().map(|t| t.name_any()).collect();
+        names.sort();
+        names
+    }
+}
+
+fn condition<'a>(
+    conds: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conds.iter().find(|c| c.type_ == t)
+}
+
+const CONVERGE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn installing_the_samples_creates_device_classes_and_ready_policies() {
+    let world = World::new().await;
+    let _operator = world.operator();
+    world.install_samples().await;
+
+    let classes: Api<DeviceClass> = Api::all(world.client.clone());
+    let shared = eventually("DeviceClass a100-shared.teamgpu.io", CONVERGE, || async {
+        classes
+            .get_opt("a100-shared.teamgpu.io")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("missing".to_owned())
+    })
+    .await;
+    let exprs: Vec<_> = shared
+        .spec
+        .selectors
+        .iter()
+        .flatten()
+        .filter_map(|s| s.cel.as_ref())
+        .map(|c| c.expression.clone())
+        .collect();
+    assert!(
+        exprs.iter().any(|e| e.contains("'NVIDIA A100-PCIE-40GB'")),
+        "{exprs:?}"
+    );
+    let config = &shared.spec.config.as_ref().unwrap()[0]
+        .opaque
+        .as_ref()
+        .unwrap()
+        .parameters
+        .0;
+    assert_eq!(config["sharing"]["strategy"], "TimeSlicing");
+    assert_eq!(config["sharing"]["timeSlicingConfig"]["interval"], "Long");
+    assert_eq!(shared.labels()["app.kubernetes.io/managed-by"], "teamgpu");
+
+    let gsp: Api<GpuSharingPolicy> = Api::all(world.client.clone());
+    for name in ["a100-80gb", "a100-shared"] {
+        eventually(
+            &format!("GpuSharingPolicy {name} Ready"),
+            CONVERGE,
+            || async {
+                let p = gsp.get(name).await.map_err(|e| e.to_string())?;
+                let status = p.status.clone().ok_or("no status")?;
+                match condition(&status.conditions, "Ready") {
+                    Some(c) if c.status == "True" && status.devices > 0 => Ok(()),
+                    other => Err(format!("{other:?} devices {}", status.devices)),
+                }
+            },
+        )
+        .await;
+    }
+    let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
+    let ml = eventually("TeamGpuPolicy ml-research Ready", CONVERGE, || async {
+        let t = tgp.get("ml-research").await.map_err(|e| e.to_string())?;
+        let status = t.status.clone().ok_or("no status")?;
+        match condition(&status.conditions, "Ready") {
+            Some(c) if c.status == "True" => Ok(status),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(ml.namespaces, ["ml-research-dev", "ml-research-train"]);
+    let q = ml
+        .quotas
+        .iter()
+        .find(|q| q.sharing_policy == "a100-80gb")
+        .unwrap();
+    assert_eq!((q.guaranteed, q.limit, q.capacity), (8, 16, 32));
+    assert_eq!(
+        world.templates("ml-research-dev").await,
+        [
+            "a100-80gb",
+            "a100-80gb-x2",
+            "a100-80gb-x4",
+            "a100-80gb-x8",
+            "a100-shared"
+        ]
+    );
+    let _ = &world.cluster;
+}
+
+impl World {
+    async fn converged(&self) {
+        // The sample teams' namespaces all have their quota.
+        for ns in [
+            "ml-research-dev",
+            "ml-research-train",
+            "inference-prod",
+            "inference-canary",
+            "data-science",
+        ] {
+            eventually(&format!("quota in {ns}"), CONVERGE, || self.quota_hard(ns)).await;
+        }
+        eventually("templates in ml-research-dev", CONVERGE, || async {
+            let t = self.templates("ml-research-dev").await;
+            if t.len() == 5 {
+                Ok(())
+            } else {
+                Err(format!("{t:?}"))
+            }
+        })
+        .await;
+    }
+
+    async fn team_status(&self, name: &str) -> Result<teamgpu::api::TeamGpuPolicyStatus, String> {
+        let t = Api::<TeamGpuPolicy>::all(self.client.clone())
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        t.status.ok_or_else(|| "no status".to_owned())
+    }
+
+    async fn label(&self, ns: &str, team: Option<&str>) {
+        let patch = json!({"metadata": {"labels": {"teamgpu.io/team": team}}});
+        Api::<Namespace>::all(self.client.clone())
+            .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    async fn binding_namespaces(&self, team: &str) -> Vec<String> {
+        let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
+        let Some(b) = api.get_opt(&format!("teamgpu-team-{team}")).await.unwrap() else {
+            return vec![];
+        };
+        b.spec
+            .and_then(|s| s.match_resources)
+            .and_then(|m| m.namespace_selector)
+            .and_then(|s| s.match_expressions)
+            .and_then(|e| e.into_iter().next())
+            .and_then(|e| e.values)
+            .unwrap_or_default()
+    }
+
+    /// Every teamgpu-labelled object, by kind/namespace/name.
+    async fn owned_objects(&self) -> Vec<String> {
+        let lp = kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
+        let mut out = Vec::new();
+        for kind in teamgpu::sync::Kind::ALL {
+            let api: Api<kube::api::DynamicObject> =
+                Api::all_with(self.client.clone(), &kind.api_resource());
+            for o in api.list(&lp).await.unwrap().items {
+                out.push(format!(
+                    "{}/{}/{}",
+                    kind.label(),
+                    o.namespace().unwrap_or_default(),
+                    o.name_any()
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+fn claim(name: &str, class: &str, count: i64) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": count}}]}}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
+    let world = World::new().await;
+    let _operator = world.operator();
+    world.install_samples().await;
+    world.converged().await;
+
+    world.namespace("ml-new", None).await;
+    world.label("ml-new", Some("ml-research")).await;
+    let joined = Instant::now();
+    eventually(
+        "ml-new gets templates, quota and binding",
+        Duration::from_secs(2),
+        || async {
+            let templates = world.templates("ml-new").await;
+            let quota = world.quota_hard("ml-new").await;
+            let bound = world
+                .binding_namespaces("ml-research")
+                .await
+                .contains(&"ml-new".to_owned());
+            if templates.len() == 5 && quota.is_ok() && bound {
+                Ok(())
+            } else {
+                Err(format!("{templates:?} {quota:?} {bound}"))
+            }
+        },
+    )
+    .await;
+    eprintln!("self-service join took {:?}", joined.elapsed());
+
+    world.label("ml-new", None).await;
+    eventually(
+        "ml-new loses everything",
+        Duration::from_secs(2),
+        || async {
+            let templates = world.templates("ml-new").await;
+            let quota = world.quota_hard("ml-new").await;
+            let bound = world
+                .binding_namespaces("ml-research")
+                .await
+                .contains(&"ml-new".to_owned());
+            if templates.is_empty() && quota.is_err() && !bound {
+                Ok(())
+            } else {
+                Err(format!("{templates:?} {quota:?} {bound}"))
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn claims_up_to_the_entitlement_are_admitted_and_the_next_is_refused() {
+    let world = World::new().await;
+    let _operator = world.operator();
+    world.install_samples().await;
+    world.converged().await;
+    // ml-research has a100-shared guaranteed 2 = limit 2, split over its two namespaces.
+    let hard = eventually("ml-research-dev quota", CONVERGE, || {
+        world.quota_hard("ml-research-dev")
+    })
+    .await;
+    let key = "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    let allowed: i64 = hard[key].parse().unwrap();
+    assert!(allowed >= 1, "{hard:?}");
+    let claims: Api<ResourceClaim> = Api::namespaced(world.client.clone(), "ml-research-dev");
+    for i in 0..allowed {
+        claims
+            .create(
+                &PostParams::default(),
+                &claim(&format!("ok-{i}"), "a100-shared.teamgpu.io", 1),
+            )
+            .await
+            .unwrap();
+    }
+    let refused = claims
+        .create(
+            &PostParams::default(),
+            &claim("one-too-many", "a100-shared.teamgpu.io", 1),
+        )
+        .await
+        .unwrap_err();
+    match refused {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 403);
+            assert!(s.message.contains("exceeded quota"), "{}", s.message);
+        }
+        other => panic!("expected a quota refusal, got {other}"),
+    }
+    // The driver's own class is closed to the team: by admission policy, before quota.
+    let bypass = claims
+        .create(
+            &PostParams::default(),
+            &claim("bypass", "gpu.nvidia.com", 1),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        bypass
+            .to_string()
+            .contains("belongs to TeamGpuPolicy ml-research"),
+        "{bypass}"
+    );
+    eventually("status counts the claims", CONVERGE, || async {
+        let status = world.team_status("ml-research").await?;
+        let q = status
+            .quotas
+            .iter()
+            .find(|q| q.sharing_policy == "a100-shared")
+            .ok_or("no quota status")?;
+        if i64::from(q.requested) == allowed {
+            Ok(())
+        } else {
+            Err(format!("{q:?}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans_up() {
+    let world = World::new().await;
+    let _operator = world.operator();
+    world.install_samples().await;
+    world.converged().await;
+    let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
+    let gsp: Api<GpuSharingPolicy> = Api::all(world.client.clone());
+    let key = "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    let sum = |ns_hard: Vec<BTreeMap<String, String>>| {
+        ns_hard
+            .iter()
+            .map(|h| h[key].parse::<u32>().unwrap())
+            .sum::<u32>()
+    };
+
+    // Raising ml-research's a100-shared limit from 2 to 6 raises its quotas.
+    let before = sum(vec![
+        world.quota_hard("ml-research-dev").await.unwrap(),
+        world.quota_hard("ml-research-train").await.unwrap(),
+    ]);
+    let patch = json!({"spec": {"quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 16},
+                                           {"sharingPolicy": "a100-shared", "guaranteed": 2, "limit": 6}]}});
+    tgp.patch(
+        "ml-research",
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    eventually("quotas rise", CONVERGE, || async {
+        let after = sum(vec![
+            world.quota_hard("ml-research-dev").await?,
+            world.quota_hard("ml-research-train").await?,
+        ]);
+        if after > before {
+            Ok(())
+        } else {
+            Err(format!("{before} -> {after}"))
+        }
+    })
+    .await;
+
+    // Changing the sharing strategy updates the DeviceClass.
+    let patch = json!({"spec": {"sharing": {"strategy": "MPS", "timeSlicing": null, "mps": {"defaultActiveThreadPercentage": 25}}}});
+    gsp.patch(
+        "a100-shared",
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    let classes: Api<DeviceClass> = Api::all(world.client.clone());
+    eventually("DeviceClass switches to MPS", CONVERGE, || async {
+        let c = classes
+            .get("a100-shared.teamgpu.io")
+            .await
+            .map_err(|e| e.to_string())?;
+        let p = c
+            .spec
+            .config
+            .as_ref()
+            .and_then(|c| c[0].opaque.as_ref())
+            .map(|o| o.parameters.0.clone())
+            .unwrap_or_default();
+        if p["sharing"]["strategy"] == "MPS" && p["sharing"].get("timeSlicingConfig").is_none() {
+            Ok(())
+        } else {
+            Err(p.to_string())
+        }
+    })
+    .await;
+
+    // Changing the offered counts recreates the templates.
+    let old_uid = Api::<ResourceClaimTemplate>::namespaced(world.client.clone(), "ml-research-dev")
+        .get("a100-80gb")
+        .await
+        .unwrap()
+        .uid();
+    gsp.patch(
+        "a100-80gb",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"claimTemplates": {"counts": [1, 3]}}})),
+    )
+    .await
+    .unwrap();
+    eventually("templates follow the counts", CONVERGE, || async {
+        let t = world.templates("ml-research-dev").await;
+        if t == ["a100-80gb", "a100-80gb-x3", "a100-shared"] {
+            Ok(())
+        } else {
+            Err(format!("{t:?}"))
+        }
+    })
+    .await;
+    let new_uid = Api::<ResourceClaimTemplate>::namespaced(world.client.clone(), "ml-research-dev")
+        .get("a100-80gb")
+        .await
+        .unwrap()
+        .uid();
+    assert_eq!(old_uid, new_uid, "an unchanged template is left alone");
+
+    // Deleting the team removes everything made for it.
+    tgp.delete("ml-research", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("ml-research's objects are gone", CONVERGE, || async {
+        let left: Vec<_> = world
+            .owned_objects()
+            .await
+            .into_iter()
+            .filter(|o| o.contains("/ml-research-"))
+            .collect();
+        let bound = world.binding_namespaces("ml-research").await;
+        if left.is_empty() && bound.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?} {bound:?}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_namespace_claimed_twice_gets_nothing_until_fixed() {
+    let world = World::new().await;
+    let _operator = world.operator();
+    world.install_samples().await;
+    world.converged().await;
+    let rogue: TeamGpuPolicy = serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": "rogue"},
+        "spec": {"namespaces": ["ml-research-dev"], "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 1}]}
+    }))
+    .unwrap();
+    let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
+    tgp.create(&PostParams::default(), &rogue).await.unwrap();
+    eventually(
+        "ml-research-dev is stripped and both report Conflict",
+        CONVERGE,
+        || async {
+            let templates = world.templates("ml-research-dev").await;
+            let quota = world.quota_hard("ml-research-dev").await;
+            let mut messages = Vec::new();
+            for team in ["ml-research", "rogue"] {
+                let s = world.team_status(team).await?;
+                match condition(&s.conditions, "Conflict") {
+                    Some(c) if c.status == "True" => messages.push(c.message.clone()),
+                    other => return Err(format!("{team}: {other:?}")),
+                }
+            }
+            if templates.is_empty() && quota.is_err() {
+                Ok(messages)
+            } else {
+                Err(format!("{templates:?} {quota:?}"))
+            }
+        },
+    )
+    .await;
+    tgp.delete("rogue", &DeleteParams::default()).await.unwrap();
+    eventually("resolved", CONVERGE, || async {
+        let s = world.team_status("ml-research").await?;
+        let ok = condition(&s.conditions, "Conflict").is_some_and(|c| c.status == "False");
+        if ok && world.templates("ml-research-dev").await.len() == 5 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", s.conditions))
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn edits_and_deletions_of_managed_objects_are_undone() {
+    let world = World::new().await;
+    let _operator = world.operator();
+    world.install_samples().await;
+    world.converged().await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(world.client.clone(), "data-science");
+    let original = world.quota_hard("data-science").await.unwrap();
+    let key = "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    quotas
+        .patch(
+            "teamgpu",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"hard": {key: "99"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("quota edit undone", CONVERGE, || async {
+        let h = world.quota_hard("data-science").await?;
+        if h == original {
+            Ok(())
+        } else {
+            Err(format!("{h:?}"))
+        }
+    })
+    .await;
+    let templates: Api<ResourceClaimTemplate> =
+        Api::namespaced(world.client.clone(), "data-science");
+    templates
+        .delete("a100-shared", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("template restored", CONVERGE, || async {
+        templates
+            .get_opt("a100-shared")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(drop)
+            .ok_or("missing".to_owned())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_input_is_reported_and_other_policies_are_unaffected() {
+    let world = World::new().await;
+    let _operator = world.operator();
+    world.install_samples().await;
+    let gsp: Api<GpuSharingPolicy> = Api::all(world.client.clone());
+    let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
+    let bad_cel: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "broken"}, "spec": {"selector": {"cel": ["device.attributes['gpu.nvidia.com'].productName =="]}}})).unwrap();
+    let nothing: GpuSharingPolicy = serde_json::from_value(
+        json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "b200"}, "spec": {"selector": {"productNames": ["NVIDIA B200"]}}}),
+    )
+    .unwrap();
+    let missing: TeamGpuPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+        "metadata": {"name": "robotics"}, "spec": {"namespaces": ["web"], "quotas": [{"sharingPolicy": "h100", "guaranteed": 2}]}})).unwrap();
+    gsp.create(&PostParams::default(), &bad_cel).await.unwrap();
+    gsp.create(&PostParams::default(), &nothing).await.unwrap();
+    tgp.create(&PostParams::default(), &missing).await.unwrap();
+
+    let sharing_condition = |name: &'static str, type_: &'static str| {
+        let gsp = gsp.clone();
+        async move {
+            let s = gsp
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .ok_or("no status")?;
+            condition(&s.conditions, type_)
+                .cloned()
+                .ok_or_else(|| format!("no {type_}"))
+        }
+    };
+    let invalid = eventually("broken reports its selector", CONVERGE, || {
+        sharing_condition("broken", "SelectorValid")
+    })
+    .await;
+    assert_eq!(invalid.status, "False");
+    assert!(
+        invalid.message.contains("productName =="),
+        "{}",
+        invalid.message
+    );
+    let found = eventually("b200 reports no devices", CONVERGE, || {
+        sharing_condition("b200", "DevicesFound")
+    })
+    .await;
+    assert_eq!(found.status, "False");
+    let robotics = eventually("robotics reports the missing policy", CONVERGE, || async {
+        let s = world.team_status("robotics").await?;
+        condition(&s.conditions, "SharingPoliciesResolved")
+            .cloned()
+            .ok_or("no condition".to_owned())
+    })
+    .await;
+    assert_eq!(robotics.status, "False");
+    assert!(robotics.message.contains("h100"), "{}", robotics.message);
+    world.converged().await;
+    let ready = world.team_status("ml-research").await.unwrap();
+    assert_eq!(
+        condition(&ready.conditions, "Ready").unwrap().status,
+        "True"
+    );
+}
+
+#[tokio::test]
+async fn a_restart_converges_and_a_converged_restart_writes_nothing() {
+    let world = World::new().await;
+    world.install_samples().await;
+    // Killed while converging, at once.
+    let first = world.operator();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    drop(first);
+    let second = world.operator();
+    world.converged().await;
+    let expected = world.owned_objects().await;
+    second.stop().await;
+
+    let counters = world.cluster.counters().map(|c| c.writes(None));
+    let third = world.operator();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if let (Some(before), Some(after)) =
+        (counters, world.cluster.counters().map(|c| c.writes(None)))
+    {
+        assert_eq!(
+            after - before,
+            0,
+            "a restart on a converged cluster must not write"
+        );
+    }
+    assert_eq!(world.owned_objects().await, expected);
+    third.stop().await;
+}
