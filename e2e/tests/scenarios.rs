@@ -813,3 +813,309 @@ async fn a_restart_converges_and_a_converged_restart_writes_nothing() {
     assert_eq!(world.owned_objects().await, expected);
     third.stop().await;
 }
+
+/// The objects the samples plan on the example's cluster, as `owned_objects` names them.
+fn expected_objects() -> Vec<String> {
+    let plan = teamgpu::plan::plan(&teamgpu::example::state().unwrap());
+    let mut out: Vec<_> = teamgpu::sync::desired(&plan.objects)
+        .keys()
+        .map(|k| {
+            format!(
+                "{}/{}/{}",
+                k.kind.label(),
+                k.namespace.clone().unwrap_or_default(),
+                k.name
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn everything_converges_through_server_errors_dropped_watches_and_gone_resource_versions() {
+    let world = World::new().await;
+    world.install_samples().await;
+    let expected = expected_objects();
+    if world.cluster.is_real() {
+        eprintln!("fault injection needs the stand-in; checking plain convergence");
+    }
+    world.cluster.set_faults(teamgpu_e2e::faults::Faults {
+        rate_500: 0.05,
+        rate_429: 0.05,
+        retry_after_secs: 1,
+        watch_close_after: Some(Duration::from_secs(1)),
+        rate_watch_gone: 0.3,
+        ..Default::default()
+    });
+    let _operator = world.operator();
+    let started = Instant::now();
+    eventually(
+        "convergence under faults",
+        Duration::from_secs(60),
+        || async {
+            let lp =
+                kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
+            let mut live = Vec::new();
+            for kind in teamgpu::sync::Kind::ALL {
+                let api: Api<kube::api::DynamicObject> =
+                    Api::all_with(world.client.clone(), &kind.api_resource());
+                for o in api.list(&lp).await.map_err(|e| e.to_string())?.items {
+                    live.push(format!(
+                        "{}/{}/{}",
+                        kind.label(),
+                        o.namespace().unwrap_or_default(),
+                        o.name_any()
+                    ));
+                }
+            }
+            live.sort();
+            if live == expected {
+                Ok(())
+            } else {
+                Err(format!("{} of {} objects", live.len(), expected.len()))
+            }
+        },
+    )
+    .await;
+    eprintln!("converged under faults in {:?}", started.elapsed());
+    world
+        .cluster
+        .set_faults(teamgpu_e2e::faults::Faults::default());
+    // No duplicate and no orphan: exactly the planned objects, and every team reports Ready.
+    assert_eq!(world.owned_objects().await, expected);
+    world.converged().await;
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_and_a_killed_leader_is_replaced_quickly() {
+    let world = World::new().await;
+    world.namespace("teamgpu-system", None).await;
+    world.install_samples().await;
+    let replica = |name: &str| {
+        Operator::start(
+            world.client.clone(),
+            teamgpu::controller::Config {
+                leader_elect: true,
+                identity: name.into(),
+                lease_duration: Duration::from_secs(6),
+                ..Operator::default_config()
+            },
+        )
+    };
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(world.client.clone(), "teamgpu-system");
+    let holder = || async {
+        let lease = leases
+            .get_opt("teamgpu-leader")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no lease")?;
+        lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .ok_or("no holder".to_owned())
+    };
+    let a = replica("replica-a");
+    eventually("replica-a leads", CONVERGE, || async {
+        let h = holder().await?;
+        if h == "replica-a" { Ok(()) } else { Err(h) }
+    })
+    .await;
+    let b = replica("replica-b");
+    world.converged().await;
+    assert_eq!(holder().await.unwrap(), "replica-a");
+
+    // Kill the leader without letting it hand the lease back.
+    drop(a);
+    let killed = Instant::now();
+    world.namespace("ml-late", Some("ml-research")).await;
+    let took_lease = eventually(
+        "replica-b takes the lease",
+        Duration::from_secs(15),
+        || async {
+            let h = holder().await?;
+            if h == "replica-b" {
+                Ok(killed.elapsed())
+            } else {
+                Err(h)
+            }
+        },
+    )
+    .await;
+    eprintln!("replica-b holds the lease {took_lease:?} after the crash");
+    eventually(
+        "replica-b takes over and reconciles",
+        Duration::from_secs(15),
+        || async {
+            let h = holder().await?;
+            let t = world.templates("ml-late").await;
+            if h == "replica-b" && t.len() == 5 {
+                Ok(())
+            } else {
+                Err(format!("holder {h}, templates {t:?}"))
+            }
+        },
+    )
+    .await;
+    eprintln!("handover after a crash took {:?}", killed.elapsed());
+
+    // A graceful stop hands the lease back at once.
+    b.stop().await;
+    let lease = leases.get("teamgpu-leader").await.unwrap();
+    let holder_after = lease.spec.and_then(|s| s.holder_identity);
+    assert!(
+        holder_after.is_none() || holder_after.as_deref() == Some(""),
+        "{holder_after:?}"
+    );
+}
+
+fn gpu_pod(name: &str, template: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
+    let world = World::new().await;
+    let client = world.client.clone();
+    // 16 PCIe GPUs; "owner" is guaranteed 8, "borrower" 4 and may borrow up to 16.
+    let policy: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "pcie"}, "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}})).unwrap();
+    Api::<GpuSharingPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    world.namespace("owner", None).await;
+    world.namespace("borrower", None).await;
+    let team = |name: &str, guaranteed: u32, limit: u32, reclaim: bool| -> TeamGpuPolicy {
+        serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": name},
+            "spec": {"namespaces": [name], "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}],
+                     "reclaim": {"enabled": reclaim, "gracePeriodSeconds": 0}}})).unwrap()
+    };
+    let tgp: Api<TeamGpuPolicy> = Api::all(client.clone());
+    tgp.create(&PostParams::default(), &team("owner", 8, 8, true))
+        .await
+        .unwrap();
+    tgp.create(&PostParams::default(), &team("borrower", 4, 16, false))
+        .await
+        .unwrap();
+    let _operator = world.operator();
+    let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    let hard = |ns: &'static str| {
+        let world = &world;
+        async move {
+            world
+                .quota_hard(ns)
+                .await
+                .map(|h| h.get(key).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0))
+        }
+    };
+
+    // The owner is idle: the borrower may use everything beyond the owner's... idle devices.
+    let lent = eventually("the borrower may borrow", CONVERGE, || async {
+        let h = hard("borrower").await?;
+        if h > 4 {
+            Ok(h)
+        } else {
+            Err(format!("hard {h}"))
+        }
+    })
+    .await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "borrower");
+    let borrowed = lent.min(12);
+    for i in 0..borrowed {
+        pods.create(
+            &PostParams::default(),
+            &gpu_pod(&format!("job-{i:02}"), "pcie"),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let allocated = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            let claims = Api::<ResourceClaim>::namespaced(client, ns)
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<usize, String>(
+                claims
+                    .items
+                    .iter()
+                    .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+                    .count(),
+            )
+        }
+    };
+    eventually(
+        "the borrower's pods get devices beyond its guarantee",
+        CONVERGE,
+        || async {
+            let n = allocated("borrower").await?;
+            if n as u32 == borrowed {
+                Ok(())
+            } else {
+                Err(format!("{n} allocated"))
+            }
+        },
+    )
+    .await;
+
+    // The owner comes back and wants its guarantee.
+    let owner_pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "owner");
+    for i in 0..8 {
+        owner_pods
+            .create(
+                &PostParams::default(),
+                &gpu_pod(&format!("serve-{i}"), "pcie"),
+            )
+            .await
+            .unwrap();
+    }
+    eventually(
+        "the owner gets all 8 guaranteed devices",
+        Duration::from_secs(30),
+        || async {
+            let n = allocated("owner").await?;
+            if n == 8 {
+                Ok(())
+            } else {
+                Err(format!("{n} allocated to the owner"))
+            }
+        },
+    )
+    .await;
+    // The borrower's newest pods were evicted; its quota shrank so it cannot take them back.
+    let left: Vec<String> = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert!(left.len() as u32 <= 8, "{left:?}");
+    assert!(
+        left.iter().all(|p| p.as_str() < "job-08"),
+        "the newest pods go first: {left:?}"
+    );
+    eventually(
+        "the borrower's quota shrank to what the pool allows",
+        CONVERGE,
+        || async {
+            let h = hard("borrower").await?;
+            if h <= 8 {
+                Ok(())
+            } else {
+                Err(format!("hard {h}"))
+            }
+        },
+    )
+    .await;
+}

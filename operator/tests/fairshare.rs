@@ -488,7 +488,11 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     let idle = capacity.saturating_sub(used_sum);
     assert_eq!(u64::from(out.idle), idle);
     let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, idle).0).sum();
-    let over_lent = base_sum > capacity;
+    let owner_waits = out
+        .teams
+        .iter()
+        .any(|t| t.pending > 0 && t.allocated < t.effective_guarantee);
+    let over_lent = owner_waits && base_sum > capacity;
     let mut lent_sum = 0;
     let mut lent = Vec::new();
     for t in &out.teams {

@@ -64,7 +64,7 @@ impl Default for Config {
             lease_namespace: "teamgpu-system".into(),
             lease_name: "teamgpu-leader".into(),
             identity: "teamgpu".into(),
-            lease_duration: Duration::from_secs(15),
+            lease_duration: Duration::from_secs(10),
             metrics_addr: ([0, 0, 0, 0], 8080).into(),
             reclaim_default: false,
             reclaim_grace: Duration::from_secs(120),
@@ -127,7 +127,7 @@ pub async fn run(
     check_crds(&client).await?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
-    let (_, _http) = http::serve(
+    let (_, http_task) = http::serve(
         config.metrics_addr,
         http::Health {
             ready: ready.clone(),
@@ -139,6 +139,7 @@ pub async fn run(
         addr: config.metrics_addr,
         source,
     })?;
+    let _http = AbortOnDrop(http_task);
 
     let notify = Arc::new(Notify::new());
     let mut watches = JoinSet::new();
@@ -150,9 +151,8 @@ pub async fn run(
             kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
                 .with_namespace(&config.lease_namespace)
                 .with_identity(&config.identity)
-                .with_field_manager(FIELD_MANAGER)
-                .with_duration(15)
-                .with_grace(5)
+                .with_duration(config.lease_duration.as_secs().max(2))
+                .with_grace((config.lease_duration.as_secs() / 3).max(1))
                 .build()
                 .await?;
         let (mut state, task) = manager.watch().await;
@@ -163,10 +163,8 @@ pub async fn run(
                     break;
                 }
             }
-            drop(state);
-            task.await
         });
-        Some(forward)
+        Some((AbortOnDrop(forward), AbortOnDrop(task)))
     } else {
         drop(leader_tx);
         None
@@ -220,12 +218,27 @@ pub async fn run(
     }
     drop(reconciler);
     watches.shutdown().await;
-    if let Some(forward) = lease {
-        // Dropping the receivers ends the lease task, which hands the lease back.
-        drop(leader);
-        forward.abort();
+    if let Some((mut forward, mut task)) = lease {
+        // Dropping the last receiver of the lease state makes the lease task hand the Lease back,
+        // so a successor need not wait for it to expire.
+        forward.0.abort();
+        let _ = (&mut forward.0).await;
+        if let Ok(Ok(Err(error))) = tokio::time::timeout(Duration::from_secs(5), &mut task.0).await
+        {
+            tracing::warn!(%error, "releasing the lease");
+        }
     }
     Ok(())
+}
+
+/// A spawned task that ends with its owner: when `run` is dropped (or its task aborted), nothing
+/// it started goes on renewing the lease or serving.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 struct Reconciler {

@@ -249,8 +249,10 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
 
     // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
     // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
-    // While borrowers hold devices some owner is guaranteed (the pool is over-lent), every idle
-    // device is owed to an owner and nothing more is lent.
+    // While borrowers hold devices some owner is guaranteed (the pool is over-lent) *and* such an
+    // owner waits for devices (pending demand below its guarantee), every idle device is owed to
+    // that owner and nothing more is lent. While no owner waits, lending stays as it was: a
+    // borrower's quota must not shrink merely because it used what it was lent.
     let used: Vec<u64> = teams
         .iter()
         .map(|t| t.requested.min(u64::from(u32::MAX)))
@@ -258,7 +260,11 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
     let used_sum: u64 = used.iter().sum();
     let idle = capacity.saturating_sub(used_sum);
     let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
-    let over_lent = base.iter().sum::<u64>() > capacity;
+    let owner_waits = teams
+        .iter()
+        .zip(&effective)
+        .any(|(t, &eg)| t.pending > 0 && t.allocated < eg);
+    let over_lent = owner_waits && base.iter().sum::<u64>() > capacity;
     let caps: Vec<(u64, u32)> = (0..n)
         .map(|i| {
             let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
