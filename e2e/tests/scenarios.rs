@@ -1119,3 +1119,205 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     )
     .await;
 }
+
+/// Records (API group, resource[/subresource], verb) of every request a client makes.
+mod recording {
+    use std::collections::BTreeSet;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    pub type Calls = Arc<Mutex<BTreeSet<(String, String, String)>>>;
+
+    #[derive(Clone)]
+    pub struct Record(pub Calls);
+
+    #[derive(Clone)]
+    pub struct Recorded<S> {
+        inner: S,
+        calls: Calls,
+    }
+
+    impl<S> tower::Layer<S> for Record {
+        type Service = Recorded<S>;
+        fn layer(&self, inner: S) -> Self::Service {
+            Recorded { inner, calls: self.0.clone() }
+        }
+    }
+
+    /// The RBAC view of a request: `/api/v1/namespaces/ns/pods/name/eviction` is
+    /// ("", "pods/eviction", "create").
+    pub fn classify(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let (group, rest) = match parts.as_slice() {
+            ["api", _version, rest @ ..] => (String::new(), rest),
+            ["apis", group, _version, rest @ ..] => ((*group).to_owned(), rest),
+            _ => return None,
+        };
+        let rest = match rest {
+            ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+            other => other,
+        };
+        let (resource, named) = match rest {
+            [resource] => ((*resource).to_owned(), false),
+            [resource, _name] => ((*resource).to_owned(), true),
+            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            _ => return None,
+        };
+        let watch = query.split('&').any(|q| q == "watch=true" || q == "watch=1");
+        let verb = match (method, named) {
+            ("GET", true) => "get",
+            ("GET", false) if watch => "watch",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            _ => return None,
+        };
+        Some((group, resource, verb.to_owned()))
+    }
+
+    impl<S, B> tower::Service<http::Request<B>> for Recorded<S>
+    where
+        S: tower::Service<http::Request<B>>,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = S::Future;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            let uri = req.uri();
+            if let Some(call) = classify(req.method().as_str(), uri.path(), uri.query().unwrap_or("")) {
+                self.calls.lock().unwrap_or_else(|e| e.into_inner()).insert(call);
+            }
+            self.inner.call(req)
+        }
+    }
+}
+
+/// A client of the test cluster whose calls are recorded.
+async fn recorded_client(cluster: &TestCluster) -> (Client, recording::Calls) {
+    let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+    let calls = recording::Calls::default();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&recording::Record(calls.clone()))
+        .build();
+    (client, calls)
+}
+
+/// The rules of `config/rbac`: (API groups, resources, verbs).
+fn rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/rbac");
+    let mut rules = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+        for doc in docs.iter().filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role") {
+            for rule in doc["rules"].as_array().into_iter().flatten() {
+                let strings = |k: &str| -> Vec<String> {
+                    rule[k].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
+                };
+                rules.push((strings("apiGroups"), strings("resources"), strings("verbs")));
+            }
+        }
+    }
+    rules
+}
+
+#[tokio::test]
+async fn the_operator_calls_exactly_what_its_rbac_grants() {
+    let world = World::new().await;
+    world.namespace("teamgpu-system", None).await;
+    let (client, calls) = recorded_client(&world.cluster).await;
+    // Everything the operator does: leader election, planning, applying, pruning, statuses,
+    // events, pending demand and reclaim by eviction.
+    let config = teamgpu::controller::Config { leader_elect: true, identity: "rbac".into(), ..Operator::default_config() };
+    let operator = Operator::start(client, config);
+    world.install_samples().await;
+    world.converged().await;
+    let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
+    let patch = json!({"spec": {"reclaim": {"enabled": true, "gracePeriodSeconds": 0},
+        "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 8}]}});
+    tgp.patch("data-science", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let patch = json!({"spec": {"quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 32}]}});
+    tgp.patch("ml-research", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    // ml-research borrows the whole 80GB pool while data-science is idle ...
+    let ml: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(world.client.clone(), "ml-research-train");
+    let mut started = 0;
+    for i in 0..32 {
+        if ml.create(&PostParams::default(), &gpu_pod(&format!("train-{i:02}"), "a100-80gb")).await.is_ok() {
+            started += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(started > 8, "ml-research could borrow ({started} pods)");
+    // ... until data-science wants its guarantee back, which takes an eviction.
+    let ds: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(world.client.clone(), "data-science");
+    for i in 0..4 {
+        ds.create(&PostParams::default(), &gpu_pod(&format!("nb-{i}"), "a100-80gb")).await.unwrap();
+    }
+    eventually("an eviction happened", Duration::from_secs(20), || async {
+        let c = calls.lock().unwrap().clone();
+        if c.contains(&(String::new(), "pods/eviction".into(), "create".into())) { Ok(()) } else { Err(format!("{c:?}")) }
+    })
+    .await;
+    world.label("ml-research-dev", None).await; // pruning: deletes
+    eventually("pruned", CONVERGE, || async {
+        if world.templates("ml-research-dev").await.is_empty() { Ok(()) } else { Err("templates left".to_owned()) }
+    })
+    .await;
+    // Deleting every policy deletes every kind of generated object, admission policies included.
+    // Orphaning keeps the garbage collector out of it: the operator's pruning does it all.
+    for t in tgp.list(&Default::default()).await.unwrap().items {
+        tgp.delete(&t.name_any(), &DeleteParams::orphan()).await.unwrap();
+    }
+    let gsp: Api<GpuSharingPolicy> = Api::all(world.client.clone());
+    for p in gsp.list(&Default::default()).await.unwrap().items {
+        gsp.delete(&p.name_any(), &DeleteParams::orphan()).await.unwrap();
+    }
+    eventually("everything generated is gone", CONVERGE, || async {
+        let left = world.owned_objects().await;
+        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+    })
+    .await;
+    operator.stop().await;
+
+    let rules = rbac_rules();
+    let allowed = |(group, resource, verb): &(String, String, String)| {
+        rules.iter().any(|(g, r, v)| {
+            (g.contains(group) || g.iter().any(|x| x == "*"))
+                && (r.contains(resource) || r.iter().any(|x| x == "*"))
+                && (v.contains(verb) || v.iter().any(|x| x == "*"))
+        })
+    };
+    let calls = calls.lock().unwrap().clone();
+    let denied: Vec<_> = calls.iter().filter(|c| !allowed(c)).collect();
+    assert!(denied.is_empty(), "calls config/rbac does not grant: {denied:?}");
+    // And nothing granted goes unused (server-side apply's implicit `create` is the one grant a
+    // PATCH needs without a POST).
+    let mut unused = Vec::new();
+    for (groups, resources, verbs) in &rules {
+        for g in groups {
+            for r in resources {
+                for v in verbs {
+                    let call = (g.clone(), r.clone(), v.clone());
+                    let apply_create = v == "create" && calls.contains(&(g.clone(), r.clone(), "patch".into()));
+                    // A binding with `paramRef.name` is authorized against `get` on the param.
+                    let param_get = (g.as_str(), r.as_str(), v.as_str()) == ("teamgpu.io", "teamgpupolicies", "get")
+                        && calls.contains(&("admissionregistration.k8s.io".into(), "validatingadmissionpolicybindings".into(), "patch".into()));
+                    if !calls.contains(&call) && !apply_create && !param_get {
+                        unused.push(format!("{g}/{r}:{v}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(unused.is_empty(), "granted but never used: {unused:?}\nused: {calls:?}");
+}

@@ -281,11 +281,12 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
 
     // Cluster-wide permissions: exactly what the operator uses.
     let role = find(&docs, "ClusterRole", "teamgpu");
-    let read = set(&["get", "list", "watch"]);
-    let apply = set(&["get", "list", "watch", "create", "patch", "delete"]);
+    // Reads come from watch caches (list, watch); `get` only where a binding's paramRef needs it.
+    let read = set(&["list", "watch"]);
+    let apply = set(&["list", "watch", "create", "patch", "delete"]);
     let expected: [(&str, &str, BTreeSet<&str>); 16] = [
         ("teamgpu.io", "gpusharingpolicies", read.clone()),
-        ("teamgpu.io", "teamgpupolicies", read.clone()),
+        ("teamgpu.io", "teamgpupolicies", set(&["get", "list", "watch"])),
         ("teamgpu.io", "gpusharingpolicies/status", set(&["patch"])),
         ("teamgpu.io", "teamgpupolicies/status", set(&["patch"])),
         ("events.k8s.io", "events", set(&["create", "patch"])),
