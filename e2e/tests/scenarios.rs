@@ -324,6 +324,34 @@ impl World {
             }
         })
         .await;
+        // Statuses are written last in a pass: once they are in, the pass is complete.
+        for team in ["ml-research", "inference", "data-science"] {
+            eventually(&format!("{team} status"), CONVERGE, || async {
+                let s = self.team_status(team).await?;
+                let ready = condition(&s.conditions, "Ready").is_some_and(|c| c.status == "True");
+                if ready && s.quotas.iter().all(|q| q.capacity > 0) {
+                    Ok(())
+                } else {
+                    Err(format!("{s:?}"))
+                }
+            })
+            .await;
+        }
+        let gsp: Api<GpuSharingPolicy> = Api::all(self.client.clone());
+        for name in ["a100-80gb", "a100-shared"] {
+            eventually(&format!("{name} status"), CONVERGE, || async {
+                let p = gsp.get(name).await.map_err(|e| e.to_string())?;
+                let ready = p.status.as_ref().is_some_and(|s| {
+                    condition(&s.conditions, "Ready").is_some_and(|c| c.status == "True")
+                });
+                if ready {
+                    Ok(())
+                } else {
+                    Err(format!("{:?}", p.status))
+                }
+            })
+            .await;
+        }
     }
 
     async fn team_status(&self, name: &str) -> Result<teamgpu::api::TeamGpuPolicyStatus, String> {
@@ -1140,7 +1168,10 @@ mod recording {
     impl<S> tower::Layer<S> for Record {
         type Service = Recorded<S>;
         fn layer(&self, inner: S) -> Self::Service {
-            Recorded { inner, calls: self.0.clone() }
+            Recorded {
+                inner,
+                calls: self.0.clone(),
+            }
         }
     }
 
@@ -1163,7 +1194,9 @@ mod recording {
             [resource, _name, sub] => (format!("{resource}/{sub}"), true),
             _ => return None,
         };
-        let watch = query.split('&').any(|q| q == "watch=true" || q == "watch=1");
+        let watch = query
+            .split('&')
+            .any(|q| q == "watch=true" || q == "watch=1");
         let verb = match (method, named) {
             ("GET", true) => "get",
             ("GET", false) if watch => "watch",
@@ -1192,8 +1225,13 @@ mod recording {
 
         fn call(&mut self, req: http::Request<B>) -> Self::Future {
             let uri = req.uri();
-            if let Some(call) = classify(req.method().as_str(), uri.path(), uri.query().unwrap_or("")) {
-                self.calls.lock().unwrap_or_else(|e| e.into_inner()).insert(call);
+            if let Some(call) =
+                classify(req.method().as_str(), uri.path(), uri.query().unwrap_or(""))
+            {
+                self.calls
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(call);
             }
             self.inner.call(req)
         }
@@ -1203,7 +1241,9 @@ mod recording {
 /// A client of the test cluster whose calls are recorded.
 async fn recorded_client(cluster: &TestCluster) -> (Client, recording::Calls) {
     let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
     let calls = recording::Calls::default();
     let client = kube::client::ClientBuilder::try_from(config)
         .unwrap()
@@ -1219,10 +1259,18 @@ fn rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
     for entry in std::fs::read_dir(dir).unwrap() {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
         let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
-        for doc in docs.iter().filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role") {
+        for doc in docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+        {
             for rule in doc["rules"].as_array().into_iter().flatten() {
                 let strings = |k: &str| -> Vec<String> {
-                    rule[k].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
+                    rule[k]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
                 };
                 rules.push((strings("apiGroups"), strings("resources"), strings("verbs")));
             }
@@ -1238,53 +1286,100 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     let (client, calls) = recorded_client(&world.cluster).await;
     // Everything the operator does: leader election, planning, applying, pruning, statuses,
     // events, pending demand and reclaim by eviction.
-    let config = teamgpu::controller::Config { leader_elect: true, identity: "rbac".into(), ..Operator::default_config() };
+    let config = teamgpu::controller::Config {
+        leader_elect: true,
+        identity: "rbac".into(),
+        ..Operator::default_config()
+    };
     let operator = Operator::start(client, config);
     world.install_samples().await;
     world.converged().await;
     let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
     let patch = json!({"spec": {"reclaim": {"enabled": true, "gracePeriodSeconds": 0},
         "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 8}]}});
-    tgp.patch("data-science", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    let patch = json!({"spec": {"quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 32}]}});
-    tgp.patch("ml-research", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    tgp.patch(
+        "data-science",
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    let patch =
+        json!({"spec": {"quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 32}]}});
+    tgp.patch(
+        "ml-research",
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
     // ml-research borrows the whole 80GB pool while data-science is idle ...
-    let ml: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(world.client.clone(), "ml-research-train");
+    let ml: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(world.client.clone(), "ml-research-train");
     let mut started = 0;
     for i in 0..32 {
-        if ml.create(&PostParams::default(), &gpu_pod(&format!("train-{i:02}"), "a100-80gb")).await.is_ok() {
+        if ml
+            .create(
+                &PostParams::default(),
+                &gpu_pod(&format!("train-{i:02}"), "a100-80gb"),
+            )
+            .await
+            .is_ok()
+        {
             started += 1;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(started > 8, "ml-research could borrow ({started} pods)");
     // ... until data-science wants its guarantee back, which takes an eviction.
-    let ds: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(world.client.clone(), "data-science");
+    let ds: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(world.client.clone(), "data-science");
     for i in 0..4 {
-        ds.create(&PostParams::default(), &gpu_pod(&format!("nb-{i}"), "a100-80gb")).await.unwrap();
+        ds.create(
+            &PostParams::default(),
+            &gpu_pod(&format!("nb-{i}"), "a100-80gb"),
+        )
+        .await
+        .unwrap();
     }
     eventually("an eviction happened", Duration::from_secs(20), || async {
         let c = calls.lock().unwrap().clone();
-        if c.contains(&(String::new(), "pods/eviction".into(), "create".into())) { Ok(()) } else { Err(format!("{c:?}")) }
+        if c.contains(&(String::new(), "pods/eviction".into(), "create".into())) {
+            Ok(())
+        } else {
+            Err(format!("{c:?}"))
+        }
     })
     .await;
     world.label("ml-research-dev", None).await; // pruning: deletes
     eventually("pruned", CONVERGE, || async {
-        if world.templates("ml-research-dev").await.is_empty() { Ok(()) } else { Err("templates left".to_owned()) }
+        if world.templates("ml-research-dev").await.is_empty() {
+            Ok(())
+        } else {
+            Err("templates left".to_owned())
+        }
     })
     .await;
     // Deleting every policy deletes every kind of generated object, admission policies included.
     // Orphaning keeps the garbage collector out of it: the operator's pruning does it all.
     for t in tgp.list(&Default::default()).await.unwrap().items {
-        tgp.delete(&t.name_any(), &DeleteParams::orphan()).await.unwrap();
+        tgp.delete(&t.name_any(), &DeleteParams::orphan())
+            .await
+            .unwrap();
     }
     let gsp: Api<GpuSharingPolicy> = Api::all(world.client.clone());
     for p in gsp.list(&Default::default()).await.unwrap().items {
-        gsp.delete(&p.name_any(), &DeleteParams::orphan()).await.unwrap();
+        gsp.delete(&p.name_any(), &DeleteParams::orphan())
+            .await
+            .unwrap();
     }
     eventually("everything generated is gone", CONVERGE, || async {
         let left = world.owned_objects().await;
-        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
     })
     .await;
     operator.stop().await;
@@ -1299,7 +1394,10 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     };
     let calls = calls.lock().unwrap().clone();
     let denied: Vec<_> = calls.iter().filter(|c| !allowed(c)).collect();
-    assert!(denied.is_empty(), "calls config/rbac does not grant: {denied:?}");
+    assert!(
+        denied.is_empty(),
+        "calls config/rbac does not grant: {denied:?}"
+    );
     // And nothing granted goes unused (server-side apply's implicit `create` is the one grant a
     // PATCH needs without a POST).
     let mut unused = Vec::new();
@@ -1308,10 +1406,16 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
             for r in resources {
                 for v in verbs {
                     let call = (g.clone(), r.clone(), v.clone());
-                    let apply_create = v == "create" && calls.contains(&(g.clone(), r.clone(), "patch".into()));
+                    let apply_create =
+                        v == "create" && calls.contains(&(g.clone(), r.clone(), "patch".into()));
                     // A binding with `paramRef.name` is authorized against `get` on the param.
-                    let param_get = (g.as_str(), r.as_str(), v.as_str()) == ("teamgpu.io", "teamgpupolicies", "get")
-                        && calls.contains(&("admissionregistration.k8s.io".into(), "validatingadmissionpolicybindings".into(), "patch".into()));
+                    let param_get = (g.as_str(), r.as_str(), v.as_str())
+                        == ("teamgpu.io", "teamgpupolicies", "get")
+                        && calls.contains(&(
+                            "admissionregistration.k8s.io".into(),
+                            "validatingadmissionpolicybindings".into(),
+                            "patch".into(),
+                        ));
                     if !calls.contains(&call) && !apply_create && !param_get {
                         unused.push(format!("{g}/{r}:{v}"));
                     }
@@ -1319,5 +1423,163 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
             }
         }
     }
-    assert!(unused.is_empty(), "granted but never used: {unused:?}\nused: {calls:?}");
+    assert!(
+        unused.is_empty(),
+        "granted but never used: {unused:?}\nused: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn missing_crds_stop_the_operator_with_the_install_command() {
+    if std::env::var_os("TEAMGPU_E2E_KUBECONFIG").is_some() {
+        return; // a real cluster has the CRDs installed
+    }
+    let cluster = TestCluster::start_local(teamgpu_e2e::cluster::ClusterOptions {
+        our_crds: false,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        teamgpu::controller::run(
+            cluster.client(),
+            Operator::default_config(),
+            std::future::pending(),
+        ),
+    )
+    .await
+    .expect("the operator stops at once instead of waiting");
+    let error = result.expect_err("no CRDs, no operator").to_string();
+    assert!(error.contains("kubectl apply -k config/crd"), "{error}");
+}
+
+/// `GET path` on a local HTTP server: (status code, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or("no status line")?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+#[tokio::test]
+async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
+    let world = World::new().await;
+    world.install_samples().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let writes = || world.cluster.counters().map(|c| c.writes(None));
+    let before = writes();
+    let _operator = Operator::start(
+        world.client.clone(),
+        teamgpu::controller::Config {
+            metrics_addr: addr,
+            ..Operator::default_config()
+        },
+    );
+    eventually("/healthz", CONVERGE, || async {
+        let (code, _) = http_get(addr, "/healthz").await?;
+        if code == 200 {
+            Ok(())
+        } else {
+            Err(code.to_string())
+        }
+    })
+    .await;
+    eventually("/readyz once the caches synced", CONVERGE, || async {
+        let (code, body) = http_get(addr, "/readyz").await?;
+        if code == 200 {
+            Ok(())
+        } else {
+            Err(format!("{code} {body}"))
+        }
+    })
+    .await;
+    world.converged().await;
+    let converged = writes();
+    let snapshot = world.cluster.counters().map(|c| c.snapshot());
+    let metrics = eventually("/metrics", CONVERGE, || async {
+        let (code, body) = http_get(addr, "/metrics").await?;
+        if code == 200 && body.contains("teamgpu_team_entitlement_devices") {
+            Ok(body)
+        } else {
+            Err(format!("{code}"))
+        }
+    })
+    .await;
+    for series in [
+        r#"teamgpu_team_guaranteed_devices{team="ml-research",sharing_policy="a100-80gb"} 8"#,
+        r#"teamgpu_team_limit_devices{team="ml-research",sharing_policy="a100-80gb"} 16"#,
+        r#"teamgpu_sharing_policy_capacity_devices{sharing_policy="a100-80gb"} 32"#,
+        "teamgpu_reconciles_total{controller=\"teamgpu\"}",
+        "teamgpu_api_writes_total{kind=\"resourceclaimtemplate\",verb=\"apply\"}",
+        "teamgpu_leader 1",
+    ] {
+        assert!(
+            metrics.contains(series),
+            "/metrics lacks {series}:\n{metrics}"
+        );
+    }
+    // Idle: nothing changes, so nothing is written.
+    let idle = Duration::from_secs(
+        std::env::var("TEAMGPU_E2E_IDLE_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3),
+    );
+    tokio::time::sleep(idle).await;
+    if let (Some(before), Some(converged), Some(after)) = (before, converged, writes()) {
+        eprintln!(
+            "converge: {} writes for {} objects and 5 statuses; idle {idle:?}: {} writes",
+            converged - before,
+            expected_objects().len(),
+            after - converged
+        );
+        let now = world
+            .cluster
+            .counters()
+            .map(|c| c.snapshot())
+            .unwrap_or_default();
+        let diff: Vec<_> = now
+            .iter()
+            .filter_map(|(k, v)| {
+                let was = snapshot
+                    .as_ref()
+                    .and_then(|s| s.get(k))
+                    .copied()
+                    .unwrap_or(0);
+                (was != *v).then(|| format!("{} {}: {was} -> {v}", k.0, k.1))
+            })
+            .collect();
+        assert_eq!(
+            after, converged,
+            "an idle operator writes nothing: {diff:?}"
+        );
+    }
 }
