@@ -255,15 +255,27 @@ struct Reconciler {
     inventory: Option<(u64, Arc<plan::inventory::Inventory>)>,
 }
 
-/// A custom resource that could not be read into its type: reported, never fatal.
-fn parse<K: kube::Resource + serde::de::DeserializeOwned>(
-    obj: &DynamicObject,
-    malformed: &mut Vec<String>,
-) -> Option<K> {
+/// A custom resource teamgpu could not read into its type (say, written by a newer version).
+#[derive(Debug, Clone)]
+pub(crate) struct Malformed {
+    pub object: DynamicObject,
+    pub resource: kube::core::ApiResource,
+    pub message: String,
+}
+
+/// Read a custom resource into its type; one that does not fit is reported, never fatal.
+fn parse<K>(obj: &DynamicObject, malformed: &mut Vec<Malformed>) -> Option<K>
+where
+    K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+{
     match obj.clone().try_parse::<K>() {
         Ok(k) => Some(k),
         Err(error) => {
-            malformed.push(format!("{}: {error}", obj.name_any()));
+            malformed.push(Malformed {
+                object: obj.clone(),
+                resource: kube::core::ApiResource::erase::<K>(&()),
+                message: format!("the object cannot be read as a {}: {error}", K::kind(&())),
+            });
             None
         }
     }
@@ -281,7 +293,7 @@ impl Reconciler {
         ClusterState,
         Vec<GpuSharingPolicy>,
         Vec<TeamGpuPolicy>,
-        Vec<String>,
+        Vec<Malformed>,
     ) {
         let mut malformed = Vec::new();
         let sharing: Vec<GpuSharingPolicy> = self
@@ -406,7 +418,7 @@ impl Reconciler {
         let plan = plan::plan_with_inventory(&state, &inventory);
         self.metrics.observe_plan(&plan);
         for m in &malformed {
-            tracing::warn!(object = %m, "custom resource could not be read; skipped");
+            tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
         }
         if self.is_leader() {
             let desired = sync::desired(&plan.objects);
@@ -416,6 +428,8 @@ impl Reconciler {
                 &self.live(),
             );
             writer::execute(self, writes).await;
+            writer::report_malformed(self, &malformed, &Time(k8s_openapi::jiff::Timestamp::now()))
+                .await;
             writer::write_statuses(
                 self,
                 &plan,
@@ -434,7 +448,7 @@ impl Reconciler {
     }
 
     fn inventory(&mut self, state: &ClusterState) -> Arc<plan::inventory::Inventory> {
-        use std::hash::{BuildHasher, Hash, Hasher};
+        use std::hash::BuildHasher;
         let mut versions: Vec<(&str, &str)> = state
             .slices
             .iter()
@@ -446,10 +460,8 @@ impl Reconciler {
             })
             .collect();
         versions.sort_unstable();
-        let mut hasher =
-            std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher();
-        versions.hash(&mut hasher);
-        let fingerprint = hasher.finish();
+        let fingerprint = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
+            .hash_one(&versions);
         match &self.inventory {
             Some((f, inventory)) if *f == fingerprint => inventory.clone(),
             _ => {
@@ -555,5 +567,38 @@ impl Reconciler {
                 tracing::debug!(%error, "event not recorded");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_policy_that_does_not_fit_its_type_is_skipped_and_reported() {
+        let object = |spec: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(
+                json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+                                          "metadata": {"name": "t"}, "spec": spec}),
+            )
+            .unwrap()
+        };
+        let mut malformed = Vec::new();
+        assert!(
+            parse::<TeamGpuPolicy>(&object(json!({"weight": "many"})), &mut malformed).is_none()
+        );
+        assert_eq!(malformed.len(), 1);
+        assert!(
+            malformed[0]
+                .message
+                .contains("cannot be read as a TeamGpuPolicy"),
+            "{}",
+            malformed[0].message
+        );
+        assert_eq!(malformed[0].resource.plural, "teamgpupolicies");
+        let good = parse::<TeamGpuPolicy>(&object(json!({"namespaces": ["a"]})), &mut malformed);
+        assert_eq!(good.map(|t| t.spec.namespaces), Some(vec!["a".to_owned()]));
+        assert_eq!(malformed.len(), 1);
     }
 }

@@ -248,3 +248,70 @@ where
         .await?;
     Ok(())
 }
+
+/// The status that tells a person why teamgpu skips a malformed policy: `Ready=False`, reason
+/// `Malformed`; `None` when the live status says so already.
+pub(crate) fn malformed_status(
+    live: &serde_json::Value,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> Option<serde_json::Value> {
+    let conditions = live["status"]["conditions"].as_array();
+    let current = conditions.and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
+    if current.is_some_and(|c| c["reason"] == "Malformed" && c["message"] == message) {
+        return None;
+    }
+    Some(json!({"conditions": [{
+        "type": "Ready", "status": "False", "reason": "Malformed", "message": message,
+        "observedGeneration": generation, "lastTransitionTime": now,
+    }]}))
+}
+
+/// Report malformed policies in their status (the only place a person looks).
+pub(crate) async fn report_malformed(
+    r: &mut Reconciler,
+    malformed: &[super::Malformed],
+    now: &Time,
+) {
+    for m in malformed {
+        let live = serde_json::to_value(&m.object).unwrap_or_default();
+        let Some(status) = malformed_status(&live, &m.message, m.object.metadata.generation, now)
+        else {
+            continue;
+        };
+        let name = m.object.name_any();
+        let id = format!("{} {name} status", m.resource.kind);
+        if !r.is_leader() || !r.backoff.ready(&id) {
+            continue;
+        }
+        let api: Api<DynamicObject> = Api::all_with(r.client.clone(), &m.resource);
+        let patch = json!({"apiVersion": m.resource.api_version, "kind": m.resource.kind, "status": status});
+        match api
+            .patch_status(&name, &apply_params(), &Patch::Apply(patch))
+            .await
+        {
+            Ok(_) => r.backoff.succeeded(&id),
+            Err(error) => {
+                tracing::warn!(object = %id, %error, "status write failed; retrying with backoff");
+                r.backoff.failed(&id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_policy_is_reported_once() {
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap());
+        let status = malformed_status(&json!({}), "bad weight", Some(3), &now).unwrap();
+        assert_eq!(status["conditions"][0]["reason"], "Malformed");
+        assert_eq!(status["conditions"][0]["observedGeneration"], 3);
+        let live = json!({"status": status});
+        assert_eq!(malformed_status(&live, "bad weight", Some(3), &now), None);
+        assert!(malformed_status(&live, "another problem", Some(4), &now).is_some());
+    }
+}
