@@ -1496,6 +1496,11 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let writes = || world.cluster.counters().map(|c| c.writes(None));
     let before = writes();
+    let at_start = world
+        .cluster
+        .counters()
+        .map(|c| c.snapshot())
+        .unwrap_or_default();
     let _operator = Operator::start(
         world.client.clone(),
         teamgpu::controller::Config {
@@ -1566,6 +1571,27 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
             .counters()
             .map(|c| c.snapshot())
             .unwrap_or_default();
+        let by_verb = |from: &BTreeMap<(String, String), u64>,
+                       to: &BTreeMap<(String, String), u64>| {
+            let mut out: BTreeMap<String, i64> = BTreeMap::new();
+            for ((verb, _), n) in to {
+                *out.entry(verb.clone()).or_insert(0) += *n as i64;
+            }
+            for ((verb, _), n) in from {
+                *out.entry(verb.clone()).or_insert(0) -= *n as i64;
+            }
+            out.retain(|_, n| *n != 0);
+            out
+        };
+        let at_converge = snapshot.clone().unwrap_or_default();
+        eprintln!(
+            "requests by verb to converge: {:?}",
+            by_verb(&at_start, &at_converge)
+        );
+        eprintln!(
+            "requests by verb while idle for {idle:?}: {:?}",
+            by_verb(&at_converge, &now)
+        );
         let diff: Vec<_> = now
             .iter()
             .filter_map(|(k, v)| {
