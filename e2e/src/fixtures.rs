@@ -1,0 +1,91 @@
+//! Paths to and loading of fixture files (upstream data, our CRDs).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Errors while reading fixture files.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML.
+    #[error("parsing {path}: {message}")]
+    Yaml {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+}
+
+/// `shared/fixtures/upstream` (beside the repository checkout).
+pub fn upstream_dir() -> PathBuf {
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/fixtures/upstream"
+    ))
+    .to_path_buf()
+}
+
+/// The repository's generated CRD manifests (`crds/`).
+pub fn crds_dir() -> PathBuf {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds")).to_path_buf()
+}
+
+/// Every non-empty YAML document of a file, as JSON values.
+pub fn yaml_documents(path: &Path) -> Result<Vec<Value>, FixtureError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FixtureError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    yaml_documents_str(&text).map_err(|message| FixtureError::Yaml {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// Every non-empty YAML document of a string, as JSON values.
+pub fn yaml_documents_str(text: &str) -> Result<Vec<Value>, String> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// The CustomResourceDefinitions of `crds/` (files whose kind is CustomResourceDefinition),
+/// read once per process.
+pub fn our_crds() -> Result<Vec<Value>, FixtureError> {
+    static CACHE: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    if let Some(c) = CACHE.get() {
+        return Ok(c.clone());
+    }
+    let crds = read_our_crds()?;
+    Ok(CACHE.get_or_init(|| crds).clone())
+}
+
+fn read_our_crds() -> Result<Vec<Value>, FixtureError> {
+    let dir = crds_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|source| FixtureError::Read {
+            path: dir.clone(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        for d in yaml_documents(&f)? {
+            if d.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition") {
+                out.push(d);
+            }
+        }
+    }
+    Ok(out)
+}
