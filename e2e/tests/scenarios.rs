@@ -182,6 +182,15 @@ impl World {
         }
     }
 
+    /// The samples installed and converged, with the operator running.
+    async fn with_samples() -> (World, Operator) {
+        let world = World::new().await;
+        let operator = world.operator();
+        world.install_samples().await;
+        world.converged().await;
+        (world, operator)
+    }
+
     fn operator(&self) -> Operator {
         Operator::start(self.client.clone(), Operator::default_config())
     }
@@ -416,10 +425,7 @@ fn claim(name: &str, class: &str, count: i64) -> ResourceClaim {
 
 #[tokio::test]
 async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
-    let world = World::new().await;
-    let _operator = world.operator();
-    world.install_samples().await;
-    world.converged().await;
+    let (world, _operator) = World::with_samples().await;
 
     world.namespace("ml-new", None).await;
     world.label("ml-new", Some("ml-research")).await;
@@ -467,10 +473,7 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
 
 #[tokio::test]
 async fn claims_up_to_the_entitlement_are_admitted_and_the_next_is_refused() {
-    let world = World::new().await;
-    let _operator = world.operator();
-    world.install_samples().await;
-    world.converged().await;
+    let (world, _operator) = World::with_samples().await;
     // ml-research has a100-shared guaranteed 2 = limit 2, split over its two namespaces.
     let hard = eventually("ml-research-dev quota", CONVERGE, || {
         world.quota_hard("ml-research-dev")
@@ -535,10 +538,7 @@ async fn claims_up_to_the_entitlement_are_admitted_and_the_next_is_refused() {
 
 #[tokio::test]
 async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans_up() {
-    let world = World::new().await;
-    let _operator = world.operator();
-    world.install_samples().await;
-    world.converged().await;
+    let (world, _operator) = World::with_samples().await;
     let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
     let gsp: Api<GpuSharingPolicy> = Api::all(world.client.clone());
     let key = "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices";
@@ -658,10 +658,7 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
 
 #[tokio::test]
 async fn a_namespace_claimed_twice_gets_nothing_until_fixed() {
-    let world = World::new().await;
-    let _operator = world.operator();
-    world.install_samples().await;
-    world.converged().await;
+    let (world, _operator) = World::with_samples().await;
     let rogue: TeamGpuPolicy = serde_json::from_value(json!({
         "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": "rogue"},
         "spec": {"namespaces": ["ml-research-dev"], "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 1}]}
@@ -706,10 +703,7 @@ async fn a_namespace_claimed_twice_gets_nothing_until_fixed() {
 
 #[tokio::test]
 async fn edits_and_deletions_of_managed_objects_are_undone() {
-    let world = World::new().await;
-    let _operator = world.operator();
-    world.install_samples().await;
-    world.converged().await;
+    let (world, _operator) = World::with_samples().await;
     let quotas: Api<ResourceQuota> = Api::namespaced(world.client.clone(), "data-science");
     let original = world.quota_hard("data-science").await.unwrap();
     let key = "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices";

@@ -81,14 +81,8 @@ pub fn state() -> Result<ClusterState, InputError> {
         Path::new("nvidia-deviceclasses.yaml"),
         NVIDIA_CLASSES,
     )?;
-    let mut template = Loaded::default();
-    input::add_documents(
-        &mut template,
-        Path::new("resourceslice-8gpu-node.yaml"),
-        NODE_SLICE,
-    )?;
     let mut state = loaded.state;
-    if let Some(slice) = template.state.slices.first() {
+    if let Some(slice) = &node_template()? {
         state.slices.extend(
             NODES
                 .iter()
@@ -107,6 +101,17 @@ pub fn state() -> Result<ClusterState, InputError> {
         .collect();
     state.claims = claims(&state.slices);
     Ok(state)
+}
+
+/// The NVIDIA driver's 8-GPU node slice every example node is cloned from.
+fn node_template() -> Result<Option<ResourceSlice>, InputError> {
+    let mut template = Loaded::default();
+    input::add_documents(
+        &mut template,
+        Path::new("resourceslice-8gpu-node.yaml"),
+        NODE_SLICE,
+    )?;
+    Ok(template.state.slices.into_iter().next())
 }
 
 fn node_slice(template: &ResourceSlice, node: &str, product: &str, memory: &str) -> ResourceSlice {
@@ -257,13 +262,7 @@ impl Scale {
 /// quotas on three products with claims spread over its namespaces.
 pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
     use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-    let mut template = Loaded::default();
-    input::add_documents(
-        &mut template,
-        Path::new("resourceslice-8gpu-node.yaml"),
-        NODE_SLICE,
-    )?;
-    let Some(slice) = template.state.slices.first().cloned() else {
+    let Some(slice) = node_template()? else {
         return Ok(ClusterState::default());
     };
     let policies = scale.sharing_policies.max(1);
