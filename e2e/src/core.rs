@@ -80,7 +80,7 @@ pub struct DeleteOptions {
     pub uid: Option<String>,
     /// `preconditions.resourceVersion`.
     pub resource_version: Option<String>,
-    /// `propagationPolicy` (Orphan honoured; Foreground treated as Background).
+    /// `propagationPolicy`: Background (default), Foreground, Orphan.
     pub propagation: Option<String>,
     /// `dryRun=All`.
     pub dry_run: bool,
@@ -818,8 +818,9 @@ impl Core {
             }
         }
         let mut causes = admission::validate_metadata(rt, &new);
-        if let Some(old) = old {
-            causes.extend(admission::validate_update(rt, old, &new));
+        match old {
+            Some(old) => causes.extend(admission::validate_update(rt, old, &new)),
+            None => causes.extend(admission::admin_access(st, rt, &new)),
         }
         if !causes.is_empty() {
             return Err(ApiError::invalid(rt.gr(), &rt.kind, &name, &causes));
@@ -1029,6 +1030,17 @@ impl Core {
                 }
                 return Ok(st.put(key, marked));
             }
+        }
+        // Foreground cascading deletion: the owner gets the `foregroundDeletion` finalizer and
+        // stays until the garbage collector has deleted its dependents.
+        let mut old = old;
+        if opts.propagation.as_deref() == Some("Foreground")
+            && old["metadata"].get("deletionTimestamp").is_none()
+            && !finalizers(&old).iter().any(|f| f == "foregroundDeletion")
+        {
+            let mut f = finalizers(&old);
+            f.push("foregroundDeletion".into());
+            old["metadata"]["finalizers"] = json!(f);
         }
         let namespace_finalizers = rt.kind == "Namespace"
             && rt.group.is_empty()

@@ -7,9 +7,9 @@ use std::time::Duration;
 /// Faults to inject, per stand-in. All rates are probabilities in [0, 1] per request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Faults {
-    /// Rate of `500 InternalError` answers (any verb except watch).
+    /// Rate of `500 InternalError` answers (any verb; a watch fails before its stream starts).
     pub rate_500: f64,
-    /// Rate of `429 TooManyRequests` answers (any verb except watch).
+    /// Rate of `429 TooManyRequests` answers (any verb; a watch fails before its stream starts).
     pub rate_429: f64,
     /// `Retry-After` seconds of injected 500/429 answers.
     pub retry_after_secs: u64,

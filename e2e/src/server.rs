@@ -217,8 +217,8 @@ impl Server {
             _ => return Err(ApiError::method_not_allowed()),
         };
         self.counters.record(verb, &resource_name);
-        if verb != "watch" {
-            let is_write = !matches!(verb, "get" | "list");
+        {
+            let is_write = !matches!(verb, "get" | "list" | "watch");
             if let Some(f) = self.faults.inject(&rt.plural, is_write) {
                 let retry = self.faults.get().retry_after_secs;
                 let mut e = match f {

@@ -348,3 +348,64 @@ async fn scheduler_honours_request_selectors_all_first_available_and_shared_clai
     .await;
     c.shutdown().await.unwrap();
 }
+
+/// DRAAdminAccess: `adminAccess` needs the namespace label
+/// `resource.kubernetes.io/admin-access: "true"` (422 otherwise); an admin-access claim gets
+/// devices that other claims hold, marked `adminAccess: true`, without taking them.
+#[tokio::test]
+async fn admin_access_needs_the_namespace_label_and_shares_devices() {
+    let (c, ns) = cluster_ns().await;
+    install_nvidia(&c).await;
+    let claims: Api<ResourceClaim> = Api::namespaced(c.client(), &ns);
+    let admin_claim = claim_with(
+        "admin",
+        json!([{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com",
+        "allocationMode": "All", "adminAccess": true}}]),
+    );
+    let s = common::api_err(
+        claims
+            .create(
+                &kube::api::PostParams::default(),
+                &serde_json::from_value(admin_claim.clone()).unwrap(),
+            )
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert!(
+        s.message.contains("spec.devices.requests[0].exactly.adminAccess: Forbidden: admin access to devices requires the `resource.kubernetes.io/admin-access: true` label on the containing namespace"),
+        "{}",
+        s.message
+    );
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.client());
+    nss.patch(
+        &ns,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    // All 8 GPUs held by a normal claim ...
+    create(&claims, claim_with("all", json!([{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}}]))).await;
+    let pods: Api<Pod> = Api::namespaced(c.client(), &ns);
+    create(&pods, pod_with_claim("user", "all")).await;
+    running(&pods, "user").await;
+    // ... are still available to the admin.
+    create(&claims, admin_claim).await;
+    create(&pods, pod_with_claim("monitor", "admin")).await;
+    running(&pods, "monitor").await;
+    let admin = claims.get("admin").await.unwrap();
+    let results = admin
+        .status
+        .unwrap()
+        .allocation
+        .unwrap()
+        .devices
+        .unwrap()
+        .results
+        .unwrap();
+    assert_eq!(results.len(), 8);
+    assert!(results.iter().all(|r| r.admin_access == Some(true)));
+    c.shutdown().await.unwrap();
+}

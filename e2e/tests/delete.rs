@@ -195,6 +195,10 @@ async fn namespace_deletion_removes_its_contents() {
         .then_some(())
     })
     .await;
+    // While the namespace waits for the finalizer, the controllers write nothing.
+    let rv = c.core().unwrap().revision();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(c.core().unwrap().revision(), rv);
     let s = api_err(
         leases
             .create(
@@ -268,5 +272,38 @@ async fn bound_pods_terminate_gracefully() {
         .unwrap();
     assert!(gone.left().unwrap().metadata.deletion_timestamp.is_none());
     assert_eq!(api_err(pods.get("b").await).code, 404);
+    c.shutdown().await.unwrap();
+}
+
+/// https://kubernetes.io/docs/concepts/architecture/garbage-collection/#foreground-deletion: the
+/// owner enters "deletion in progress" (deletionTimestamp, `foregroundDeletion` finalizer) and is
+/// deleted after the garbage collector has deleted its dependents.
+#[tokio::test]
+async fn foreground_cascading_deletion() {
+    let (c, ns) = cluster_ns().await;
+    let leases: Api<Lease> = Api::namespaced(c.client(), &ns);
+    let o = create(&leases, lease("owner", json!({}))).await;
+    let uid = o.metadata.uid.unwrap();
+    for d in ["d1", "d2"] {
+        create(&leases, lease(d, json!({"ownerReferences": [owner("Lease", "coordination.k8s.io/v1", "owner", &uid)]}))).await;
+    }
+    let marked = leases
+        .delete("owner", &DeleteParams::foreground())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        marked.metadata.finalizers.unwrap(),
+        vec!["foregroundDeletion"]
+    );
+    eventually(5, || async {
+        (leases.get("d1").await.is_err()
+            && leases.get("d2").await.is_err()
+            && leases.get("owner").await.is_err())
+        .then_some(())
+    })
+    .await;
     c.shutdown().await.unwrap();
 }

@@ -229,6 +229,38 @@ pub fn validate_metadata(rt: &ResourceType, obj: &Value) -> Vec<String> {
     out
 }
 
+/// DRAAdminAccess (k8s.io/kubernetes/pkg/registry/resource `AuthorizedForAdmin`): an `exactly`
+/// request with `adminAccess: true` is only valid in a namespace labelled
+/// `resource.kubernetes.io/admin-access: "true"`.
+pub fn admin_access(st: &Store, rt: &ResourceType, obj: &Value) -> Vec<String> {
+    let (prefix, spec) = match (rt.group.as_str(), rt.kind.as_str()) {
+        ("resource.k8s.io", "ResourceClaim") => ("spec", obj.get("spec")),
+        ("resource.k8s.io", "ResourceClaimTemplate") => ("spec.spec", obj.pointer("/spec/spec")),
+        _ => return Vec::new(),
+    };
+    let ns = meta_str(obj, "namespace");
+    let labelled = st
+        .objects
+        .get(&("/namespaces".to_string(), String::new(), ns.to_string()))
+        .and_then(|n| n.pointer("/metadata/labels/resource.kubernetes.io~1admin-access"))
+        .is_some_and(|v| v == "true");
+    let mut out = Vec::new();
+    for (i, r) in spec
+        .and_then(|s| s.pointer("/devices/requests"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if r.pointer("/exactly/adminAccess") == Some(&json!(true)) && !labelled {
+            out.push(format!(
+                "{prefix}.devices.requests[{i}].exactly.adminAccess: Forbidden: admin access to devices requires the `resource.kubernetes.io/admin-access: true` label on the containing namespace"
+            ));
+        }
+    }
+    out
+}
+
 /// Update validation: immutable fields.
 pub fn validate_update(rt: &ResourceType, old: &Value, new: &Value) -> Vec<String> {
     let mut out = Vec::new();

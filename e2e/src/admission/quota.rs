@@ -10,8 +10,9 @@
 //! Admission (k8s.io/apiserver/pkg/admission/plugin/resourcequota/controller.go): for each quota
 //! of the namespace that constrains a resource the new object uses, `status.used + usage` must
 //! not exceed `status.hard`, else `403 Forbidden` with `exceeded quota: <quota>, requested: ...,
-//! used: ..., limited: ...`; on success the quota's `status.used` is incremented in the same step
-//! (as the admission plugin does). The quota controller (`crate::controllers`) recalculates
+//! used: ..., limited: ...` (`hard` from `spec.hard`, `used` recounted from the live objects under
+//! the store lock); on success the quota's `status.used` is updated in the same step (as the
+//! admission plugin does). The quota controller (`crate::controllers`) recalculates
 //! `status.used` from the live objects after every change (replenishment).
 //!
 //! Not implemented: quota `scopes`/`scopeSelector`, `requests.*`/`limits.*` compute resources,
@@ -167,14 +168,11 @@ pub fn admit(
         if relevant.is_empty() {
             continue;
         }
-        if q.pointer("/status/used").is_none() {
-            q["status"] = status_for(core, st, &q);
-        }
-        let used: BTreeMap<String, u64> = q
-            .pointer("/status/used")
-            .and_then(Value::as_object)
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), quantity_of(v))).collect())
-            .unwrap_or_default();
+        // Usage is recounted from the live objects under the store lock rather than read from a
+        // possibly stale `status.used` (Kubernetes keeps status.used exact through the admission
+        // increments and the quota controller; with a status not yet computed it refuses with
+        // "status unknown for quota", which this stand-in never does).
+        let used = compute_used(core, st, &q);
         let mut exceeded = Vec::new();
         for k in &relevant {
             let u = used.get(*k).copied().unwrap_or(0);
@@ -201,12 +199,16 @@ pub fn admit(
                 ),
             ));
         }
-        let mut new_used = q.pointer("/status/used").cloned().unwrap_or(json!({}));
+        let mut new_used: serde_json::Map<String, Value> = used
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v.to_string())))
+            .collect();
         for k in relevant {
             let u = used.get(k).copied().unwrap_or(0) + requested[k];
-            new_used[k] = json!(u.to_string());
+            new_used.insert(k.clone(), json!(u.to_string()));
         }
-        q["status"]["used"] = new_used;
+        q["status"]["hard"] = q.pointer("/spec/hard").cloned().unwrap_or(json!({}));
+        q["status"]["used"] = Value::Object(new_used);
         updates.push(q);
     }
     if opts.dry_run {

@@ -6,6 +6,9 @@
 //! dependent whose owner references all dangle is deleted (finalizers honoured); dangling
 //! references beside a live owner are removed. References to kinds the stand-in does not serve
 //! are left alone.
+//!
+//! Foreground deletion: an owner being deleted with the `foregroundDeletion` finalizer has its
+//! dependents deleted; once none is left, the finalizer is removed (and the owner with it).
 
 use serde_json::{Value, json};
 
@@ -74,6 +77,66 @@ pub fn reconcile(core: &Core) {
             let keep: Vec<Value> = refs.into_iter().filter(|r| !dangling.contains(r)).collect();
             o["metadata"]["ownerReferences"] = json!(keep);
             st.put(key, o);
+            changed = true;
+        }
+    }
+    // Foreground deletion.
+    let owners: Vec<(ObjKey, Value)> = st
+        .objects
+        .iter()
+        .filter(|(_, v)| {
+            v.pointer("/metadata/deletionTimestamp").is_some()
+                && crate::core::finalizers(v)
+                    .iter()
+                    .any(|f| f == "foregroundDeletion")
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (okey, owner) in owners {
+        let uid = meta_str(&owner, "uid").to_string();
+        let deps: Vec<(ObjKey, bool)> = st
+            .objects
+            .iter()
+            .filter(|(_, v)| owner_refs(v).iter().any(|r| r["uid"] == json!(uid)))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.pointer("/metadata/deletionTimestamp").is_some(),
+                )
+            })
+            .collect();
+        for (dkey, deleting) in &deps {
+            if *deleting {
+                continue;
+            }
+            if let Some(rt) = core
+                .registry
+                .types
+                .iter()
+                .find(|t| t.key() == dkey.0)
+                .cloned()
+            {
+                let _ =
+                    core.delete_locked(&mut st, &rt, &dkey.1, &dkey.2, &DeleteOptions::default());
+                changed = true;
+            }
+        }
+        let still = st
+            .objects
+            .iter()
+            .any(|(_, v)| owner_refs(v).iter().any(|r| r["uid"] == json!(uid)));
+        if !still {
+            let mut o = owner.clone();
+            let left: Vec<String> = crate::core::finalizers(&o)
+                .into_iter()
+                .filter(|f| f != "foregroundDeletion")
+                .collect();
+            if left.is_empty() {
+                st.remove(&okey);
+            } else {
+                o["metadata"]["finalizers"] = json!(left);
+                st.put(okey, o);
+            }
             changed = true;
         }
     }

@@ -16,6 +16,7 @@ pub fn reconcile(core: &Core) {
     for ns in terminating {
         let name = meta_str(&ns, "name").to_string();
         let mut st = core.lock();
+        let rv_before = st.rv;
         let contents: Vec<(String, String)> = st
             .objects
             .iter()
@@ -47,21 +48,26 @@ pub fn reconcile(core: &Core) {
                 _ => {}
             }
         }
+        let mut changed = st.rv != rv_before;
         if remaining == 0 && st.objects.iter().all(|(k, _)| k.1 != name) {
             let nrt = super::rt(core, "", "namespaces");
             let key = ("/namespaces".to_string(), String::new(), name.clone());
             if let Some(mut n) = st.objects.get(&key).cloned() {
+                let had_spec_finalizers = n["spec"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|a| !a.is_empty());
                 n["spec"]["finalizers"] = json!([]);
                 if finalizers(&n).is_empty() {
                     st.remove(&key);
-                    let rv = st.rv;
-                    drop(st);
-                    let _ = rv;
-                    core.put_notify();
-                } else {
+                    changed = true;
+                } else if had_spec_finalizers {
                     core.put_unchecked(&mut st, &nrt, n);
                 }
             }
+        }
+        drop(st);
+        if changed {
+            core.put_notify();
         }
     }
 }

@@ -14,7 +14,10 @@
 //! the Pod; then the Pod is bound (`spec.nodeName`, `PodScheduled=True`). Pods without claims are
 //! bound to the first node (or the configured default node).
 //!
-//! Not implemented: constraints (`matchAttribute`), `adminAccess`, consumable capacity, counters
+//! `adminAccess` requests may use devices other claims hold (results marked `adminAccess`), and
+//! do not take them.
+//!
+//! Not implemented: constraints (`matchAttribute`), consumable capacity, counters
 //! and partitionable devices, taints/tolerations, `allNodes`/`nodeSelector` slices, node
 //! affinity, resources other than DRA devices, scoring, preemption.
 //!
@@ -95,6 +98,10 @@ fn allocated(claims: &[Value]) -> BTreeSet<DeviceId> {
             .into_iter()
             .flatten()
         {
+            // Admin access does not take the device from others.
+            if r["adminAccess"] == json!(true) {
+                continue;
+            }
             out.insert((
                 r["driver"].as_str().unwrap_or("").into(),
                 r["pool"].as_str().unwrap_or("").into(),
@@ -156,8 +163,11 @@ fn allocate(
         let class = classes.get(class_name)?;
         let mut exprs = selectors(class.pointer("/spec/selectors"));
         exprs.extend(selectors(r.get("selectors")));
+        // An admin-access request may use devices allocated to other claims, and does not
+        // take them (DRAAdminAccess).
+        let admin = r["adminAccess"] == json!(true);
         let mut fits: Vec<&Candidate> = Vec::new();
-        for d in devices.iter().filter(|d| !taken.contains(&d.id)) {
+        for d in devices.iter().filter(|d| admin || !taken.contains(&d.id)) {
             if matches(&exprs, &d.env).ok()? {
                 fits.push(d);
             }
@@ -178,10 +188,14 @@ fn allocate(
             }
         };
         for d in chosen {
-            taken.insert(d.id.clone());
-            results.push(
-                json!({"request": req_name, "driver": d.id.0, "pool": d.id.1, "device": d.id.2}),
-            );
+            let mut result =
+                json!({"request": req_name, "driver": d.id.0, "pool": d.id.1, "device": d.id.2});
+            if admin {
+                result["adminAccess"] = json!(true);
+            } else {
+                taken.insert(d.id.clone());
+            }
+            results.push(result);
         }
         Some(class_name.to_string())
     };

@@ -17,6 +17,9 @@ use crate::api::TeamGpuPolicy;
 use crate::plan::usage::allocated_by_class;
 use crate::plan::{ClusterState, Plan};
 
+/// How long one eviction may take (the client retries a PodDisruptionBudget's 429 meanwhile).
+const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Since when each (sharing policy, waiting team) has been owed devices.
 #[derive(Debug, Default)]
 pub struct Tracker {
@@ -124,7 +127,15 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, state: &ClusterState, teams: &
                 "evicting {namespace}/{pod}: {} borrowed {} devices of {} that {} needs back",
                 order.borrower, order.devices, order.sharing_policy, order.for_team
             );
-            match api.evict(&pod, &EvictParams::default()).await {
+            // kube's client retries a 429 (what a PodDisruptionBudget answers) for minutes;
+            // the reconcile loop must not wait on it, the next pass tries again.
+            let params = EvictParams::default();
+            let eviction = tokio::time::timeout(EVICTION_TIMEOUT, api.evict(&pod, &params));
+            match eviction.await.unwrap_or_else(|_| {
+                Err(kube::Error::Service(
+                    "eviction not allowed yet (timed out)".into(),
+                ))
+            }) {
                 Ok(_) => {
                     tracing::info!(%note, "reclaim");
                     let event = Event {
