@@ -1488,6 +1488,12 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
         .unwrap()
         .port();
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let health_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let health: std::net::SocketAddr = ([127, 0, 0, 1], health_port).into();
     let writes = || world.cluster.counters().map(|c| c.writes(None));
     let before = writes();
     let at_start = world
@@ -1499,11 +1505,12 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
         world.client.clone(),
         teamgpu::controller::Config {
             metrics_addr: addr,
+            health_addr: Some(health),
             ..Operator::default_config()
         },
     );
     eventually("/healthz", CONVERGE, || async {
-        let (code, _) = http_get(addr, "/healthz").await?;
+        let (code, _) = http_get(health, "/healthz").await?;
         if code == 200 {
             Ok(())
         } else {
@@ -1512,7 +1519,7 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     })
     .await;
     eventually("/readyz once the caches synced", CONVERGE, || async {
-        let (code, body) = http_get(addr, "/readyz").await?;
+        let (code, body) = http_get(health, "/readyz").await?;
         if code == 200 {
             Ok(())
         } else {

@@ -49,9 +49,12 @@ struct RunArgs {
     /// This replica's name in the Lease (defaults to the Pod name, then the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// Address of /metrics, /healthz and /readyz.
+    /// Address of /metrics (which also answers /healthz and /readyz).
     #[arg(long, env = "TEAMGPU_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
+    /// Address of the probes /healthz and /readyz.
+    #[arg(long, env = "TEAMGPU_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
+    health_addr: std::net::SocketAddr,
     /// Reclaim borrowed devices by eviction for teams that do not say otherwise.
     #[arg(long, env = "TEAMGPU_RECLAIM")]
     reclaim: bool,
@@ -138,6 +141,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         lease_name: args.lease_name,
         identity,
         metrics_addr: args.metrics_addr,
+        health_addr: Some(args.health_addr),
         reclaim_default: args.reclaim,
         reclaim_grace: std::time::Duration::from_secs(args.reclaim_grace_seconds),
         resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),

@@ -45,8 +45,10 @@ pub struct Config {
     pub identity: String,
     /// How long a Lease holds without renewal: the longest a crashed leader blocks a successor.
     pub lease_duration: Duration,
-    /// Serves /metrics, /healthz and /readyz.
+    /// Serves /metrics (and /healthz, /readyz).
     pub metrics_addr: SocketAddr,
+    /// A second listener for the probes (/healthz, /readyz), kubebuilder-style; none by default.
+    pub health_addr: Option<SocketAddr>,
     /// Whether teams reclaim borrowed devices by eviction unless their policy says otherwise.
     pub reclaim_default: bool,
     /// How long a team waits below its guarantee before borrowers' Pods are evicted.
@@ -66,6 +68,7 @@ impl Default for Config {
             identity: "teamgpu".into(),
             lease_duration: Duration::from_secs(10),
             metrics_addr: ([0, 0, 0, 0], 8080).into(),
+            health_addr: None,
             reclaim_default: false,
             reclaim_grace: Duration::from_secs(120),
             resync: Duration::from_secs(3600),
@@ -140,6 +143,19 @@ pub async fn run(
         source,
     })?;
     let _http = AbortOnDrop(http_task);
+    let _health = match config.health_addr {
+        Some(addr) => {
+            let health = http::Health {
+                ready: ready.clone(),
+                metrics: metrics.clone(),
+            };
+            let (_, task) = http::serve(addr, health)
+                .await
+                .map_err(|source| Error::Metrics { addr, source })?;
+            Some(AbortOnDrop(task))
+        }
+        None => None,
+    };
 
     let notify = Arc::new(Notify::new());
     let mut watches = JoinSet::new();
