@@ -41,7 +41,7 @@
 //! other way (iterating or sizing a domain, `cel.bind` over a domain map, a computed key, ...) are
 //! evaluated against the full device every time.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -171,6 +171,19 @@ pub fn parse_qualified_name<'a>(name: &'a str, default_domain: &'a str) -> (&'a 
     }
 }
 
+/// Sorted by (domain, id), the last entry of each key winning (as a map insert would).
+fn last_of_each_key<T>(mut entries: Entries<T>) -> Entries<T> {
+    entries.sort_by(|a, b| (&*a.0, &*a.1).cmp(&(&*b.0, &*b.1)));
+    let mut out: Entries<T> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match out.last_mut() {
+            Some(last) if *last.0 == *entry.0 && *last.1 == *entry.1 => *last = entry,
+            _ => out.push(entry),
+        }
+    }
+    out
+}
+
 /// Names are interned, so a pointer comparison usually decides; equal text decides otherwise.
 fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
     Arc::ptr_eq(a, b) || **a == **b
@@ -196,13 +209,15 @@ impl DeviceEnv {
     /// `<driver>/memory`; API validation should prevent it), the later one in name order wins.
     pub fn new(driver: &str, device: &Device) -> Self {
         let mut invalid = None;
-        let mut attributes: BTreeMap<(Arc<str>, Arc<str>), AttrValue> = BTreeMap::new();
+        // Names come in name order (the API's maps are sorted); a stable sort by (domain, id)
+        // followed by keeping the last of equal keys gives the same result as a map insert,
+        // without a map's allocations (this runs once per device of the cluster).
+        let mut attributes: Entries<AttrValue> =
+            Vec::with_capacity(device.attributes.as_ref().map_or(0, |a| a.len()));
         for (name, attr) in device.attributes.iter().flatten() {
             let (domain, id) = parse_qualified_name(name, driver);
             match attr_value(attr) {
-                Ok(v) => {
-                    attributes.insert((intern(domain), intern(id)), v);
-                }
+                Ok(v) => attributes.push((intern(domain), intern(id), v)),
                 Err(message) => {
                     invalid.get_or_insert(SelectorError::Device {
                         name: name.clone(),
@@ -211,13 +226,14 @@ impl DeviceEnv {
                 }
             }
         }
-        let mut capacity: BTreeMap<(Arc<str>, Arc<str>), CapValue> = BTreeMap::new();
+        let mut capacity: Entries<CapValue> =
+            Vec::with_capacity(device.capacity.as_ref().map_or(0, |c| c.len()));
         for (name, cap) in device.capacity.iter().flatten() {
             let (domain, id) = parse_qualified_name(name, driver);
             match parse_with_kube_cel(ParseKind::Quantity, &cap.value.0) {
                 Ok(value) => {
-                    let raw = Arc::from(cap.value.0.as_str());
-                    capacity.insert((intern(domain), intern(id)), CapValue { raw, value });
+                    let raw = intern(cap.value.0.as_str());
+                    capacity.push((intern(domain), intern(id), CapValue { raw, value }));
                 }
                 Err(message) => {
                     invalid.get_or_insert(SelectorError::Device {
@@ -229,11 +245,8 @@ impl DeviceEnv {
         }
         Self {
             driver: intern(driver),
-            attributes: attributes
-                .into_iter()
-                .map(|((d, i), v)| (d, i, v))
-                .collect(),
-            capacity: capacity.into_iter().map(|((d, i), v)| (d, i, v)).collect(),
+            attributes: last_of_each_key(attributes),
+            capacity: last_of_each_key(capacity),
             allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
             invalid,
         }
@@ -1018,6 +1031,7 @@ fn non_bool_type(expr: &Expr) -> Option<&'static str> {
 pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::resource::v1::ResourceSlice;
+    use std::collections::BTreeMap;
 
     /// A file of `shared/fixtures/upstream/` (operator/ is `<repo>/operator`, shared is
     /// `<repo>/../shared`).
