@@ -100,6 +100,15 @@ pub enum Write {
 }
 
 impl Write {
+    /// What the write does, for logs.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Write::Apply { .. } => "apply",
+            Write::Recreate { .. } => "recreate",
+            Write::Delete { .. } => "delete",
+        }
+    }
+
     pub fn key(&self) -> &ObjectKey {
         match self {
             Write::Apply { key, .. } | Write::Recreate { key, .. } | Write::Delete { key } => key,

@@ -67,11 +67,11 @@ fn error_label(error: &kube::Error) -> &'static str {
     }
 }
 
-fn api_for(r: &Reconciler, key: &ObjectKey) -> Api<DynamicObject> {
+fn api_for(client: &kube::Client, key: &ObjectKey) -> Api<DynamicObject> {
     let ar = key.kind.api_resource();
     match &key.namespace {
-        Some(ns) => Api::namespaced_with(r.client.clone(), ns, &ar),
-        None => Api::all_with(r.client.clone(), &ar),
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
     }
 }
 
@@ -79,11 +79,17 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-async fn perform(r: &Reconciler, write: &Write) -> Result<(), kube::Error> {
+/// One write. Takes owned handles so that writes can run concurrently in `Send` futures.
+async fn perform(
+    client: kube::Client,
+    metrics: std::sync::Arc<super::Metrics>,
+    write: Write,
+) -> Result<(), kube::Error> {
+    let write = &write;
     let key = write.key();
-    let api = api_for(r, key);
+    let api = api_for(&client, key);
     let count = |verb: &'static str| {
-        r.metrics
+        metrics
             .writes
             .get_or_create(&WriteLabels {
                 kind: key.kind.label(),
@@ -120,33 +126,58 @@ async fn perform(r: &Reconciler, write: &Write) -> Result<(), kube::Error> {
     Ok(())
 }
 
-/// Perform `writes` in order, skipping objects still backing off. Stops at once when this
-/// replica loses the lease.
+/// Writes in flight at once within one phase. The API server handles concurrent writes well; one
+/// at a time, a first converge of thousands of templates would hold up every later event.
+const WRITE_CONCURRENCY: usize = 8;
+
+/// The phase of a write: writes of one kind (applies in dependency order, then deletions in
+/// reverse) may run concurrently; phases run one after another.
+fn phase(write: &Write) -> (bool, crate::sync::Kind) {
+    (matches!(write, Write::Delete { .. }), write.key().kind)
+}
+
+/// Perform `writes` (in the order `sync::writes` gives), skipping objects still backing off.
+/// Stops at once when this replica loses the lease.
 pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
-    for write in writes {
-        if !r.is_leader() {
-            return;
-        }
-        let id = write.key().to_string();
-        if !r.backoff.ready(&id) {
-            continue;
-        }
-        match perform(r, &write).await {
-            Ok(()) => {
-                tracing::info!(object = %id, action = ?std::mem::discriminant(&write), "wrote");
-                r.backoff.succeeded(&id);
+    let ready: Vec<Write> = writes
+        .into_iter()
+        .filter(|w| r.backoff.ready(&w.key().to_string()))
+        .collect();
+    for batch in ready.chunk_by(|a, b| phase(a) == phase(b)) {
+        for group in batch.chunks(WRITE_CONCURRENCY) {
+            // Checked before every group: a replica that lost the lease stops writing at once.
+            if !r.is_leader() {
+                return;
             }
-            Err(error) => {
-                let label = error_label(&error);
-                r.metrics
-                    .errors
-                    .get_or_create(&ErrorLabels {
-                        controller: "teamgpu",
-                        error: label,
-                    })
-                    .inc();
-                tracing::warn!(object = %id, %error, "write failed; retrying with backoff");
-                r.backoff.failed(&id);
+            let results = futures::future::join_all(group.iter().cloned().map(|write| {
+                let (client, metrics) = (r.client.clone(), r.metrics.clone());
+                async move {
+                    let id = write.key().to_string();
+                    let verb = write.verb();
+                    let result = perform(client, metrics, write).await;
+                    if result.is_ok() {
+                        tracing::info!(object = %id, action = verb, "wrote");
+                    }
+                    (id, result)
+                }
+            }))
+            .await;
+            for (id, result) in results {
+                match result {
+                    Ok(()) => r.backoff.succeeded(&id),
+                    Err(error) => {
+                        let label = error_label(&error);
+                        r.metrics
+                            .errors
+                            .get_or_create(&ErrorLabels {
+                                controller: "teamgpu",
+                                error: label,
+                            })
+                            .inc();
+                        tracing::warn!(object = %id, %error, "write failed; retrying with backoff");
+                        r.backoff.failed(&id);
+                    }
+                }
             }
         }
     }

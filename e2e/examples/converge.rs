@@ -1,0 +1,159 @@
+//! How long the operator takes to converge a synthetic cluster on the stand-in, how many requests
+//! it makes, and what one namespace label change costs afterwards:
+//! `cargo run --release -p teamgpu-e2e --example converge -- [teams] [namespaces-per-team] [nodes]`
+//! (defaults 20 5 50: 100 team namespaces, 5 sharing policies, 400 devices).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu::example::{Scale, synthetic};
+
+fn fresh<K: kube::Resource + Clone>(obj: &K) -> K {
+    let mut obj = obj.clone();
+    let meta = obj.meta_mut();
+    *meta = ObjectMeta {
+        name: meta.name.clone(),
+        labels: meta.labels.clone(),
+        ..Default::default()
+    };
+    obj
+}
+
+async fn quotas(client: &kube::Client) -> usize {
+    let lp = ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
+    Api::<ResourceQuota>::all(client.clone())
+        .list(&lp)
+        .await
+        .map(|l| l.items.len())
+        .unwrap_or(0)
+}
+
+fn by_verb(counts: &BTreeMap<(String, String), u64>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for ((verb, _), n) in counts {
+        *out.entry(verb.clone()).or_insert(0) += n;
+    }
+    out
+}
+
+fn minus(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    a.iter()
+        .map(|(k, v)| (k.clone(), v - b.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let scale = Scale {
+        teams: args.first().copied().unwrap_or(20),
+        namespaces_per_team: args.get(1).copied().unwrap_or(5),
+        sharing_policies: 5,
+        nodes: args.get(2).copied().unwrap_or(50),
+        claims: 0,
+    };
+    let state = synthetic(scale).expect("synthetic cluster");
+    let cluster = teamgpu_e2e::TestCluster::start().await.expect("stand-in");
+    let client = cluster.client();
+    for ns in &state.namespaces {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.name.clone()),
+                labels: Some(ns.labels.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    for slice in &state.slices {
+        Api::<ResourceSlice>::all(client.clone())
+            .create(&PostParams::default(), &fresh(slice))
+            .await
+            .unwrap();
+    }
+    for p in &state.sharing_policies {
+        Api::<GpuSharingPolicy>::all(client.clone())
+            .create(&PostParams::default(), &fresh(p))
+            .await
+            .unwrap();
+    }
+    for t in &state.teams {
+        Api::<TeamGpuPolicy>::all(client.clone())
+            .create(&PostParams::default(), &fresh(t))
+            .await
+            .unwrap();
+    }
+    let counters = cluster.counters().expect("the stand-in counts requests");
+    let before = by_verb(&counters.snapshot());
+
+    let started = Instant::now();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = teamgpu::controller::Config {
+        metrics_addr: ([127, 0, 0, 1], 0).into(),
+        ..Default::default()
+    };
+    let operator = tokio::spawn(teamgpu::controller::run(client.clone(), config, async {
+        let _ = stopped.await;
+    }));
+    let want = state.namespaces.len();
+    while quotas(&client).await < want {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let quotas_in = started.elapsed();
+    // Converged: no write for a second.
+    let mut last = counters.writes(None);
+    let mut last_change = Instant::now();
+    while last_change.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = counters.writes(None);
+        if now != last {
+            (last, last_change) = (now, Instant::now());
+        }
+    }
+    let converged = last_change - started;
+    let after = by_verb(&counters.snapshot());
+    println!(
+        "{} team namespaces, {} teams, {} policies, {} devices: quotas everywhere after {quotas_in:?}, last write after {converged:?}",
+        want,
+        state.teams.len(),
+        state.sharing_policies.len(),
+        state.slices.len() * 8
+    );
+    println!(
+        "requests to converge (the harness' own quota polls included): {:?}",
+        minus(&after, &before)
+    );
+
+    // One namespace leaves its team: precise writes.
+    let ns = &state.namespaces[0].name;
+    let patch = serde_json::json!({"metadata": {"labels": {"teamgpu.io/team": null}}});
+    let t = Instant::now();
+    Api::<Namespace>::all(client.clone())
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    while quotas(&client).await >= want {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reacted = t.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = by_verb(&counters.snapshot());
+    println!(
+        "a namespace leaving its team: its quota gone after {reacted:?}; requests {:?}",
+        minus(&later, &after)
+    );
+    let _ = stop.send(());
+    let _ = operator.await;
+}
