@@ -373,6 +373,12 @@ pub fn plan_with_inventory(state: &ClusterState, inventory: &Inventory) -> Plan 
         .map(|p| (device_class_name(&p.name), None))
         .chain(governed_foreign.clone())
         .collect();
+    // Each policy's templates are the same in every namespace: built (and hashed) once.
+    let shapes: BTreeMap<&str, Vec<objects::TemplateShape>> = policies
+        .iter()
+        .filter(|p| p.usable())
+        .map(|p| (p.name.as_str(), objects::template_shapes(p.policy)))
+        .collect();
     for team in &teams {
         let team_name = name_of(*team);
         let namespaces = membership
@@ -401,11 +407,13 @@ pub fn plan_with_inventory(state: &ClusterState, inventory: &Inventory) -> Plan 
                     .and_then(|t| t.namespaces.iter().find(|n| &n.namespace == namespace))
                     .map_or(0, |n| n.hard);
                 hard.insert(quota_resource(&device_class_name(&policy.name)), ns_hard);
-                out.objects.claim_templates.extend(objects::claim_templates(
-                    team,
-                    policy.policy,
-                    namespace,
-                ));
+                let shapes = shapes
+                    .get(policy.name.as_str())
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                out.objects
+                    .claim_templates
+                    .extend(objects::claim_templates(team, shapes, namespace));
             }
             out.objects
                 .resource_quotas

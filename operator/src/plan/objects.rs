@@ -170,12 +170,17 @@ pub fn sharing_config(policy: &GpuSharingPolicy) -> Option<serde_json::Value> {
     Some(json!({"apiVersion": NVIDIA_CONFIG_API_VERSION, "kind": kind, "sharing": sharing}))
 }
 
-/// The ResourceClaimTemplates a team gets in one namespace for one sharing policy.
-pub fn claim_templates(
-    team: &TeamGpuPolicy,
-    policy: &GpuSharingPolicy,
-    namespace: &str,
-) -> Vec<ResourceClaimTemplate> {
+/// One ResourceClaimTemplate a sharing policy offers: its name, spec and the spec's hash. The
+/// same in every namespace, so it is built once per policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TemplateShape {
+    pub name: String,
+    pub spec: ResourceClaimTemplateSpec,
+    pub hash: String,
+}
+
+/// The templates a sharing policy offers, one per device count.
+pub fn template_shapes(policy: &GpuSharingPolicy) -> Vec<TemplateShape> {
     let policy_name = policy.metadata.name.clone().unwrap_or_default();
     let class = device_class_name(&policy_name);
     let mut counts = policy.spec.claim_templates.counts.clone();
@@ -202,14 +207,32 @@ pub fn claim_templates(
                     }),
                 },
             };
-            let mut metadata = owned_meta(
-                team,
-                template_name(&policy_name, count),
-                Some(namespace.to_owned()),
-            );
+            let hash = content_hash(&spec);
+            TemplateShape {
+                name: template_name(&policy_name, count),
+                spec,
+                hash,
+            }
+        })
+        .collect()
+}
+
+/// The ResourceClaimTemplates a team gets in one namespace for one sharing policy's shapes.
+pub fn claim_templates(
+    team: &TeamGpuPolicy,
+    shapes: &[TemplateShape],
+    namespace: &str,
+) -> Vec<ResourceClaimTemplate> {
+    shapes
+        .iter()
+        .map(|shape| {
+            let mut metadata = owned_meta(team, shape.name.clone(), Some(namespace.to_owned()));
             metadata.annotations =
-                Some([(CONTENT_HASH_ANNOTATION.to_owned(), content_hash(&spec))].into());
-            ResourceClaimTemplate { metadata, spec }
+                Some([(CONTENT_HASH_ANNOTATION.to_owned(), shape.hash.clone())].into());
+            ResourceClaimTemplate {
+                metadata,
+                spec: shape.spec.clone(),
+            }
         })
         .collect()
 }
@@ -313,7 +336,11 @@ mod tests {
             "ml",
             serde_json::from_value(json!({"namespaces": ["ml"]})).unwrap(),
         );
-        let templates = claim_templates(&team, &policy(SharingStrategy::Exclusive), "ml");
+        let templates = claim_templates(
+            &team,
+            &template_shapes(&policy(SharingStrategy::Exclusive)),
+            "ml",
+        );
         let names: Vec<_> = templates
             .iter()
             .map(|t| t.metadata.name.clone().unwrap())
@@ -343,7 +370,7 @@ mod tests {
         assert_ne!(hashes[0], hashes[1]);
         assert_eq!(
             hashes[0],
-            claim_templates(&team, &policy(SharingStrategy::Mps), "ml")[0]
+            claim_templates(&team, &template_shapes(&policy(SharingStrategy::Mps)), "ml")[0]
                 .metadata
                 .annotations
                 .as_ref()
