@@ -11,7 +11,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use teamgpu::example::{Scale, synthetic};
 use teamgpu::plan::device_cel::CompiledSelectors;
 use teamgpu::plan::inventory::Inventory;
-use teamgpu::plan::{plan, plan_with_inventory, selector};
+use teamgpu::plan::{MatchCache, plan, plan_cached, plan_with_inventory, selector};
 
 fn bench(c: &mut Criterion) {
     let state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
@@ -69,6 +69,15 @@ fn bench(c: &mut Criterion) {
     group.bench_function("plan with a built inventory", |b| {
         b.iter(|| plan_with_inventory(black_box(&state), black_box(&inventory)))
     });
+    // What the operator pays for a claim or namespace change: inventory and device matching
+    // are cached until a ResourceSlice or a selector changes.
+    let mut cache = MatchCache::default();
+    cache.inventory_id = 1;
+    plan_cached(&state, &inventory, &mut cache);
+    group.bench_function(
+        "plan after a claim change (inventory and matching cached)",
+        |b| b.iter(|| plan_cached(black_box(&state), black_box(&inventory), &mut cache)),
+    );
     group.finish();
 }
 

@@ -521,3 +521,51 @@ fn statuses_are_deterministic_and_keep_transition_times() {
     );
     assert_eq!(gsp.devices, 32);
 }
+
+#[test]
+fn cached_device_matching_follows_selector_and_inventory_changes() {
+    use teamgpu::plan::inventory::Inventory;
+    use teamgpu::plan::{MatchCache, plan_cached, plan_with_inventory};
+    let mut state = example();
+    let inventory = Inventory::from_slices(&state.slices);
+    let mut cache = MatchCache::default();
+    cache.inventory_id = 1;
+    let first = plan_cached(&state, &inventory, &mut cache);
+    assert_eq!(first, plan_with_inventory(&state, &inventory));
+    // A claim change reuses the matching and gives the same plan as a fresh one.
+    state.claims.pop();
+    assert_eq!(
+        plan_cached(&state, &inventory, &mut cache),
+        plan_with_inventory(&state, &inventory)
+    );
+    // A selector change is seen at once.
+    let shared = state
+        .sharing_policies
+        .iter_mut()
+        .find(|p| p.metadata.name.as_deref() == Some("a100-shared"))
+        .unwrap();
+    shared.spec.selector.product_names = vec!["NVIDIA A100-SXM4-80GB".into()];
+    let changed = plan_cached(&state, &inventory, &mut cache);
+    assert_eq!(
+        changed
+            .sharing_policies
+            .iter()
+            .find(|p| p.name == "a100-shared")
+            .unwrap()
+            .capacity,
+        32
+    );
+    // So is another inventory (a new id).
+    let smaller = Inventory::from_slices(&state.slices[..1]);
+    cache.inventory_id = 2;
+    let fewer = plan_cached(&state, &smaller, &mut cache);
+    assert_eq!(
+        fewer
+            .sharing_policies
+            .iter()
+            .find(|p| p.name == "a100-80gb")
+            .unwrap()
+            .capacity,
+        8
+    );
+}

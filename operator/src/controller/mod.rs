@@ -207,6 +207,7 @@ pub async fn run(
         backoff: writer::Backoff::default(),
         reclaim: reclaim::Tracker::default(),
         inventory: None,
+        matches: plan::MatchCache::default(),
     };
     let loop_ = async {
         let mut leader = leader.clone();
@@ -269,6 +270,8 @@ struct Reconciler {
     /// The inventory of the ResourceSlices it was built from (by uid and resourceVersion):
     /// rebuilt only when a slice changed, since it is the costliest part of a plan.
     inventory: Option<(u64, Arc<plan::inventory::Inventory>)>,
+    /// Device matching, reused while neither the inventory nor a selector changes.
+    matches: plan::MatchCache,
 }
 
 /// A custom resource teamgpu could not read into its type (say, written by a newer version).
@@ -430,8 +433,9 @@ impl Reconciler {
         };
         self.metrics.reconciles.get_or_create(&labels).inc();
         let (state, sharing, teams, malformed) = self.snapshot();
-        let inventory = self.inventory(&state);
-        let plan = plan::plan_with_inventory(&state, &inventory);
+        let (fingerprint, inventory) = self.inventory(&state);
+        self.matches.inventory_id = fingerprint;
+        let plan = plan::plan_cached(&state, &inventory, &mut self.matches);
         self.metrics.observe_plan(&plan);
         for m in &malformed {
             tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
@@ -463,7 +467,7 @@ impl Reconciler {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    fn inventory(&mut self, state: &ClusterState) -> Arc<plan::inventory::Inventory> {
+    fn inventory(&mut self, state: &ClusterState) -> (u64, Arc<plan::inventory::Inventory>) {
         use std::hash::BuildHasher;
         let mut versions: Vec<(&str, &str)> = state
             .slices
@@ -479,11 +483,11 @@ impl Reconciler {
         let fingerprint = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
             .hash_one(&versions);
         match &self.inventory {
-            Some((f, inventory)) if *f == fingerprint => inventory.clone(),
+            Some((f, inventory)) if *f == fingerprint => (fingerprint, inventory.clone()),
             _ => {
                 let inventory = Arc::new(plan::inventory::Inventory::from_slices(&state.slices));
                 self.inventory = Some((fingerprint, inventory.clone()));
-                inventory
+                (fingerprint, inventory)
             }
         }
     }

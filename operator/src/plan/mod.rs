@@ -210,6 +210,25 @@ pub fn plan(state: &ClusterState) -> Plan {
 
 /// Compute the plan with an inventory built before (the controller keeps one up to date).
 pub fn plan_with_inventory(state: &ClusterState, inventory: &Inventory) -> Plan {
+    plan_cached(state, inventory, &mut MatchCache::default())
+}
+
+/// The devices each sharing policy matched, kept between plans: matching every device against
+/// every selector is the costliest step, and only a change of the inventory or of a policy's
+/// selectors changes its result (a claim or namespace change does not).
+#[derive(Debug, Default)]
+pub struct MatchCache {
+    /// The inventory's identity (the controller's fingerprint of its ResourceSlices) and the
+    /// selectors the report was computed for.
+    key: Option<(u64, BTreeMap<String, Vec<String>>)>,
+    report: inventory::MatchReport,
+    /// Which inventory the cache is for; set by the caller.
+    pub inventory_id: u64,
+}
+
+/// [`plan_with_inventory`], reusing the device matching of the previous plan when neither the
+/// inventory (`cache.inventory_id`) nor any selector changed.
+pub fn plan_cached(state: &ClusterState, inventory: &Inventory, cache: &mut MatchCache) -> Plan {
     let mut out = Plan::default();
 
     // 1. Selectors.
@@ -246,7 +265,19 @@ pub fn plan_with_inventory(state: &ClusterState, inventory: &Inventory) -> Plan 
         policies.iter().map(|p| (p.name.as_str(), p)).collect();
 
     // 2. Inventory: capacity per policy.
-    let matches = inventory.match_sets(&sets);
+    let key = (
+        cache.inventory_id,
+        policies
+            .iter()
+            .filter(|p| p.compiled.is_ok())
+            .map(|p| (p.name.clone(), p.selectors.clone()))
+            .collect(),
+    );
+    if cache.key.as_ref() != Some(&key) {
+        cache.report = inventory.match_sets(&sets);
+        cache.key = Some(key);
+    }
+    let matches = &cache.report;
     let capacity = |name: &str| matches.counts.get(name).copied().unwrap_or(0);
     for pool in inventory.incomplete_pools() {
         out.warnings.push(format!(
@@ -445,7 +476,7 @@ pub fn plan_with_inventory(state: &ClusterState, inventory: &Inventory) -> Plan 
         out.sharing_policies.push(sharing_report(
             policy,
             capacity(&policy.name),
-            &matches,
+            matches,
             inventory,
         ));
     }
