@@ -11,17 +11,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu::example::{Scale, synthetic};
-
-fn fresh<K: kube::Resource + Clone>(obj: &K) -> K {
-    let mut obj = obj.clone();
-    let meta = obj.meta_mut();
-    *meta = ObjectMeta {
-        name: meta.name.clone(),
-        labels: meta.labels.clone(),
-        ..Default::default()
-    };
-    obj
-}
+use teamgpu_e2e::fixtures::fresh;
 
 async fn quotas(client: &kube::Client) -> usize {
     let lp = ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");

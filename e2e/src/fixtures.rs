@@ -89,3 +89,17 @@ fn read_our_crds() -> Result<Vec<Value>, FixtureError> {
     }
     Ok(out)
 }
+
+/// `obj` as something to create: only its name, namespace and labels kept from the metadata
+/// (no uid, resourceVersion or owner), so objects planned or read elsewhere can be created here.
+pub fn fresh<K: kube::Resource + Clone>(obj: &K) -> K {
+    let mut obj = obj.clone();
+    let meta = obj.meta_mut();
+    *meta = kube::api::ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        labels: meta.labels.clone(),
+        ..Default::default()
+    };
+    obj
+}

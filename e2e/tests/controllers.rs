@@ -9,27 +9,9 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::{Event, Pod, ResourceQuota};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
-};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use teamgpu_e2e::TestCluster;
-use teamgpu_e2e::fixtures::{upstream_dir, yaml_documents};
-
-async fn install_nvidia(c: &TestCluster) {
-    let dir = upstream_dir().join("nvidia-dra-driver-gpu");
-    let classes: Api<DeviceClass> = Api::all(c.client());
-    for d in yaml_documents(&dir.join("deviceclasses.rendered-v1.yaml")).unwrap() {
-        create(&classes, d).await;
-    }
-    let slices: Api<ResourceSlice> = Api::all(c.client());
-    for d in
-        yaml_documents(&dir.join("resourceslice/resourceslice-8gpu-node.assembled.yaml")).unwrap()
-    {
-        create(&slices, d).await;
-    }
-}
 
 fn template(name: &str, count: u32) -> Value {
     json!({"metadata": {"name": name}, "spec": {"metadata": {"labels": {"from": "template"}}, "spec": {"devices": {"requests": [

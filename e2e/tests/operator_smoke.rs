@@ -9,27 +9,16 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use serde_json::json;
-use teamgpu_e2e::fixtures::{upstream_dir, yaml_documents};
+use teamgpu_e2e::fixtures::yaml_documents;
 
 #[tokio::test]
 async fn the_operator_runs_against_the_stand_in() {
     let (c, _ns) = cluster_ns().await;
-    let dir = upstream_dir().join("nvidia-dra-driver-gpu");
-    let classes: Api<DeviceClass> = Api::all(c.client());
-    for d in yaml_documents(&dir.join("deviceclasses.rendered-v1.yaml")).unwrap() {
-        create(&classes, d).await;
-    }
-    let slices: Api<ResourceSlice> = Api::all(c.client());
-    for d in
-        yaml_documents(&dir.join("resourceslice/resourceslice-8gpu-node.assembled.yaml")).unwrap()
-    {
-        create(&slices, d).await;
-    }
+    install_nvidia(&c).await;
     let samples = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/samples"));
     let mut files: Vec<_> = std::fs::read_dir(samples)
         .unwrap()

@@ -16,6 +16,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu_e2e::TestCluster;
+use teamgpu_e2e::fixtures::fresh;
 use tokio::sync::oneshot;
 
 /// The operator running in-process until dropped.
@@ -91,18 +92,6 @@ fn samples() -> (Vec<GpuSharingPolicy>, Vec<TeamGpuPolicy>) {
         }
     }
     (loaded.state.sharing_policies, loaded.state.teams)
-}
-
-fn fresh<K: kube::Resource + Clone>(obj: &K) -> K {
-    let mut obj = obj.clone();
-    let meta = obj.meta_mut();
-    *meta = ObjectMeta {
-        name: meta.name.clone(),
-        namespace: meta.namespace.clone(),
-        labels: meta.labels.clone(),
-        ..Default::default()
-    };
-    obj
 }
 
 /// A cluster with the NVIDIA driver's DeviceClasses and six 8-GPU nodes (the built-in example's

@@ -63,3 +63,22 @@ pub fn claim(name: &str, class: &str, count: u32) -> Value {
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": count}}]}}
     })
 }
+
+/// The NVIDIA driver's DeviceClasses and its 8-GPU node ResourceSlice, from the fixtures.
+pub async fn install_nvidia(c: &TestCluster) {
+    let dir = teamgpu_e2e::fixtures::upstream_dir().join("nvidia-dra-driver-gpu");
+    let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(c.client());
+    for d in
+        teamgpu_e2e::fixtures::yaml_documents(&dir.join("deviceclasses.rendered-v1.yaml")).unwrap()
+    {
+        create(&classes, d).await;
+    }
+    let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(c.client());
+    for d in teamgpu_e2e::fixtures::yaml_documents(
+        &dir.join("resourceslice/resourceslice-8gpu-node.assembled.yaml"),
+    )
+    .unwrap()
+    {
+        create(&slices, d).await;
+    }
+}
