@@ -1,6 +1,7 @@
 //! Planning time at the scale: 100 teams, 1,000 namespaces, 20 sharing policies,
 //! 5,000 ResourceSlices (40,000 devices), 10,000 claims. The CEL matching of devices against the
-//! sharing policies' selectors is measured on its own, and so is the rest of the plan.
+//! sharing policies' selectors is measured on its own, and so is what the operator pays per
+//! event: its kept planner and differ taking in one change.
 //!
 //! `cargo bench -p teamgpu --bench plan`
 
@@ -8,10 +9,13 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::core::DynamicObject;
 use teamgpu::example::{Scale, synthetic};
 use teamgpu::plan::device_cel::CompiledSelectors;
 use teamgpu::plan::inventory::Inventory;
-use teamgpu::plan::{MatchCache, plan, plan_cached, plan_with_inventory, selector};
+use teamgpu::plan::{ClusterState, Planner, plan, selector};
+use teamgpu::sync::{Differ, Kind, LiveObject};
 
 fn bench(c: &mut Criterion) {
     let state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
@@ -66,19 +70,124 @@ fn bench(c: &mut Criterion) {
             )
         },
     );
-    group.bench_function("plan with a built inventory", |b| {
-        b.iter(|| plan_with_inventory(black_box(&state), black_box(&inventory)))
-    });
-    // What the operator pays for a claim or namespace change: inventory and device matching
-    // are cached until a ResourceSlice or a selector changes.
-    let mut cache = MatchCache::default();
-    cache.inventory_id = 1;
-    plan_cached(&state, &inventory, &mut cache);
-    group.bench_function(
-        "plan after a claim change (inventory and matching cached)",
-        |b| b.iter(|| plan_cached(black_box(&state), black_box(&inventory), &mut cache)),
-    );
     group.finish();
+
+    // What the operator pays per event: its kept planner and differ (operator/src/controller)
+    // after one change, alternating between the state before and after it, so every iteration
+    // is one change to take in.
+    let mut events = c.benchmark_group("operator pass");
+    events.sample_size(20);
+    // Objects from the API server carry resourceVersions, which the planner tells them apart by.
+    let mut state = state;
+    for s in &mut state.slices {
+        s.metadata.resource_version = Some("1".into());
+    }
+    for c in &mut state.claims {
+        c.metadata.resource_version = Some("1".into());
+    }
+    let mut changes: Vec<(&str, ClusterState)> = Vec::new();
+    let mut claim = state.clone();
+    claim.claims[0].status = None;
+    claim.claims[0].metadata.resource_version = Some("changed".into());
+    changes.push(("one claim changed", claim));
+    let mut slice = state.clone();
+    if let Some(d) = slice.slices[0].spec.devices.iter_mut().flatten().next() {
+        d.taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+            key: "gpu.nvidia.com/xid".into(),
+            effect: "NoSchedule".into(),
+            value: None,
+            time_added: None,
+        }]);
+    }
+    slice.slices[0].metadata.resource_version = Some("changed".into());
+    changes.push(("one ResourceSlice changed", slice));
+    let mut relabelled = state.clone();
+    let moved = relabelled
+        .namespaces
+        .iter_mut()
+        .find(|n| n.labels.contains_key("teamgpu.io/team"))
+        .expect("a team namespace");
+    moved
+        .labels
+        .insert("teamgpu.io/team".into(), "team-0".into());
+    changes.push(("one namespace moved to another team", relabelled));
+    changes.push(("nothing changed (resync)", state.clone()));
+
+    let converged = plan(&state);
+    let live = Live::of(&converged);
+    for (what, changed) in &changes {
+        let (mut planner, mut differ) = started(&state, &live);
+        let mut flip = false;
+        events.bench_function(*what, |b| {
+            b.iter(|| {
+                flip = !flip;
+                let now = if flip { changed } else { &state };
+                pass(&mut planner, &mut differ, now)
+            })
+        });
+    }
+    events.bench_function("first pass of a started operator", |b| {
+        b.iter(|| started(&state, &live))
+    });
+    events.finish();
+}
+
+/// Converged live objects, as the operator's watch caches hold them.
+struct Live {
+    classes: Vec<DeviceClass>,
+    owned: Vec<(Kind, DynamicObject)>,
+}
+
+impl Live {
+    fn of(plan: &teamgpu::plan::Plan) -> Live {
+        let versioned = |mut v: serde_json::Value| {
+            v["metadata"]["resourceVersion"] = "1".into();
+            v
+        };
+        let classes = plan
+            .objects
+            .device_classes
+            .iter()
+            .map(|c| serde_json::from_value(versioned(serde_json::to_value(c).unwrap())).unwrap())
+            .collect();
+        let owned = teamgpu::sync::desired(&plan.objects)
+            .into_iter()
+            .filter(|(k, _)| k.kind != Kind::DeviceClass)
+            .map(|(k, v)| (k.kind, serde_json::from_value(versioned(v)).unwrap()))
+            .collect();
+        Live { classes, owned }
+    }
+}
+
+/// One pass of the operator's reconciler, without the API calls: take in the changed caches
+/// (the live objects did not change), plan, diff. Returns the number of writes.
+fn pass(planner: &mut Planner, differ: &mut Differ, state: &ClusterState) -> usize {
+    planner.update_slices(&state.slices);
+    planner.update_claims(&state.claims);
+    let plan = planner.plan(state);
+    differ.writes(&plan.objects).len()
+}
+
+/// The operator's first pass, when every cache is new.
+fn started(state: &ClusterState, live: &Live) -> (Planner, Differ) {
+    let mut planner = Planner::default();
+    let mut differ = Differ::default();
+    differ.update_live(
+        Kind::DeviceClass,
+        live.classes.iter().map(LiveObject::DeviceClass),
+    );
+    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
+        differ.update_live(
+            kind,
+            live.owned
+                .iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(k, o)| LiveObject::Owned(*k, o)),
+        );
+    }
+    let writes = pass(&mut planner, &mut differ, state);
+    assert_eq!(writes, 0, "the live objects are the plan's");
+    (planner, differ)
 }
 
 criterion_group!(benches, bench);

@@ -522,50 +522,224 @@ fn statuses_are_deterministic_and_keep_transition_times() {
     assert_eq!(gsp.devices, 32);
 }
 
+/// One change to a cluster, as the operator would see it through its watches.
+#[derive(Clone, Debug)]
+enum Change {
+    DropClaim(usize),
+    CopyClaim(usize),
+    Deallocate(usize),
+    Relabel(usize, Option<&'static str>),
+    NewNamespace(Option<&'static str>),
+    TaintDevice(usize, usize),
+    DropSlice(usize),
+    RepublishSlice(usize),
+    Product(usize, &'static str),
+    Guarantee(usize, u32),
+    Selector(usize, &'static str),
+    DropSharingPolicy(usize),
+    Pending(usize, u32),
+    ForeignClass,
+}
+
+fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+    use proptest::prelude::*;
+    const TEAMS: [Option<&str>; 4] = [
+        Some("ml-research"),
+        Some("inference"),
+        Some("data-science"),
+        None,
+    ];
+    const PRODUCTS: [&str; 2] = ["NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB"];
+    let i = 0..64usize;
+    prop_oneof![
+        i.clone().prop_map(Change::DropClaim),
+        i.clone().prop_map(Change::CopyClaim),
+        i.clone().prop_map(Change::Deallocate),
+        (i.clone(), proptest::sample::select(&TEAMS[..])).prop_map(|(n, t)| Change::Relabel(n, t)),
+        proptest::sample::select(&TEAMS[..]).prop_map(Change::NewNamespace),
+        (i.clone(), 0..8usize).prop_map(|(s, d)| Change::TaintDevice(s, d)),
+        i.clone().prop_map(Change::DropSlice),
+        i.clone().prop_map(Change::RepublishSlice),
+        (i.clone(), proptest::sample::select(&PRODUCTS[..]))
+            .prop_map(|(s, p)| Change::Product(s, p)),
+        (i.clone(), 0..20u32).prop_map(|(t, g)| Change::Guarantee(t, g)),
+        (i.clone(), proptest::sample::select(&PRODUCTS[..]))
+            .prop_map(|(p, n)| Change::Selector(p, n)),
+        i.clone().prop_map(Change::DropSharingPolicy),
+        (i, 0..6u32).prop_map(|(n, d)| Change::Pending(n, d)),
+        Just(Change::ForeignClass),
+    ]
+}
+
+/// Applies `change`; `version` plays the API server, which gives every write a new
+/// resourceVersion (when `versioned`).
+fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned: bool) {
+    let mut bump = |meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        *version += 1;
+        if versioned {
+            meta.resource_version = Some(version.to_string());
+        }
+    };
+    let pick = |n: usize, len: usize| (len > 0).then(|| n % len);
+    match change {
+        Change::DropClaim(n) => {
+            if let Some(i) = pick(*n, state.claims.len()) {
+                state.claims.remove(i);
+            }
+        }
+        Change::CopyClaim(n) => {
+            if let Some(i) = pick(*n, state.claims.len()) {
+                let mut c = state.claims[i].clone();
+                bump(&mut c.metadata);
+                c.metadata.name = Some(format!("copy-{}", state.claims.len()));
+                state.claims.push(c);
+            }
+        }
+        Change::Deallocate(n) => {
+            if let Some(i) = pick(*n, state.claims.len()) {
+                state.claims[i].status = None;
+                bump(&mut state.claims[i].metadata);
+            }
+        }
+        Change::Relabel(n, team) => {
+            if let Some(i) = pick(*n, state.namespaces.len()) {
+                let labels = &mut state.namespaces[i].labels;
+                labels.remove("teamgpu.io/team");
+                if let Some(t) = team {
+                    labels.insert("teamgpu.io/team".into(), (*t).into());
+                }
+            }
+        }
+        Change::NewNamespace(team) => state.namespaces.push(NamespaceInfo {
+            name: format!("ns-{}", state.namespaces.len()),
+            labels: team
+                .iter()
+                .map(|t| ("teamgpu.io/team".to_owned(), (*t).to_owned()))
+                .collect(),
+        }),
+        Change::TaintDevice(n, d) => {
+            if let Some(i) = pick(*n, state.slices.len()) {
+                let slice = &mut state.slices[i];
+                if let Some(device) = slice.spec.devices.iter_mut().flatten().nth(*d) {
+                    device.taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+                        key: "gpu.nvidia.com/xid".into(),
+                        effect: "NoSchedule".into(),
+                        value: None,
+                        time_added: None,
+                    }]);
+                }
+                bump(&mut slice.metadata);
+            }
+        }
+        Change::DropSlice(n) => {
+            if let Some(i) = pick(*n, state.slices.len()) {
+                state.slices.remove(i);
+            }
+        }
+        Change::RepublishSlice(n) => {
+            // A driver restart: a new generation of the pool, one device fewer.
+            if let Some(i) = pick(*n, state.slices.len()) {
+                let mut s = state.slices[i].clone();
+                s.metadata.name = Some(format!("{}-next", s.metadata.name.unwrap_or_default()));
+                s.spec.pool.generation += 1;
+                if let Some(devices) = s.spec.devices.as_mut() {
+                    devices.pop();
+                }
+                bump(&mut s.metadata);
+                state.slices.push(s);
+            }
+        }
+        Change::Product(n, product) => {
+            if let Some(i) = pick(*n, state.slices.len()) {
+                let slice = &mut state.slices[i];
+                for d in slice.spec.devices.iter_mut().flatten() {
+                    if let Some(a) = d.attributes.as_mut().and_then(|a| a.get_mut("productName")) {
+                        a.string = Some((*product).into());
+                    }
+                }
+                bump(&mut slice.metadata);
+            }
+        }
+        Change::Guarantee(n, g) => {
+            if let Some(i) = pick(*n, state.teams.len()) {
+                let team = &mut state.teams[i];
+                if let Some(q) = team.spec.quotas.first_mut() {
+                    q.guaranteed = *g;
+                }
+                bump(&mut team.metadata);
+            }
+        }
+        Change::Selector(n, product) => {
+            if let Some(i) = pick(*n, state.sharing_policies.len()) {
+                let p = &mut state.sharing_policies[i];
+                p.spec.selector.product_names = vec![(*product).into()];
+                bump(&mut p.metadata);
+            }
+        }
+        Change::DropSharingPolicy(n) => {
+            if let Some(i) = pick(*n, state.sharing_policies.len()) {
+                state.sharing_policies.remove(i);
+            }
+        }
+        Change::Pending(n, devices) => {
+            if let Some(i) = pick(*n, state.namespaces.len()) {
+                state.pending = vec![teamgpu::plan::PendingDemand {
+                    namespace: state.namespaces[i].name.clone(),
+                    device_class: "a100-80gb.teamgpu.io".into(),
+                    devices: *devices,
+                }];
+            }
+        }
+        Change::ForeignClass => {
+            let class: DeviceClass = serde_json::from_value(json!({
+                "metadata": {"name": format!("foreign-{}", state.device_classes.len())},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}
+            }))
+            .unwrap();
+            state.device_classes.push(class);
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// The operator's planner, kept across changes, always agrees with a plan made from scratch,
+    /// whether objects carry resourceVersions (from the API server) or not (from files).
+    #[test]
+    fn the_kept_planner_agrees_with_a_fresh_plan_after_any_changes(
+        changes in proptest::collection::vec(change(), 1..12),
+        versioned: bool,
+    ) {
+        let mut state = example();
+        let mut version = 0;
+        let mut planner = teamgpu::plan::Planner::default();
+        for change in &changes {
+            apply(&mut state, change, &mut version, versioned);
+            planner.update_slices(&state.slices);
+            planner.update_claims(&state.claims);
+            proptest::prop_assert_eq!(planner.plan(&state), plan(&state), "after {:?}", change);
+        }
+    }
+}
+
 #[test]
-fn cached_device_matching_follows_selector_and_inventory_changes() {
-    use teamgpu::plan::inventory::Inventory;
-    use teamgpu::plan::{MatchCache, plan_cached, plan_with_inventory};
+fn a_claim_change_recounts_one_namespace_and_a_slice_change_one_pool() {
     let mut state = example();
-    let inventory = Inventory::from_slices(&state.slices);
-    let mut cache = MatchCache::default();
-    cache.inventory_id = 1;
-    let first = plan_cached(&state, &inventory, &mut cache);
-    assert_eq!(first, plan_with_inventory(&state, &inventory));
-    // A claim change reuses the matching and gives the same plan as a fresh one.
-    state.claims.pop();
-    assert_eq!(
-        plan_cached(&state, &inventory, &mut cache),
-        plan_with_inventory(&state, &inventory)
-    );
-    // A selector change is seen at once.
-    let shared = state
-        .sharing_policies
-        .iter_mut()
-        .find(|p| p.metadata.name.as_deref() == Some("a100-shared"))
-        .unwrap();
-    shared.spec.selector.product_names = vec!["NVIDIA A100-SXM4-80GB".into()];
-    let changed = plan_cached(&state, &inventory, &mut cache);
-    assert_eq!(
-        changed
-            .sharing_policies
-            .iter()
-            .find(|p| p.name == "a100-shared")
-            .unwrap()
-            .capacity,
-        32
-    );
-    // So is another inventory (a new id).
-    let smaller = Inventory::from_slices(&state.slices[..1]);
-    cache.inventory_id = 2;
-    let fewer = plan_cached(&state, &smaller, &mut cache);
-    assert_eq!(
-        fewer
-            .sharing_policies
-            .iter()
-            .find(|p| p.name == "a100-80gb")
-            .unwrap()
-            .capacity,
-        8
-    );
+    let mut planner = teamgpu::plan::Planner::default();
+    assert_eq!(planner.update_slices(&state.slices).len(), 6);
+    assert_eq!(planner.update_claims(&state.claims).len(), 5);
+    planner.plan(&state);
+
+    let mut version = 0;
+    apply(&mut state, &Change::Deallocate(0), &mut version, true);
+    assert!(planner.update_slices(&state.slices).is_empty());
+    let namespace = state.claims[0].metadata.namespace.clone().unwrap();
+    assert_eq!(planner.update_claims(&state.claims), [namespace]);
+    apply(&mut state, &Change::TaintDevice(2, 0), &mut version, true);
+    let pools = planner.update_slices(&state.slices);
+    assert_eq!(pools.len(), 1);
+    assert_eq!(pools[0].pool, state.slices[2].spec.pool.name);
+    assert!(planner.update_claims(&state.claims).is_empty());
+    assert_eq!(planner.plan(&state), plan(&state));
 }

@@ -10,7 +10,6 @@ mod observe;
 mod reclaim;
 mod writer;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,14 +21,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DynamicObject, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::plan::{self, ClusterState, NamespaceInfo, objects};
-use crate::sync::{self, Kind, ObjectKey};
+use crate::sync::{self, Kind};
 pub use metrics::Metrics;
-use observe::Stores;
+use observe::{Stores, Watch};
 
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "teamgpu";
@@ -157,9 +156,10 @@ pub async fn run(
         None => None,
     };
 
-    let notify = Arc::new(Notify::new());
+    let wake = observe::Wake::default();
+    let notify = wake.notify.clone();
     let mut watches = JoinSet::new();
-    let stores = observe::start(&client, notify.clone(), &mut watches);
+    let stores = observe::start(&client, &wake, &mut watches);
 
     let (leader_tx, leader) = watch::channel(!config.leader_elect);
     let lease = if config.leader_elect {
@@ -206,8 +206,9 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), reporter),
         backoff: writer::Backoff::default(),
         reclaim: reclaim::Tracker::default(),
-        inventory: None,
-        matches: plan::MatchCache::default(),
+        changes: wake.changes.clone(),
+        planner: plan::Planner::default(),
+        differ: sync::Differ::default(),
     };
     let loop_ = async {
         let mut leader = leader.clone();
@@ -267,11 +268,12 @@ struct Reconciler {
     recorder: Recorder,
     backoff: writer::Backoff,
     reclaim: reclaim::Tracker,
-    /// The inventory of the ResourceSlices it was built from (by uid and resourceVersion):
-    /// rebuilt only when a slice changed, since it is the costliest part of a plan.
-    inventory: Option<(u64, Arc<plan::inventory::Inventory>)>,
-    /// Device matching, reused while neither the inventory nor a selector changes.
-    matches: plan::MatchCache,
+    /// Which watches saw events since the last pass.
+    changes: Arc<observe::Changes>,
+    /// Recomputes only what changed inputs feed (a slice's pool, a namespace's usage, ...).
+    planner: plan::Planner,
+    /// Compares only the objects whose desired or live side changed.
+    differ: sync::Differ,
 }
 
 /// A custom resource teamgpu could not read into its type (say, written by a newer version).
@@ -305,7 +307,8 @@ impl Reconciler {
         *self.leader.borrow()
     }
 
-    /// The planner's input from the caches.
+    /// The planner's input from the caches. Slices and claims, the bulk of a cluster, are not
+    /// copied: the planner reads them from the caches ([`Reconciler::update_planner`]).
     fn snapshot(
         &self,
     ) -> (
@@ -329,22 +332,20 @@ impl Reconciler {
             .iter()
             .filter_map(|o| parse(o, &mut malformed))
             .collect();
-        let claims: Vec<_> = self
-            .stores
-            .claims
-            .state()
-            .iter()
-            .map(|c| (**c).clone())
-            .collect();
+        let claims = self.stores.claims.state();
         let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
+        // Only the templates pending Pods could use are read.
+        let waiting: std::collections::BTreeSet<String> =
+            pods.iter().filter_map(|p| p.namespace()).collect();
         let templates: Vec<ResourceClaimTemplate> = self
             .owned(Kind::ResourceClaimTemplate)
-            .iter()
-            .filter_map(|o| o.clone().try_parse().ok())
+            .into_iter()
+            .filter(|o| o.namespace().is_some_and(|ns| waiting.contains(&ns)))
+            .filter_map(|o| (*o).clone().try_parse().ok())
             .collect();
         let pending = plan::pending::pending_demand(
             &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
-            &claims.iter().collect::<Vec<_>>(),
+            &claims.iter().map(|c| &**c).collect::<Vec<_>>(),
             &templates.iter().collect::<Vec<_>>(),
         );
         let state = ClusterState {
@@ -368,62 +369,58 @@ impl Reconciler {
                 .iter()
                 .map(|c| (**c).clone())
                 .collect(),
-            slices: self
-                .stores
-                .slices
-                .state()
-                .iter()
-                .map(|s| (**s).clone())
-                .collect(),
-            claims,
+            slices: Vec::new(),
+            claims: Vec::new(),
             pending,
         };
         (state, sharing, teams, malformed)
     }
 
-    fn owned(&self, kind: Kind) -> Vec<DynamicObject> {
+    /// Brings the planner's slices and claims and the differ's live objects up to date with
+    /// the caches that changed.
+    fn take_changes(&mut self) {
+        let changed = self.changes.take();
+        if changed.contains(Watch::Slices) {
+            let slices = self.stores.slices.state();
+            let pools = self.planner.update_slices(slices.iter().map(|s| &**s));
+            tracing::debug!(pools = pools.len(), "ResourceSlices changed");
+        }
+        if changed.contains(Watch::Claims) {
+            let claims = self.stores.claims.state();
+            let namespaces = self.planner.update_claims(claims.iter().map(|c| &**c));
+            tracing::debug!(namespaces = namespaces.len(), "ResourceClaims changed");
+        }
+        if changed.contains(Watch::DeviceClasses) {
+            let classes = self.stores.device_classes.state();
+            let managed = classes.iter().filter(|c| {
+                c.labels()
+                    .get(objects::MANAGED_BY_LABEL)
+                    .map(String::as_str)
+                    == Some(objects::MANAGED_BY)
+            });
+            self.differ.update_live(
+                Kind::DeviceClass,
+                managed.map(|c| sync::LiveObject::DeviceClass(c)),
+            );
+        }
+        for (kind, store) in &self.stores.owned {
+            if changed.contains(Watch::Owned(*kind)) {
+                let objects = store.state();
+                self.differ.update_live(
+                    *kind,
+                    objects.iter().map(|o| sync::LiveObject::Owned(*kind, o)),
+                );
+            }
+        }
+    }
+
+    fn owned(&self, kind: Kind) -> Vec<Arc<DynamicObject>> {
         self.stores
             .owned
             .iter()
             .filter(|(k, _)| *k == kind)
             .flat_map(|(_, s)| s.state())
-            .map(|o| (*o).clone())
             .collect()
-    }
-
-    /// teamgpu-labelled live objects as JSON, by key.
-    fn live(&self) -> BTreeMap<ObjectKey, serde_json::Value> {
-        let mut live = BTreeMap::new();
-        for class in self.stores.device_classes.state() {
-            let managed = class
-                .labels()
-                .get(objects::MANAGED_BY_LABEL)
-                .map(String::as_str)
-                == Some(objects::MANAGED_BY);
-            if let (true, Ok(value)) = (managed, serde_json::to_value(&*class)) {
-                live.insert(
-                    ObjectKey {
-                        kind: Kind::DeviceClass,
-                        namespace: None,
-                        name: class.name_any(),
-                    },
-                    value,
-                );
-            }
-        }
-        for (kind, store) in &self.stores.owned {
-            for obj in store.state() {
-                if let Ok(value) = serde_json::to_value(&*obj) {
-                    let key = ObjectKey {
-                        kind: *kind,
-                        namespace: obj.namespace(),
-                        name: obj.name_any(),
-                    };
-                    live.insert(key, value);
-                }
-            }
-        }
-        live
     }
 
     async fn reconcile(&mut self) {
@@ -432,21 +429,15 @@ impl Reconciler {
             controller: "teamgpu",
         };
         self.metrics.reconciles.get_or_create(&labels).inc();
+        self.take_changes();
         let (state, sharing, teams, malformed) = self.snapshot();
-        let (fingerprint, inventory) = self.inventory(&state);
-        self.matches.inventory_id = fingerprint;
-        let plan = plan::plan_cached(&state, &inventory, &mut self.matches);
+        let plan = self.planner.plan(&state);
         self.metrics.observe_plan(&plan);
         for m in &malformed {
             tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
         }
         if self.is_leader() {
-            let desired = sync::desired(&plan.objects);
-            let writes = sync::writes(
-                &desired,
-                &plan.objects.retained_device_classes,
-                &self.live(),
-            );
+            let writes = self.differ.writes(&plan.objects);
             writer::execute(self, writes).await;
             writer::report_malformed(self, &malformed, &Time(k8s_openapi::jiff::Timestamp::now()))
                 .await;
@@ -459,37 +450,12 @@ impl Reconciler {
             )
             .await;
             self.publish_events(&plan, &sharing, &teams).await;
-            reclaim::act(self, &plan, &state, &teams).await;
+            reclaim::act(self, &plan, &teams).await;
         }
         self.metrics
             .reconcile_seconds
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
-    }
-
-    fn inventory(&mut self, state: &ClusterState) -> (u64, Arc<plan::inventory::Inventory>) {
-        use std::hash::BuildHasher;
-        let mut versions: Vec<(&str, &str)> = state
-            .slices
-            .iter()
-            .map(|s| {
-                (
-                    s.metadata.uid.as_deref().unwrap_or(""),
-                    s.metadata.resource_version.as_deref().unwrap_or(""),
-                )
-            })
-            .collect();
-        versions.sort_unstable();
-        let fingerprint = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
-            .hash_one(&versions);
-        match &self.inventory {
-            Some((f, inventory)) if *f == fingerprint => (fingerprint, inventory.clone()),
-            _ => {
-                let inventory = Arc::new(plan::inventory::Inventory::from_slices(&state.slices));
-                self.inventory = Some((fingerprint, inventory.clone()));
-                (fingerprint, inventory)
-            }
-        }
     }
 
     /// Events for what a person should know: conflicts, overcommit, quota changes, invalid

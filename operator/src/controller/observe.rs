@@ -2,6 +2,7 @@
 //! client. Every change wakes the reconciler through one [`Notify`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -17,6 +18,68 @@ use tokio::task::JoinSet;
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::sync::Kind;
+
+/// One watch, for [`Changes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watch {
+    SharingPolicies,
+    Teams,
+    Namespaces,
+    DeviceClasses,
+    Slices,
+    Claims,
+    PendingPods,
+    Owned(Kind),
+}
+
+impl Watch {
+    fn bit(self) -> u32 {
+        1 << match self {
+            Watch::SharingPolicies => 0,
+            Watch::Teams => 1,
+            Watch::Namespaces => 2,
+            Watch::DeviceClasses => 3,
+            Watch::Slices => 4,
+            Watch::Claims => 5,
+            Watch::PendingPods => 6,
+            Watch::Owned(kind) => 7 + kind as u32,
+        }
+    }
+}
+
+/// Which watches saw an event since the reconciler last looked, so that a pass reads again only
+/// the caches that changed. A watch marks its bit after its cache took the event in, so a
+/// cleared bit never hides a change the next read of the cache would miss.
+#[derive(Debug)]
+pub struct Changes(AtomicU32);
+
+impl Default for Changes {
+    /// Everything changed: the first pass reads every cache.
+    fn default() -> Self {
+        Changes(AtomicU32::new(u32::MAX))
+    }
+}
+
+impl Changes {
+    fn mark(&self, watch: Watch) {
+        self.0.fetch_or(watch.bit(), Ordering::Release);
+    }
+
+    /// The watches changed since the last call.
+    pub fn take(&self) -> Changed {
+        Changed(self.0.swap(0, Ordering::Acquire))
+    }
+}
+
+/// The watches that changed, from [`Changes::take`].
+#[derive(Clone, Copy, Debug)]
+pub struct Changed(u32);
+
+impl Changed {
+    pub fn contains(self, watch: Watch) -> bool {
+        self.0 & watch.bit() != 0
+    }
+}
 
 /// The watch caches.
 #[derive(Clone)]
@@ -69,11 +132,19 @@ fn slim<K: Resource>(obj: &mut K) {
     }
 }
 
+/// Where a watch reports its events: the reconciler's wake-up and the changed bits.
+#[derive(Clone, Debug, Default)]
+pub struct Wake {
+    pub notify: Arc<Notify>,
+    pub changes: Arc<Changes>,
+}
+
 fn spawn<K, S>(
     tasks: &mut JoinSet<()>,
     writer: Writer<K>,
     stream: S,
-    notify: Arc<Notify>,
+    wake: Wake,
+    watch: Watch,
     what: &'static str,
 ) where
     K: Resource + Clone + Send + Sync + 'static,
@@ -85,7 +156,10 @@ fn spawn<K, S>(
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => notify.notify_one(),
+                Ok(_) => {
+                    wake.changes.mark(watch);
+                    wake.notify.notify_one();
+                }
                 // The watcher retries with backoff: one bad answer never ends the watch.
                 Err(error) => tracing::warn!(%error, watch = what, "watch error, retrying"),
             }
@@ -94,7 +168,7 @@ fn spawn<K, S>(
 }
 
 /// Start every watch. The tasks run until dropped.
-pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Stores {
+pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
     let cfg = watcher::Config::default;
     let owned_cfg = || cfg().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
 
@@ -114,7 +188,8 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
         tasks,
         writer,
         watcher(api, cfg()),
-        notify.clone(),
+        wake.clone(),
+        Watch::SharingPolicies,
         "gpusharingpolicies",
     );
     let (api, writer, teams) = dynamic(ApiResource::erase::<TeamGpuPolicy>(&()));
@@ -122,7 +197,8 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
         tasks,
         writer,
         watcher(api, cfg()),
-        notify.clone(),
+        wake.clone(),
+        Watch::Teams,
         "teamgpupolicies",
     );
 
@@ -134,7 +210,8 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
             Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
             cfg(),
         ),
-        notify.clone(),
+        wake.clone(),
+        Watch::Namespaces,
         "namespaces",
     );
     let (device_classes, writer) = reflector::store();
@@ -142,7 +219,8 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
         tasks,
         writer,
         watcher(Api::<DeviceClass>::all(client.clone()), cfg()),
-        notify.clone(),
+        wake.clone(),
+        Watch::DeviceClasses,
         "deviceclasses",
     );
     let (slices, writer) = reflector::store();
@@ -150,7 +228,8 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
         tasks,
         writer,
         watcher(Api::<ResourceSlice>::all(client.clone()), cfg()),
-        notify.clone(),
+        wake.clone(),
+        Watch::Slices,
         "resourceslices",
     );
     let (claims, writer) = reflector::store();
@@ -158,7 +237,8 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
         tasks,
         writer,
         watcher(Api::<ResourceClaim>::all(client.clone()), cfg()),
-        notify.clone(),
+        wake.clone(),
+        Watch::Claims,
         "resourceclaims",
     );
     let (pending_pods, writer) = reflector::store();
@@ -166,7 +246,14 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
         Api::<Pod>::all(client.clone()),
         cfg().fields("status.phase=Pending"),
     );
-    spawn(tasks, writer, pods, notify.clone(), "pods");
+    spawn(
+        tasks,
+        writer,
+        pods,
+        wake.clone(),
+        Watch::PendingPods,
+        "pods",
+    );
 
     let mut owned = Vec::new();
     for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
@@ -175,7 +262,8 @@ pub fn start(client: &Client, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> S
             tasks,
             writer,
             watcher(api, owned_cfg()),
-            notify.clone(),
+            wake.clone(),
+            Watch::Owned(kind),
             kind.label(),
         );
         owned.push((kind, store));

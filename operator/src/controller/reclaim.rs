@@ -14,8 +14,8 @@ use kube::{Resource, ResourceExt};
 use super::Reconciler;
 use super::metrics::WriteLabels;
 use crate::api::TeamGpuPolicy;
+use crate::plan::Plan;
 use crate::plan::usage::allocated_by_class;
-use crate::plan::{ClusterState, Plan};
 
 /// How long one eviction may take (the client retries a PodDisruptionBudget's 429 meanwhile).
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,14 +28,14 @@ pub struct Tracker {
 
 /// The Pods to evict so that `devices` devices of `class` come free in `namespaces`: the Pods
 /// holding the newest allocated claims first (the least work lost). Pure.
-pub fn victims(
-    claims: &[ResourceClaim],
+pub fn victims<'a>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
     namespaces: &[String],
     class: &str,
     devices: u32,
 ) -> Vec<(String, String)> {
     let mut held: Vec<(&ResourceClaim, u64)> = claims
-        .iter()
+        .into_iter()
         .filter(|c| {
             c.metadata
                 .namespace
@@ -79,7 +79,7 @@ pub fn victims(
 }
 
 /// Evict for every reclaim the plan names whose waiting team opted in and has waited long enough.
-pub async fn act(r: &mut Reconciler, plan: &Plan, state: &ClusterState, teams: &[TeamGpuPolicy]) {
+pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
     let now = Instant::now();
     let owed: Vec<_> = plan
         .reclaims
@@ -110,8 +110,9 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, state: &ClusterState, teams: &
             continue;
         };
         let class = crate::plan::objects::device_class_name(&order.sharing_policy);
-        for (namespace, pod) in victims(&state.claims, &borrower.namespaces, &class, order.devices)
-        {
+        let claims = r.stores.claims.state();
+        let held = claims.iter().map(|c| &**c);
+        for (namespace, pod) in victims(held, &borrower.namespaces, &class, order.devices) {
             if !r.is_leader() {
                 return;
             }

@@ -19,7 +19,9 @@
 //!
 //! All slices count regardless of node selection (a cluster-wide view).
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
@@ -76,25 +78,35 @@ pub struct InventoryDevice {
     pub env: DeviceEnv,
 }
 
-impl InventoryDevice {
-    /// Whether this device counts as capacity (usable pool, not tainted).
-    pub fn counts(&self, pools: &BTreeMap<PoolKey, PoolStatus>) -> bool {
-        let key = PoolKey {
-            driver: self.id.driver.clone(),
-            pool: self.id.pool.clone(),
-        };
-        !self.tainted && pools.get(&key).is_some_and(PoolStatus::usable)
+/// One pool at its newest generation.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    pub status: PoolStatus,
+    /// Every device of the newest generation, counted or not, sorted by (id, slice).
+    pub devices: Vec<InventoryDevice>,
+    /// Identity of every slice of the pool, all generations (see [`slice_identity`]).
+    fingerprint: u64,
+}
+
+impl Pool {
+    /// The devices that count as capacity.
+    pub fn counted(&self) -> impl Iterator<Item = &InventoryDevice> {
+        let usable = self.status.usable();
+        self.devices.iter().filter(move |d| usable && !d.tainted)
+    }
+
+    /// Identity of the slices this pool was built from: equal fingerprints, equal pools.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 }
 
-/// All devices of the newest generation of every pool, sorted by [`DeviceId`].
+/// Every pool's devices. Built pool by pool and kept up to date by [`Inventory::update`], which
+/// rebuilds only the pools whose slices changed: a node's driver republishing its slice costs
+/// that node's devices, not the cluster's.
 #[derive(Debug, Clone, Default)]
 pub struct Inventory {
-    /// Every device of every pool's newest generation, counted or not.
-    pub devices: Vec<InventoryDevice>,
-    pub pools: BTreeMap<PoolKey, PoolStatus>,
-    /// Indexes into `devices` of the devices that count as capacity.
-    counted: Vec<usize>,
+    pools: BTreeMap<PoolKey, Pool>,
 }
 
 /// Errors of one selector set, in device order.
@@ -119,137 +131,137 @@ pub struct MatchReport {
     pub errors: BTreeMap<String, EvaluationErrors>,
 }
 
+impl MatchReport {
+    /// Adds the report of the devices that follow this report's, as if matched in one pass.
+    pub fn merge(&mut self, next: &MatchReport) {
+        for (name, n) in &next.counts {
+            match self.counts.get_mut(name) {
+                Some(count) => *count += n,
+                None => {
+                    self.counts.insert(name.clone(), *n);
+                }
+            }
+        }
+        self.overlaps.extend(next.overlaps.iter().cloned());
+        for (pair, n) in &next.overlap_pairs {
+            *self.overlap_pairs.entry(pair.clone()).or_default() += n;
+        }
+        for (name, errors) in &next.errors {
+            let mine = self.errors.entry(name.clone()).or_default();
+            mine.devices += errors.devices;
+            let room = ERRORS_KEPT.saturating_sub(mine.first.len());
+            mine.first.extend(errors.first.iter().take(room).cloned());
+        }
+    }
+}
+
+/// What identifies a slice's content: its uid and resourceVersion, which the API server changes
+/// on every write; a slice without a resourceVersion (read from a file) is identified by its
+/// content.
+fn slice_identity(slice: &ResourceSlice, hasher: &mut impl Hasher) {
+    let meta = &slice.metadata;
+    meta.name.hash(hasher);
+    match &meta.resource_version {
+        Some(rv) => (&meta.uid, rv).hash(hasher),
+        None => serde_json::to_vec(slice).unwrap_or_default().hash(hasher),
+    }
+}
+
 impl Inventory {
     pub fn from_slices(slices: &[ResourceSlice]) -> Self {
-        // Newest generation per pool; slices sorted by name so "first slice" is deterministic.
-        let mut by_pool: BTreeMap<PoolKey, (i64, Vec<&ResourceSlice>)> = BTreeMap::new();
-        let mut sorted: Vec<&ResourceSlice> = slices.iter().collect();
-        sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        for s in sorted {
+        let mut inventory = Inventory::default();
+        inventory.update(slices);
+        inventory
+    }
+
+    /// Brings the inventory up to date with `slices` (all of the cluster's), rebuilding only
+    /// the pools whose slices changed. Returns the pools rebuilt or removed.
+    pub fn update<'a>(
+        &mut self,
+        slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    ) -> Vec<PoolKey> {
+        let mut by_pool: BTreeMap<PoolKey, Vec<&ResourceSlice>> = BTreeMap::new();
+        for s in slices {
             let key = PoolKey {
                 driver: s.spec.driver.clone(),
                 pool: s.spec.pool.name.clone(),
             };
-            let generation = s.spec.pool.generation;
-            let entry = by_pool.entry(key).or_insert((generation, Vec::new()));
-            if generation > entry.0 {
-                *entry = (generation, Vec::new());
-            }
-            if generation == entry.0 {
-                entry.1.push(s);
-            }
+            by_pool.entry(key).or_default().push(s);
         }
-        let mut inv = Inventory::default();
-        for (key, (generation, slices)) in by_pool {
-            let resource_slice_count = slices
-                .first()
-                .map_or(0, |s| s.spec.pool.resource_slice_count);
-            let mut names = BTreeSet::new();
-            let mut invalid = None;
-            let mut devices = 0;
-            for s in &slices {
-                for d in s.spec.devices.iter().flatten() {
-                    devices += 1;
-                    if !names.insert(d.name.as_str()) && invalid.is_none() {
-                        invalid = Some(format!("duplicate device name {}", d.name));
-                    }
-                    let tainted = d
-                        .taints
-                        .iter()
-                        .flatten()
-                        .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
-                    inv.devices.push(InventoryDevice {
-                        id: DeviceId {
-                            driver: key.driver.clone(),
-                            pool: key.pool.clone(),
-                            device: d.name.clone(),
-                        },
-                        slice: s.metadata.name.clone().unwrap_or_default(),
-                        node: s.spec.node_name.clone(),
-                        tainted,
-                        env: DeviceEnv::new(&s.spec.driver, d),
-                    });
-                }
-            }
-            let status = PoolStatus {
-                generation,
-                resource_slice_count,
-                slices: slices.len(),
-                incomplete: i64::try_from(slices.len()) != Ok(resource_slice_count),
-                invalid,
-                devices,
-            };
-            inv.pools.insert(key, status);
-        }
-        inv.devices
-            .sort_by(|a, b| a.id.cmp(&b.id).then_with(|| a.slice.cmp(&b.slice)));
-        inv.counted = (0..inv.devices.len())
-            .filter(|&i| inv.devices[i].counts(&inv.pools))
+        let mut changed: Vec<PoolKey> = self
+            .pools
+            .keys()
+            .filter(|k| !by_pool.contains_key(*k))
+            .cloned()
             .collect();
-        inv
+        self.pools.retain(|k, _| by_pool.contains_key(k));
+        for (key, mut slices) in by_pool {
+            // Sorted by name, so that "the pool's first slice" is deterministic.
+            slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            let mut hasher = std::hash::DefaultHasher::new();
+            for s in &slices {
+                slice_identity(s, &mut hasher);
+            }
+            let fingerprint = hasher.finish();
+            if self
+                .pools
+                .get(&key)
+                .is_some_and(|p| p.fingerprint == fingerprint)
+            {
+                continue;
+            }
+            let pool = build_pool(&key, &slices, fingerprint);
+            self.pools.insert(key.clone(), pool);
+            changed.push(key);
+        }
+        changed
+    }
+
+    pub fn pools(&self) -> &BTreeMap<PoolKey, Pool> {
+        &self.pools
+    }
+
+    /// Every device of every pool's newest generation, counted or not, in [`DeviceId`] order.
+    pub fn devices(&self) -> impl Iterator<Item = &InventoryDevice> {
+        self.pools.values().flat_map(|p| &p.devices)
     }
 
     /// The devices that count as capacity.
     pub fn counted(&self) -> impl Iterator<Item = &InventoryDevice> {
-        self.counted.iter().filter_map(|&i| self.devices.get(i))
+        self.pools.values().flat_map(Pool::counted)
+    }
+
+    /// How many devices the pools' newest generations publish, counted or not.
+    pub fn device_count(&self) -> usize {
+        self.pools.values().map(|p| p.devices.len()).sum()
     }
 
     pub fn incomplete_pools(&self) -> impl Iterator<Item = &PoolKey> {
         self.pools
             .iter()
-            .filter(|(_, s)| s.incomplete)
+            .filter(|(_, p)| p.status.incomplete)
             .map(|(k, _)| k)
     }
 
     /// Matches every counted device against every named selector set.
-    pub fn match_sets(&self, sets: &BTreeMap<String, CompiledSelectors>) -> MatchReport {
+    pub fn match_sets<S: Borrow<CompiledSelectors>>(
+        &self,
+        sets: &BTreeMap<String, S>,
+    ) -> MatchReport {
         let mut report = MatchReport {
             counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
             ..Default::default()
         };
-        for device in self.counted() {
-            let mut names: Vec<&String> = Vec::new();
-            for (name, set) in sets {
-                match set.matches(&device.env) {
-                    Ok(true) => {
-                        names.push(name);
-                        if let Some(c) = report.counts.get_mut(name) {
-                            *c += 1;
-                        }
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        let errs = report.errors.entry(name.clone()).or_default();
-                        errs.devices += 1;
-                        if errs.first.len() < ERRORS_KEPT {
-                            errs.first.push((device.id.clone(), e));
-                        }
-                    }
-                }
-            }
-            if names.len() > 1 {
-                for (i, a) in names.iter().enumerate() {
-                    for b in &names[i + 1..] {
-                        *report
-                            .overlap_pairs
-                            .entry(((*a).clone(), (*b).clone()))
-                            .or_default() += 1;
-                    }
-                }
-                report
-                    .overlaps
-                    .push((device.id.clone(), names.into_iter().cloned().collect()));
-            }
+        for pool in self.pools.values() {
+            report.merge(&match_pool(pool, sets));
         }
         report
     }
-
     /// Whether `selectors` matches any device of the inventory, counted or not (a class describes
     /// hardware; a tainted device or a pool being republished does not change that). Devices on
     /// which evaluation fails do not match.
     pub fn any_device_matches(&self, selectors: &CompiledSelectors) -> bool {
-        self.devices
-            .iter()
+        self.devices()
             .any(|d| selectors.matches(&d.env) == Ok(true))
     }
 
@@ -257,6 +269,109 @@ impl Inventory {
     /// hands out devices a policy governs.
     pub fn any_device_matches_class(&self, class: &DeviceClass) -> Result<bool, SelectorError> {
         Ok(self.any_device_matches(&class_selectors(class)?))
+    }
+}
+
+/// One pool's devices against every named selector set (every name counted, 0 when none match).
+pub fn match_pool<S: Borrow<CompiledSelectors>>(
+    pool: &Pool,
+    sets: &BTreeMap<String, S>,
+) -> MatchReport {
+    let mut report = MatchReport {
+        counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
+        ..Default::default()
+    };
+    for device in pool.counted() {
+        let mut names: Vec<&String> = Vec::new();
+        for (name, set) in sets {
+            match set.borrow().matches(&device.env) {
+                Ok(true) => {
+                    names.push(name);
+                    if let Some(c) = report.counts.get_mut(name) {
+                        *c += 1;
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    let errs = report.errors.entry(name.clone()).or_default();
+                    errs.devices += 1;
+                    if errs.first.len() < ERRORS_KEPT {
+                        errs.first.push((device.id.clone(), e));
+                    }
+                }
+            }
+        }
+        if names.len() > 1 {
+            for (i, a) in names.iter().enumerate() {
+                for b in &names[i + 1..] {
+                    *report
+                        .overlap_pairs
+                        .entry(((*a).clone(), (*b).clone()))
+                        .or_default() += 1;
+                }
+            }
+            report
+                .overlaps
+                .push((device.id.clone(), names.into_iter().cloned().collect()));
+        }
+    }
+    report
+}
+
+/// One pool from its slices (all generations, sorted by name): only the newest generation counts.
+fn build_pool(key: &PoolKey, slices: &[&ResourceSlice], fingerprint: u64) -> Pool {
+    let generation = slices
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or_default();
+    let newest: Vec<&ResourceSlice> = slices
+        .iter()
+        .copied()
+        .filter(|s| s.spec.pool.generation == generation)
+        .collect();
+    let resource_slice_count = newest
+        .first()
+        .map_or(0, |s| s.spec.pool.resource_slice_count);
+    let mut names = BTreeSet::new();
+    let mut invalid = None;
+    let mut devices = Vec::new();
+    for s in &newest {
+        for d in s.spec.devices.iter().flatten() {
+            if !names.insert(d.name.as_str()) && invalid.is_none() {
+                invalid = Some(format!("duplicate device name {}", d.name));
+            }
+            let tainted = d
+                .taints
+                .iter()
+                .flatten()
+                .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
+            devices.push(InventoryDevice {
+                id: DeviceId {
+                    driver: key.driver.clone(),
+                    pool: key.pool.clone(),
+                    device: d.name.clone(),
+                },
+                slice: s.metadata.name.clone().unwrap_or_default(),
+                node: s.spec.node_name.clone(),
+                tainted,
+                env: DeviceEnv::new(&s.spec.driver, d),
+            });
+        }
+    }
+    devices.sort_by(|a, b| a.id.cmp(&b.id).then_with(|| a.slice.cmp(&b.slice)));
+    let status = PoolStatus {
+        generation,
+        resource_slice_count,
+        slices: newest.len(),
+        incomplete: i64::try_from(newest.len()) != Ok(resource_slice_count),
+        invalid,
+        devices: devices.len(),
+    };
+    Pool {
+        status,
+        devices,
+        fingerprint,
     }
 }
 
@@ -345,7 +460,7 @@ mod tests {
         ];
         let inv = Inventory::from_slices(&slices);
         assert_eq!(inv.counted().count(), 10);
-        assert!(inv.pools.values().all(PoolStatus::usable));
+        assert!(inv.pools().values().all(|p| p.status.usable()));
         let report = inv.match_sets(&sets(&[
             (
                 "a100",
@@ -436,8 +551,8 @@ mod tests {
             .flatten()
             .for_each(|d| d.name = format!("old-{}", d.name));
         let inv = Inventory::from_slices(&[old.clone(), node_slice()]);
-        assert_eq!(inv.devices.len(), 8);
-        assert!(inv.devices.iter().all(|d| !d.id.device.starts_with("old-")));
+        assert_eq!(inv.devices().count(), 8);
+        assert!(inv.devices().all(|d| !d.id.device.starts_with("old-")));
 
         // Pool says 2 slices, only 1 present: incomplete, devices not counted.
         let mut half = node_slice();
@@ -445,7 +560,7 @@ mod tests {
         let inv = Inventory::from_slices(&[half.clone()]);
         assert_eq!(inv.incomplete_pools().count(), 1);
         assert_eq!(inv.counted().count(), 0);
-        assert_eq!(inv.devices.len(), 8);
+        assert_eq!(inv.devices().count(), 8);
         // ... until the second slice arrives.
         let mut second = entry_slice(
             "nvidia-dra-driver-gpu/resourceslice/device-entry-mig.from-docs.yaml",
@@ -463,7 +578,7 @@ mod tests {
             d.spec.pool.resource_slice_count = 2;
             d
         }]);
-        let pool = inv.pools.values().next().expect("pool");
+        let pool = &inv.pools().values().next().expect("pool").status;
         assert!(
             pool.invalid
                 .as_deref()

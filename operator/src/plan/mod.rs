@@ -16,6 +16,7 @@ pub mod selector;
 pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -204,327 +205,527 @@ fn is_managed(class: &DeviceClass) -> bool {
 
 /// Compute the plan.
 pub fn plan(state: &ClusterState) -> Plan {
-    let inventory = Inventory::from_slices(&state.slices);
-    plan_with_inventory(state, &inventory)
+    let mut planner = Planner::default();
+    planner.update_slices(&state.slices);
+    planner.update_claims(&state.claims);
+    planner.plan(state)
 }
 
-/// Compute the plan with an inventory built before (the controller keeps one up to date).
-pub fn plan_with_inventory(state: &ClusterState, inventory: &Inventory) -> Plan {
-    plan_cached(state, inventory, &mut MatchCache::default())
-}
-
-/// The devices each sharing policy matched, kept between plans: matching every device against
-/// every selector is the costliest step, and only a change of the inventory or of a policy's
-/// selectors changes its result (a claim or namespace change does not).
+/// The planner the operator keeps between events. It gives the same plan as [`plan`], but
+/// recomputes only what changed inputs feed: a changed ResourceSlice rebuilds and rematches its
+/// pool's devices only, a changed claim recounts its namespace's usage, the fair shares of a
+/// sharing policy are recomputed only when their input changed, and a namespace's claim
+/// templates are rebuilt only when its team or the templates' shapes changed.
+///
+/// Objects are told apart by uid and resourceVersion (which the API server changes on every
+/// write), or by content when they have no resourceVersion.
 #[derive(Debug, Default)]
-pub struct MatchCache {
-    /// The inventory's identity (the controller's fingerprint of its ResourceSlices) and the
-    /// selectors the report was computed for.
-    key: Option<(u64, BTreeMap<String, Vec<String>>)>,
-    report: inventory::MatchReport,
-    /// Which inventory the cache is for; set by the caller.
-    pub inventory_id: u64,
+pub struct Planner {
+    inventory: Inventory,
+    /// Compiled selectors by policy name, with the expressions they were compiled from.
+    selectors: BTreeMap<
+        String,
+        (
+            Vec<String>,
+            Result<CompiledSelectors, device_cel::SelectorError>,
+        ),
+    >,
+    /// Device matching per pool: the pool's fingerprint and its report, for `matched_for`.
+    matches: BTreeMap<inventory::PoolKey, (u64, inventory::MatchReport)>,
+    /// The (policy, selectors) the per-pool matching is for.
+    matched_for: BTreeMap<String, Vec<String>>,
+    /// All pools' matching together, merged again only when a pool's changed.
+    matched: inventory::MatchReport,
+    /// Usage per namespace, with the identity of the claims it was counted from.
+    usage: BTreeMap<String, (u64, usage::Usage)>,
+    /// Fair shares per sharing policy, with the input they were computed from.
+    shares: BTreeMap<String, (PoolInput, PoolShares)>,
+    /// Claim templates and quota per (team, namespace), with the identity of their input.
+    namespaces: NamespaceMemo,
 }
 
-/// [`plan_with_inventory`], reusing the device matching of the previous plan when neither the
-/// inventory (`cache.inventory_id`) nor any selector changed.
-pub fn plan_cached(state: &ClusterState, inventory: &Inventory, cache: &mut MatchCache) -> Plan {
-    let mut out = Plan::default();
+/// The identity of an object read from the API server: uid and resourceVersion, or its content.
+fn identity<K: kube::Resource + serde::Serialize>(obj: &K, hasher: &mut impl Hasher) {
+    let meta = obj.meta();
+    meta.name.hash(hasher);
+    match &meta.resource_version {
+        Some(rv) => (&meta.uid, rv).hash(hasher),
+        None => serde_json::to_vec(obj).unwrap_or_default().hash(hasher),
+    }
+}
 
-    // 1. Selectors.
-    let mut sharing: Vec<&GpuSharingPolicy> = state.sharing_policies.iter().collect();
-    sharing.sort_by_key(|p| name_of(*p));
-    let live_classes: BTreeMap<String, &DeviceClass> = state
-        .device_classes
-        .iter()
-        .map(|c| (name_of(c), c))
-        .collect();
-    // Compiled selectors by policy name, for the policies whose selectors compile.
-    let mut sets: BTreeMap<String, CompiledSelectors> = BTreeMap::new();
-    let policies: Vec<CompiledPolicy> = sharing
-        .into_iter()
-        .map(|policy| {
-            let name = name_of(policy);
-            let selectors = selector::device_class_selectors(&policy.spec);
-            let compiled = CompiledSelectors::compile(&selectors).map(|c| {
-                sets.insert(name.clone(), c);
-            });
-            let foreign_class = live_classes
-                .get(&device_class_name(&name))
-                .is_some_and(|c| !is_managed(c));
-            CompiledPolicy {
-                policy,
-                name,
-                selectors,
-                compiled,
-                foreign_class,
+impl Planner {
+    /// Brings the device inventory up to date with the cluster's ResourceSlices; returns the
+    /// pools that changed.
+    pub fn update_slices<'a>(
+        &mut self,
+        slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    ) -> Vec<inventory::PoolKey> {
+        self.inventory.update(slices)
+    }
+
+    /// Brings the usage up to date with the cluster's ResourceClaims; returns the namespaces
+    /// whose usage was recounted.
+    pub fn update_claims<'a>(
+        &mut self,
+        claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    ) -> Vec<String> {
+        let mut by_namespace: BTreeMap<&str, Vec<&ResourceClaim>> = BTreeMap::new();
+        for c in claims {
+            by_namespace
+                .entry(c.metadata.namespace.as_deref().unwrap_or_default())
+                .or_default()
+                .push(c);
+        }
+        let mut changed: Vec<String> = self
+            .usage
+            .keys()
+            .filter(|ns| !by_namespace.contains_key(ns.as_str()))
+            .cloned()
+            .collect();
+        self.usage
+            .retain(|ns, _| by_namespace.contains_key(ns.as_str()));
+        for (namespace, mut claims) in by_namespace {
+            claims.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            let mut hasher = std::hash::DefaultHasher::new();
+            for c in &claims {
+                identity(*c, &mut hasher);
             }
-        })
-        .collect();
-    let by_name: BTreeMap<&str, &CompiledPolicy> =
-        policies.iter().map(|p| (p.name.as_str(), p)).collect();
+            let fingerprint = hasher.finish();
+            if self
+                .usage
+                .get(namespace)
+                .is_some_and(|(f, _)| *f == fingerprint)
+            {
+                continue;
+            }
+            self.usage.insert(
+                namespace.to_owned(),
+                (fingerprint, usage::Usage::from_claims(claims)),
+            );
+            changed.push(namespace.to_owned());
+        }
+        changed
+    }
 
-    // 2. Inventory: capacity per policy.
-    let key = (
-        cache.inventory_id,
-        policies
+    /// The inventory the plans count from.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The plan for `state`, with the slices and claims of the last `update_slices` and
+    /// `update_claims` (`state.slices` and `state.claims` are not read).
+    pub fn plan(&mut self, state: &ClusterState) -> Plan {
+        let mut out = Plan::default();
+
+        // 1. Selectors, compiled once per change of a policy's expressions.
+        let mut sharing: Vec<&GpuSharingPolicy> = state.sharing_policies.iter().collect();
+        sharing.sort_by_key(|p| name_of(*p));
+        let live_classes: BTreeMap<String, &DeviceClass> = state
+            .device_classes
+            .iter()
+            .map(|c| (name_of(c), c))
+            .collect();
+        let present: BTreeSet<String> = sharing.iter().map(|p| name_of(*p)).collect();
+        self.selectors.retain(|name, _| present.contains(name));
+        for policy in &sharing {
+            let selectors = selector::device_class_selectors(&policy.spec);
+            let name = name_of(*policy);
+            if self
+                .selectors
+                .get(&name)
+                .is_none_or(|(s, _)| *s != selectors)
+            {
+                let compiled = CompiledSelectors::compile(&selectors);
+                self.selectors.insert(name, (selectors, compiled));
+            }
+        }
+        let sets: BTreeMap<String, &CompiledSelectors> = self
+            .selectors
+            .iter()
+            .filter_map(|(name, (_, c))| Some((name.clone(), c.as_ref().ok()?)))
+            .collect();
+        let policies: Vec<CompiledPolicy> = sharing
+            .into_iter()
+            .map(|policy| {
+                let name = name_of(policy);
+                let (selectors, compiled) = &self.selectors[&name];
+                let foreign_class = live_classes
+                    .get(&device_class_name(&name))
+                    .is_some_and(|c| !is_managed(c));
+                CompiledPolicy {
+                    policy,
+                    name,
+                    selectors: selectors.clone(),
+                    compiled: compiled.as_ref().map(drop).map_err(Clone::clone),
+                    foreign_class,
+                }
+            })
+            .collect();
+        let by_name: BTreeMap<&str, &CompiledPolicy> =
+            policies.iter().map(|p| (p.name.as_str(), p)).collect();
+
+        // 2. Inventory: capacity per policy, matching again only the pools that changed (all of
+        // them when a selector changed).
+        let matched_for: BTreeMap<String, Vec<String>> = policies
             .iter()
             .filter(|p| p.compiled.is_ok())
             .map(|p| (p.name.clone(), p.selectors.clone()))
-            .collect(),
-    );
-    if cache.key.as_ref() != Some(&key) {
-        cache.report = inventory.match_sets(&sets);
-        cache.key = Some(key);
-    }
-    let matches = &cache.report;
-    let capacity = |name: &str| matches.counts.get(name).copied().unwrap_or(0);
-    for pool in inventory.incomplete_pools() {
-        out.warnings.push(format!(
-            "pool {} of driver {} is incomplete (not all of its ResourceSlices are published): its devices are not counted",
-            pool.pool, pool.driver
-        ));
-    }
-
-    // 3. Governed classes: foreign DeviceClasses that can select devices teamgpu governs.
-    let governed_drivers: BTreeSet<&str> = policies
-        .iter()
-        .map(|p| p.policy.spec.driver.as_str())
-        .collect();
-    let mut governed_foreign: BTreeMap<String, Option<String>> = BTreeMap::new();
-    for class in &state.device_classes {
-        let name = name_of(class);
-        if is_teamgpu_class(&name) {
-            continue;
+            .collect();
+        if matched_for != self.matched_for {
+            self.matches.clear();
+            self.matched = inventory::MatchReport::default();
+            self.matched_for = matched_for;
         }
-        let names_driver = class
-            .spec
-            .selectors
+        let pools = self.inventory.pools();
+        let before = self.matches.len();
+        self.matches.retain(|key, _| pools.contains_key(key));
+        let mut rematched = self.matches.len() != before || self.matches.len() != pools.len();
+        for (key, pool) in pools {
+            if self
+                .matches
+                .get(key)
+                .is_none_or(|(f, _)| *f != pool.fingerprint())
+            {
+                let r = inventory::match_pool(pool, &sets);
+                self.matches.insert(key.clone(), (pool.fingerprint(), r));
+                rematched = true;
+            }
+        }
+        if rematched || self.matched.counts.len() != sets.len() {
+            let mut total = inventory::MatchReport {
+                counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
+                ..Default::default()
+            };
+            for (_, r) in self.matches.values() {
+                total.merge(r);
+            }
+            self.matched = total;
+        }
+        let report = &self.matched;
+        let matches = &report;
+        let inventory = &self.inventory;
+        let capacity = |name: &str| matches.counts.get(name).copied().unwrap_or(0);
+        for pool in inventory.incomplete_pools() {
+            out.warnings.push(format!(
+                "pool {} of driver {} is incomplete (not all of its ResourceSlices are published): its devices are not counted",
+                pool.pool, pool.driver
+            ));
+        }
+
+        // 3. Governed classes: foreign DeviceClasses that can select devices teamgpu governs.
+        let governed_drivers: BTreeSet<&str> = policies
             .iter()
-            .flatten()
-            .filter_map(|s| s.cel.as_ref())
-            .any(|cel| {
-                governed_drivers.iter().any(|d| {
-                    cel.expression.contains(&format!("'{d}'"))
-                        || cel.expression.contains(&format!("\"{d}\""))
+            .map(|p| p.policy.spec.driver.as_str())
+            .collect();
+        let mut governed_foreign: BTreeMap<String, Option<String>> = BTreeMap::new();
+        for class in &state.device_classes {
+            let name = name_of(class);
+            if is_teamgpu_class(&name) {
+                continue;
+            }
+            let names_driver = class
+                .spec
+                .selectors
+                .iter()
+                .flatten()
+                .filter_map(|s| s.cel.as_ref())
+                .any(|cel| {
+                    governed_drivers.iter().any(|d| {
+                        cel.expression.contains(&format!("'{d}'"))
+                            || cel.expression.contains(&format!("\"{d}\""))
+                    })
+                });
+            let selects_governed = inventory::class_selectors(class).is_ok_and(|compiled| {
+                inventory.counted().any(|d| {
+                    compiled.matches(&d.env).unwrap_or(false)
+                        && sets.values().any(|p| p.matches(&d.env).unwrap_or(false))
                 })
             });
-        let selects_governed = inventory::class_selectors(class).is_ok_and(|compiled| {
-            inventory.counted().any(|d| {
-                compiled.matches(&d.env).unwrap_or(false)
-                    && sets.values().any(|p| p.matches(&d.env).unwrap_or(false))
-            })
-        });
-        if names_driver || selects_governed {
-            governed_foreign.insert(name, class.spec.extended_resource_name.clone());
+            if names_driver || selects_governed {
+                governed_foreign.insert(name, class.spec.extended_resource_name.clone());
+            }
         }
-    }
 
-    // 4. Membership.
-    let mut teams: Vec<&TeamGpuPolicy> = state.teams.iter().collect();
-    teams.sort_by_key(|t| name_of(*t));
-    let membership: Membership = membership::resolve(&state.teams, &state.namespaces);
+        // 4. Membership.
+        let mut teams: Vec<&TeamGpuPolicy> = state.teams.iter().collect();
+        teams.sort_by_key(|t| name_of(*t));
+        let membership: Membership = membership::resolve(&state.teams, &state.namespaces);
 
-    // 5. Usage per (namespace, class).
-    let usage = usage::Usage::from_claims(&state.claims);
-    let mut pending: BTreeMap<(&str, &str), u32> = BTreeMap::new();
-    for p in &state.pending {
-        *pending
-            .entry((p.namespace.as_str(), p.device_class.as_str()))
-            .or_default() += p.devices;
-    }
-    let ns_usage = |namespace: &str, class: &str| NamespaceUsage {
-        namespace: namespace.to_owned(),
-        requested: clamp(usage.get(namespace, class).requested),
-        allocated: clamp(usage.get(namespace, class).allocated),
-        pending: pending.get(&(namespace, class)).copied().unwrap_or(0),
-    };
+        // 5. Usage per (namespace, class).
+        let usage = &self.usage;
+        let usage_of = |namespace: &str, class: &str| {
+            usage
+                .get(namespace)
+                .map(|(_, u)| u.get(namespace, class))
+                .unwrap_or_default()
+        };
+        let mut pending: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        for p in &state.pending {
+            *pending
+                .entry((p.namespace.as_str(), p.device_class.as_str()))
+                .or_default() += p.devices;
+        }
+        let ns_usage = |namespace: &str, class: &str| NamespaceUsage {
+            namespace: namespace.to_owned(),
+            requested: clamp(usage_of(namespace, class).requested),
+            allocated: clamp(usage_of(namespace, class).allocated),
+            pending: pending.get(&(namespace, class)).copied().unwrap_or(0),
+        };
 
-    // 6. Fair shares, one pool per usable sharing policy.
-    let mut shares: BTreeMap<&str, PoolShares> = BTreeMap::new();
-    for policy in policies.iter().filter(|p| p.usable()) {
-        let class = device_class_name(&policy.name);
-        let pool_teams = teams
-            .iter()
-            .filter_map(|team| {
-                let team_name = name_of(*team);
-                let quota = team
-                    .spec
-                    .quotas
-                    .iter()
-                    .find(|q| q.sharing_policy == policy.name)?;
-                let namespaces = membership.namespaces.get(&team_name)?;
-                Some(TeamInput {
-                    team: team_name,
-                    guaranteed: quota.guaranteed,
-                    limit: quota.effective_limit(),
-                    weight: quota.weight.unwrap_or(team.spec.weight),
-                    namespaces: namespaces.iter().map(|ns| ns_usage(ns, &class)).collect(),
+        // 6. Fair shares, one pool per usable sharing policy, computed again only when the pool's
+        // input changed.
+        self.shares
+            .retain(|name, _| by_name.get(name.as_str()).is_some_and(|p| p.usable()));
+        for policy in policies.iter().filter(|p| p.usable()) {
+            let class = device_class_name(&policy.name);
+            let pool_teams = teams
+                .iter()
+                .filter_map(|team| {
+                    let team_name = name_of(*team);
+                    let quota = team
+                        .spec
+                        .quotas
+                        .iter()
+                        .find(|q| q.sharing_policy == policy.name)?;
+                    let namespaces = membership.namespaces.get(&team_name)?;
+                    Some(TeamInput {
+                        team: team_name,
+                        guaranteed: quota.guaranteed,
+                        limit: quota.effective_limit(),
+                        weight: quota.weight.unwrap_or(team.spec.weight),
+                        namespaces: namespaces.iter().map(|ns| ns_usage(ns, &class)).collect(),
+                    })
                 })
+                .collect();
+            let input = PoolInput {
+                capacity: capacity(&policy.name),
+                teams: pool_teams,
+            };
+            let entry = self
+                .shares
+                .entry(policy.name.clone())
+                .or_insert_with(|| (input.clone(), fairshare::compute_pool(&input)));
+            if entry.0 != input {
+                entry.1 = fairshare::compute_pool(&input);
+                entry.0 = input;
+            }
+            let pool = &entry.1;
+            for reclaim in &pool.reclaims {
+                out.reclaims.push(ReclaimOrder {
+                    sharing_policy: policy.name.clone(),
+                    borrower: reclaim.borrower.clone(),
+                    devices: reclaim.devices,
+                    for_team: reclaim.for_team.clone(),
+                });
+            }
+            if let Some(over) = &pool.overcommit {
+                out.warnings
+                    .push(format!("sharing policy {}: {}", policy.name, over.message));
+            }
+        }
+        let shares: BTreeMap<&str, &PoolShares> = self
+            .shares
+            .iter()
+            .map(|(name, (_, pool))| (name.as_str(), pool))
+            .collect();
+
+        // 7. Objects.
+        for policy in &policies {
+            match (&policy.compiled, policy.foreign_class) {
+                (Ok(_), false) => out
+                    .objects
+                    .device_classes
+                    .push(objects::device_class(policy.policy, &policy.selectors)),
+                (Err(_), false) => {
+                    out.objects
+                        .retained_device_classes
+                        .insert(device_class_name(&policy.name));
+                }
+                (_, true) => {}
+            }
+        }
+        // Every class a team without a quota for it must get a hard of 0 for.
+        let governed_all: BTreeMap<String, Option<String>> = policies
+            .iter()
+            .filter(|p| p.usable())
+            .map(|p| (device_class_name(&p.name), None))
+            .chain(governed_foreign.clone())
+            .collect();
+        let zero_hard: Vec<String> = governed_all
+            .iter()
+            .flat_map(|(class, extended)| {
+                std::iter::once(quota_resource(class))
+                    .chain(extended.iter().map(|e| format!("requests.{e}")))
             })
             .collect();
-        let pool = fairshare::compute_pool(&PoolInput {
-            capacity: capacity(&policy.name),
-            teams: pool_teams,
-        });
-        for reclaim in &pool.reclaims {
-            out.reclaims.push(ReclaimOrder {
-                sharing_policy: policy.name.clone(),
-                borrower: reclaim.borrower.clone(),
-                devices: reclaim.devices,
-                for_team: reclaim.for_team.clone(),
-            });
-        }
-        if let Some(over) = &pool.overcommit {
-            out.warnings
-                .push(format!("sharing policy {}: {}", policy.name, over.message));
-        }
-        shares.insert(policy.name.as_str(), pool);
-    }
-
-    // 7. Objects.
-    for policy in &policies {
-        match (&policy.compiled, policy.foreign_class) {
-            (Ok(_), false) => out
-                .objects
-                .device_classes
-                .push(objects::device_class(policy.policy, &policy.selectors)),
-            (Err(_), false) => {
-                out.objects
-                    .retained_device_classes
-                    .insert(device_class_name(&policy.name));
-            }
-            (_, true) => {}
-        }
-    }
-    // Every class a team without a quota for it must get a hard of 0 for.
-    let governed_all: BTreeMap<String, Option<String>> = policies
-        .iter()
-        .filter(|p| p.usable())
-        .map(|p| (device_class_name(&p.name), None))
-        .chain(governed_foreign.clone())
-        .collect();
-    // Each policy's templates are the same in every namespace: built (and hashed) once.
-    let shapes: BTreeMap<&str, Vec<objects::TemplateShape>> = policies
-        .iter()
-        .filter(|p| p.usable())
-        .map(|p| (p.name.as_str(), objects::template_shapes(p.policy)))
-        .collect();
-    for team in &teams {
-        let team_name = name_of(*team);
-        let namespaces = membership
-            .namespaces
-            .get(&team_name)
-            .cloned()
-            .unwrap_or_default();
-        for namespace in &namespaces {
-            let mut hard: BTreeMap<String, u32> = BTreeMap::new();
-            for (class, extended) in &governed_all {
-                hard.insert(quota_resource(class), 0);
-                if let Some(extended) = extended {
-                    hard.insert(format!("requests.{extended}"), 0);
+        // Each policy's templates are the same in every namespace: built (and hashed) once.
+        let shapes: BTreeMap<&str, Vec<objects::TemplateShape>> = policies
+            .iter()
+            .filter(|p| p.usable())
+            .map(|p| (p.name.as_str(), objects::template_shapes(p.policy)))
+            .collect();
+        let mut planned = BTreeSet::new();
+        for team in &teams {
+            let team_name = name_of(*team);
+            let namespaces = membership
+                .namespaces
+                .get(&team_name)
+                .cloned()
+                .unwrap_or_default();
+            for namespace in &namespaces {
+                let mut templates_of: Vec<(&str, &[objects::TemplateShape])> = Vec::new();
+                let mut hard: BTreeMap<String, u32> = BTreeMap::new();
+                for resource in &zero_hard {
+                    hard.insert(resource.clone(), 0);
                 }
-            }
-            for quota in &team.spec.quotas {
-                let Some(policy) = by_name
-                    .get(quota.sharing_policy.as_str())
-                    .filter(|p| p.usable())
-                else {
-                    continue;
-                };
-                let ns_hard = shares
-                    .get(policy.name.as_str())
-                    .and_then(|pool| pool.teams.iter().find(|t| t.team == team_name))
-                    .and_then(|t| t.namespaces.iter().find(|n| &n.namespace == namespace))
-                    .map_or(0, |n| n.hard);
-                hard.insert(quota_resource(&device_class_name(&policy.name)), ns_hard);
-                let shapes = shapes
-                    .get(policy.name.as_str())
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
+                for quota in &team.spec.quotas {
+                    let Some(policy) = by_name
+                        .get(quota.sharing_policy.as_str())
+                        .filter(|p| p.usable())
+                    else {
+                        continue;
+                    };
+                    let ns_hard = shares
+                        .get(policy.name.as_str())
+                        .and_then(|pool| pool.teams.iter().find(|t| t.team == team_name))
+                        .and_then(|t| t.namespaces.iter().find(|n| &n.namespace == namespace))
+                        .map_or(0, |n| n.hard);
+                    hard.insert(quota_resource(&device_class_name(&policy.name)), ns_hard);
+                    let shapes = shapes
+                        .get(policy.name.as_str())
+                        .map(Vec::as_slice)
+                        .unwrap_or_default();
+                    templates_of.push((policy.name.as_str(), shapes));
+                }
+                let (templates, quota) =
+                    namespace_objects(&mut self.namespaces, team, namespace, &hard, &templates_of);
+                planned.insert((team_name.clone(), namespace.clone()));
                 out.objects
                     .claim_templates
-                    .extend(objects::claim_templates(team, shapes, namespace));
+                    .extend(templates.iter().cloned());
+                out.objects.resource_quotas.push(quota.clone());
             }
+            if let Some(binding) = admission::team_binding(team, &namespaces) {
+                out.objects.admission_bindings.push(binding);
+            }
+        }
+        self.namespaces.retain(|key, _| planned.contains(key));
+        if !state.sharing_policies.is_empty() || !state.teams.is_empty() {
+            let foreign: BTreeSet<String> = governed_foreign.keys().cloned().collect();
             out.objects
-                .resource_quotas
-                .push(objects::resource_quota(team, namespace, &hard));
+                .admission_policies
+                .push(admission::team_policy(&foreign));
+            out.objects
+                .admission_policies
+                .push(admission::non_team_policy());
+            out.objects
+                .admission_bindings
+                .push(admission::non_team_binding(
+                    &membership.all_team_namespaces(),
+                ));
         }
-        if let Some(binding) = admission::team_binding(team, &namespaces) {
-            out.objects.admission_bindings.push(binding);
-        }
-    }
-    if !state.sharing_policies.is_empty() || !state.teams.is_empty() {
-        let foreign: BTreeSet<String> = governed_foreign.keys().cloned().collect();
-        out.objects
-            .admission_policies
-            .push(admission::team_policy(&foreign));
-        out.objects
-            .admission_policies
-            .push(admission::non_team_policy());
-        out.objects
-            .admission_bindings
-            .push(admission::non_team_binding(
-                &membership.all_team_namespaces(),
-            ));
-    }
 
-    stamp_content_hashes(&mut out.objects);
+        stamp_content_hashes(&mut out.objects);
 
-    // 8. Reports.
-    for policy in &policies {
-        out.sharing_policies.push(sharing_report(
-            policy,
-            capacity(&policy.name),
-            matches,
-            inventory,
-        ));
-    }
-    for team in &teams {
-        out.teams
-            .push(team_report(team, &membership, &by_name, &shares, &usage));
-    }
-    for (team, conflicts) in &membership.conflicts {
-        for (namespace, others) in conflicts {
-            if team < others.iter().min().unwrap_or(team) {
-                continue; // report each conflict once, from its last team
-            }
-            out.warnings.push(format!(
-                "namespace {namespace} is claimed by TeamGpuPolicies {}: it belongs to none of them",
-                others.iter().chain(std::iter::once(team)).cloned().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(", ")
+        // 8. Reports.
+        for policy in &policies {
+            out.sharing_policies.push(sharing_report(
+                policy,
+                capacity(&policy.name),
+                matches,
+                inventory,
             ));
         }
-    }
-    for team in &out.teams {
-        for quota in &team.quotas {
-            if !by_name.contains_key(quota.sharing_policy.as_str()) {
+        for team in &teams {
+            out.teams
+                .push(team_report(team, &membership, &by_name, &shares, &usage_of));
+        }
+        for (team, conflicts) in &membership.conflicts {
+            for (namespace, others) in conflicts {
+                if team < others.iter().min().unwrap_or(team) {
+                    continue; // report each conflict once, from its last team
+                }
                 out.warnings.push(format!(
-                    "TeamGpuPolicy {} names GpuSharingPolicy {}, which does not exist",
-                    team.name, quota.sharing_policy
+                    "namespace {namespace} is claimed by TeamGpuPolicies {}: it belongs to none of them",
+                    others.iter().chain(std::iter::once(team)).cloned().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(", ")
                 ));
             }
         }
-    }
-    for report in &out.sharing_policies {
-        if report.capacity == 0
-            && by_name
-                .get(report.name.as_str())
-                .is_some_and(|p| p.compiled.is_ok())
-        {
+        for team in &out.teams {
+            for quota in &team.quotas {
+                if !by_name.contains_key(quota.sharing_policy.as_str()) {
+                    out.warnings.push(format!(
+                        "TeamGpuPolicy {} names GpuSharingPolicy {}, which does not exist",
+                        team.name, quota.sharing_policy
+                    ));
+                }
+            }
+        }
+        for report in &out.sharing_policies {
+            if report.capacity == 0
+                && by_name
+                    .get(report.name.as_str())
+                    .is_some_and(|p| p.compiled.is_ok())
+            {
+                out.warnings.push(format!(
+                    "GpuSharingPolicy {} matches no device",
+                    report.name
+                ));
+            }
+        }
+        for ((a, b), devices) in &matches.overlap_pairs {
             out.warnings.push(format!(
-                "GpuSharingPolicy {} matches no device",
-                report.name
+                "GpuSharingPolicies {a} and {b} both match {devices} devices"
             ));
         }
+        out.warnings.sort();
+        out.warnings.dedup();
+        out
     }
-    for ((a, b), devices) in &matches.overlap_pairs {
-        out.warnings.push(format!(
-            "GpuSharingPolicies {a} and {b} both match {devices} devices"
-        ));
+}
+
+/// The objects of one namespace of a team, built again only when the team's identity, the
+/// quota's `hard` or a template shape changed.
+type NamespaceMemo = BTreeMap<(String, String), (u64, Vec<ResourceClaimTemplate>, ResourceQuota)>;
+
+/// A team namespace's claim templates (`shapes` per sharing policy) and its quota, from `memo`
+/// unless their input changed.
+fn namespace_objects<'m>(
+    memo: &'m mut NamespaceMemo,
+    team: &TeamGpuPolicy,
+    namespace: &str,
+    hard: &BTreeMap<String, u32>,
+    shapes: &[(&str, &[objects::TemplateShape])],
+) -> (&'m [ResourceClaimTemplate], &'m ResourceQuota) {
+    let mut hasher = std::hash::DefaultHasher::new();
+    (&team.metadata.name, &team.metadata.uid, hard).hash(&mut hasher);
+    for (policy, shapes) in shapes {
+        policy.hash(&mut hasher);
+        for shape in *shapes {
+            (&shape.name, &shape.hash).hash(&mut hasher);
+        }
     }
-    out.warnings.sort();
-    out.warnings.dedup();
-    out
+    let fingerprint = hasher.finish();
+    let entry = memo
+        .entry((name_of(team), namespace.to_owned()))
+        .or_insert_with(|| (!fingerprint, Vec::new(), ResourceQuota::default()));
+    if entry.0 != fingerprint {
+        entry.1 = shapes
+            .iter()
+            .flat_map(|(_, shapes)| objects::claim_templates(team, shapes, namespace))
+            .collect();
+        entry.2 = objects::resource_quota(team, namespace, hard);
+        let spec_hash = objects::content_hash(&entry.2.spec);
+        entry
+            .2
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(objects::CONTENT_HASH_ANNOTATION.to_owned(), spec_hash);
+        entry.0 = fingerprint;
+    }
+    (&entry.1, &entry.2)
 }
 
 /// Every object carries the hash of its spec, so the writer can tell a changed object from one
@@ -543,10 +744,7 @@ fn stamp_content_hashes(objects: &mut DesiredObjects) {
     for o in &mut objects.device_classes {
         stamp(&mut o.metadata, &o.spec);
     }
-    // ResourceClaimTemplates carry theirs from `objects::claim_templates` already.
-    for o in &mut objects.resource_quotas {
-        stamp(&mut o.metadata, &o.spec);
-    }
+    // ResourceClaimTemplates and ResourceQuotas carry theirs from `namespace_objects` already.
     for o in &mut objects.admission_policies {
         stamp(&mut o.metadata, &o.spec);
     }
@@ -578,7 +776,7 @@ fn sharing_report(
     }
     if policy.compiled.is_ok() {
         let found = capacity > 0;
-        let slices = inventory.devices.len();
+        let slices = inventory.device_count();
         let message = match matches.errors.get(&policy.name) {
             Some(errors) => format!(
                 "{capacity} devices match; the selectors failed to evaluate on {} devices",
@@ -684,8 +882,8 @@ fn team_report(
     team: &TeamGpuPolicy,
     membership: &Membership,
     by_name: &BTreeMap<&str, &CompiledPolicy>,
-    shares: &BTreeMap<&str, PoolShares>,
-    usage: &usage::Usage,
+    shares: &BTreeMap<&str, &PoolShares>,
+    usage: &dyn Fn(&str, &str) -> usage::ClassUsage,
 ) -> TeamReport {
     let name = name_of(team);
     let namespaces = membership
@@ -738,11 +936,11 @@ fn team_report(
                 weight,
                 requested: namespaces
                     .iter()
-                    .map(|ns| clamp(usage.get(ns, &class).requested))
+                    .map(|ns| clamp(usage(ns, &class).requested))
                     .sum(),
                 allocated: namespaces
                     .iter()
-                    .map(|ns| clamp(usage.get(ns, &class).allocated))
+                    .map(|ns| clamp(usage(ns, &class).allocated))
                     .sum(),
                 explanation: if namespaces.is_empty() {
                     "the team owns no namespace".into()
