@@ -207,6 +207,23 @@ impl TestCluster {
         kube::Client::try_from(config).expect("client from a valid config")
     }
 
+    /// A client (with kube's default retries) whose requests are counted by verb and resource
+    /// in the returned [`Counters`], on either backend: give it to the operator to count exactly
+    /// the operator's requests.
+    pub fn recorded_client(&self) -> (kube::Client, Arc<Counters>) {
+        let counters = Arc::new(Counters::default());
+        let client = kube::client::ClientBuilder::try_from(self.config.clone())
+            .expect("client from a valid config")
+            .with_layer(&crate::recording::Record(counters.clone()))
+            .build();
+        (client, counters)
+    }
+
+    /// The client configuration (for clients made elsewhere, e.g. on another runtime).
+    pub fn config(&self) -> &kube::Config {
+        &self.config
+    }
+
     /// Path of a kubeconfig file for the cluster (for the `teamgpu` binary).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

@@ -108,7 +108,8 @@ impl FaultState {
     }
 }
 
-/// Requests served, by verb and resource.
+/// Requests by verb and resource: those the stand-in served, or those one client made
+/// ([`crate::TestCluster::recorded_client`]).
 #[derive(Debug, Default)]
 pub struct Counters {
     counts: Mutex<BTreeMap<(String, String), u64>>,

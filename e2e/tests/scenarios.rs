@@ -1,22 +1,22 @@
 //! End-to-end scenarios: the real operator (`teamgpu::controller::run`) against the API stand-in,
-//! or against the cluster named by `TEAMGPU_E2E_KUBECONFIG`. Each asserts what a user would check
-//! with kubectl.
+//! or against the cluster named by `TEAMGPU_E2E_KUBECONFIG` (a throwaway one: see
+//! `teamgpu_e2e::sandbox`). Each asserts what a user would check with kubectl.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
-use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
-};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu_e2e::TestCluster;
+use teamgpu_e2e::faults::Counters;
 use teamgpu_e2e::fixtures::fresh;
+use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
 use tokio::sync::oneshot;
 
 /// The operator running in-process until dropped.
@@ -94,10 +94,15 @@ fn samples() -> (Vec<GpuSharingPolicy>, Vec<TeamGpuPolicy>) {
     (loaded.state.sharing_policies, loaded.state.teams)
 }
 
-/// A cluster with the NVIDIA driver's DeviceClasses and six 8-GPU nodes (the built-in example's
-/// inventory), the sample policies, and the example's namespaces.
+/// A cluster with the NVIDIA driver's DeviceClasses, six 8-GPU nodes and the namespaces of the
+/// built-in example, in a [`Sandbox`]: the namespaces have names of their own (`world.ns(name)`;
+/// the helpers below take the example's names and map them), and everything is cleaned up
+/// before and after the scenario, so the scenarios also run on a throwaway real cluster.
+///
+/// The scenarios run on a multi-threaded runtime: the sandbox cleans up when dropped, on another
+/// thread, while the stand-in (served by this runtime) keeps answering.
 struct World {
-    cluster: TestCluster,
+    sandbox: Sandbox,
     client: Client,
 }
 
@@ -111,48 +116,37 @@ impl World {
             .with_test_writer()
             .try_init();
         let cluster = TestCluster::start().await.expect("cluster");
-        let client = cluster.client();
+        let sandbox = Sandbox::start(cluster)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let example = teamgpu::example::state().unwrap();
-        let classes: Api<DeviceClass> = Api::all(client.clone());
-        for class in &example.device_classes {
-            classes
-                .create(&PostParams::default(), &fresh(class))
-                .await
-                .unwrap();
-        }
-        let slices: Api<ResourceSlice> = Api::all(client.clone());
-        for slice in &example.slices {
-            slices
-                .create(&PostParams::default(), &fresh(slice))
-                .await
-                .unwrap();
-        }
-        let world = World { cluster, client };
+        sandbox
+            .devices(&example.device_classes, &example.slices)
+            .await
+            .unwrap();
+        let world = World {
+            client: sandbox.client(),
+            sandbox,
+        };
         for ns in &example.namespaces {
             world
-                .namespace(
-                    &ns.name,
-                    ns.labels.get("teamgpu.io/team").map(String::as_str),
-                )
+                .namespace(&ns.name, ns.labels.get(TEAM_LABEL).map(String::as_str))
                 .await;
         }
         world
     }
 
+    fn cluster(&self) -> &TestCluster {
+        self.sandbox.cluster()
+    }
+
+    /// The actual name of the example's (or the scenario's) namespace `name`.
+    fn ns(&self, name: &str) -> String {
+        self.sandbox.ns(name)
+    }
+
     async fn namespace(&self, name: &str, team: Option<&str>) {
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: team
-                    .map(|t| BTreeMap::from([("teamgpu.io/team".to_owned(), t.to_owned())])),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap();
+        self.sandbox.namespace(name, team).await.unwrap();
     }
 
     async fn install_samples(&self) {
@@ -164,8 +158,11 @@ impl World {
                 .unwrap();
         }
         for t in &teams {
+            // Namespaces named explicitly (inference's `inference-prod`) are this world's.
+            let mut t = fresh(t);
+            t.spec.namespaces = t.spec.namespaces.iter().map(|n| self.ns(n)).collect();
             Api::<TeamGpuPolicy>::all(self.client.clone())
-                .create(&PostParams::default(), &fresh(t))
+                .create(&PostParams::default(), &t)
                 .await
                 .unwrap();
         }
@@ -181,10 +178,20 @@ impl World {
     }
 
     fn operator(&self) -> Operator {
-        Operator::start(self.client.clone(), Operator::default_config())
+        Operator::start(self.client.clone(), self.config())
+    }
+
+    /// The scenarios' operator configuration (its Lease, when it elects a leader, in this
+    /// world's `teamgpu-system`).
+    fn config(&self) -> teamgpu::controller::Config {
+        teamgpu::controller::Config {
+            lease_namespace: self.ns("teamgpu-system"),
+            ..Operator::default_config()
+        }
     }
 
     async fn quota_hard(&self, ns: &str) -> Result<BTreeMap<String, String>, String> {
+        let ns = &self.ns(ns);
         let q = Api::<ResourceQuota>::namespaced(self.client.clone(), ns)
             .get_opt("teamgpu")
             .await
@@ -199,7 +206,7 @@ impl World {
     }
 
     async fn templates(&self, ns: &str) -> Vec<String> {
-        let list = Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), ns)
+        let list = Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns(ns))
             .list(&Default::default())
             .await
             .unwrap();
@@ -218,7 +225,7 @@ fn condition<'a>(
 
 const CONVERGE: Duration = Duration::from_secs(20);
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installing_the_samples_creates_device_classes_and_ready_policies() {
     let world = World::new().await;
     let _operator = world.operator();
@@ -281,7 +288,10 @@ async fn installing_the_samples_creates_device_classes_and_ready_policies() {
         }
     })
     .await;
-    assert_eq!(ml.namespaces, ["ml-research-dev", "ml-research-train"]);
+    assert_eq!(
+        ml.namespaces,
+        [world.ns("ml-research-dev"), world.ns("ml-research-train")]
+    );
     let q = ml
         .quotas
         .iter()
@@ -298,7 +308,6 @@ async fn installing_the_samples_creates_device_classes_and_ready_policies() {
             "a100-shared"
         ]
     );
-    let _ = &world.cluster;
 }
 
 impl World {
@@ -361,9 +370,9 @@ impl World {
     }
 
     async fn label(&self, ns: &str, team: Option<&str>) {
-        let patch = json!({"metadata": {"labels": {"teamgpu.io/team": team}}});
+        let patch = json!({"metadata": {"labels": {TEAM_LABEL: team}}});
         Api::<Namespace>::all(self.client.clone())
-            .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(&self.ns(ns), &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap();
     }
@@ -383,13 +392,13 @@ impl World {
     }
 
     /// Every teamgpu-labelled object, by kind/namespace/name.
-    async fn owned_objects(&self) -> Vec<String> {
+    async fn owned_objects(&self) -> Result<Vec<String>, String> {
         let lp = kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
         let mut out = Vec::new();
         for kind in teamgpu::sync::Kind::ALL {
             let api: Api<kube::api::DynamicObject> =
                 Api::all_with(self.client.clone(), &kind.api_resource());
-            for o in api.list(&lp).await.unwrap().items {
+            for o in api.list(&lp).await.map_err(|e| e.to_string())?.items {
                 out.push(format!(
                     "{}/{}/{}",
                     kind.label(),
@@ -398,6 +407,20 @@ impl World {
                 ));
             }
         }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The objects the samples plan on the example's cluster, as `owned_objects` names them.
+    fn expected_objects(&self) -> Vec<String> {
+        let plan = teamgpu::plan::plan(&teamgpu::example::state().unwrap());
+        let mut out: Vec<_> = teamgpu::sync::desired(&plan.objects)
+            .keys()
+            .map(|k| {
+                let ns = k.namespace.as_deref().map(|n| self.ns(n));
+                format!("{}/{}/{}", k.kind.label(), ns.unwrap_or_default(), k.name)
+            })
+            .collect();
         out.sort();
         out
     }
@@ -412,7 +435,7 @@ fn claim(name: &str, class: &str, count: i64) -> ResourceClaim {
     .unwrap()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
     let (world, _operator) = World::with_samples().await;
 
@@ -428,7 +451,7 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
             let bound = world
                 .binding_namespaces("ml-research")
                 .await
-                .contains(&"ml-new".to_owned());
+                .contains(&world.ns("ml-new"));
             if templates.len() == 5 && quota.is_ok() && bound {
                 Ok(())
             } else {
@@ -449,7 +472,7 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
             let bound = world
                 .binding_namespaces("ml-research")
                 .await
-                .contains(&"ml-new".to_owned());
+                .contains(&world.ns("ml-new"));
             if templates.is_empty() && quota.is_err() && !bound {
                 Ok(())
             } else {
@@ -460,13 +483,14 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_up_to_the_entitlement_are_admitted_and_the_next_is_refused() {
     let (world, _operator) = World::with_samples().await;
     // ml-research has a100-shared guaranteed 2 = limit 2 (nothing to borrow), split over its two
     // namespaces; as one namespace uses its share, the team's headroom moves to it. So the team
     // can create exactly 2 claims in ml-research-dev, and the third is refused for good.
-    let claims: Api<ResourceClaim> = Api::namespaced(world.client.clone(), "ml-research-dev");
+    let claims: Api<ResourceClaim> =
+        Api::namespaced(world.client.clone(), &world.ns("ml-research-dev"));
     let create = |name: &'static str| {
         let claims = claims.clone();
         async move {
@@ -543,7 +567,7 @@ async fn claims_up_to_the_entitlement_are_admitted_and_the_next_is_refused() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans_up() {
     let (world, _operator) = World::with_samples().await;
     let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
@@ -614,11 +638,9 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
     .await;
 
     // Changing the offered counts recreates the templates.
-    let old_uid = Api::<ResourceClaimTemplate>::namespaced(world.client.clone(), "ml-research-dev")
-        .get("a100-80gb")
-        .await
-        .unwrap()
-        .uid();
+    let dev_templates: Api<ResourceClaimTemplate> =
+        Api::namespaced(world.client.clone(), &world.ns("ml-research-dev"));
+    let old_uid = dev_templates.get("a100-80gb").await.unwrap().uid();
     gsp.patch(
         "a100-80gb",
         &PatchParams::default(),
@@ -635,11 +657,7 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
         }
     })
     .await;
-    let new_uid = Api::<ResourceClaimTemplate>::namespaced(world.client.clone(), "ml-research-dev")
-        .get("a100-80gb")
-        .await
-        .unwrap()
-        .uid();
+    let new_uid = dev_templates.get("a100-80gb").await.unwrap().uid();
     assert_eq!(old_uid, new_uid, "an unchanged template is left alone");
 
     // Deleting the team removes everything made for it.
@@ -647,11 +665,16 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
         .await
         .unwrap();
     eventually("ml-research's objects are gone", CONVERGE, || async {
+        let team_namespaces = [world.ns("ml-research-dev"), world.ns("ml-research-train")];
         let left: Vec<_> = world
             .owned_objects()
-            .await
+            .await?
             .into_iter()
-            .filter(|o| o.contains("/ml-research-"))
+            .filter(|o| {
+                team_namespaces
+                    .iter()
+                    .any(|ns| o.contains(&format!("/{ns}/")))
+            })
             .collect();
         let bound = world.binding_namespaces("ml-research").await;
         if left.is_empty() && bound.is_empty() {
@@ -663,12 +686,12 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_claimed_twice_gets_nothing_until_fixed() {
     let (world, _operator) = World::with_samples().await;
     let rogue: TeamGpuPolicy = serde_json::from_value(json!({
         "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": "rogue"},
-        "spec": {"namespaces": ["ml-research-dev"], "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 1}]}
+        "spec": {"namespaces": [world.ns("ml-research-dev")], "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 1}]}
     }))
     .unwrap();
     let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
@@ -708,10 +731,11 @@ async fn a_namespace_claimed_twice_gets_nothing_until_fixed() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edits_and_deletions_of_managed_objects_are_undone() {
     let (world, _operator) = World::with_samples().await;
-    let quotas: Api<ResourceQuota> = Api::namespaced(world.client.clone(), "data-science");
+    let quotas: Api<ResourceQuota> =
+        Api::namespaced(world.client.clone(), &world.ns("data-science"));
     let original = world.quota_hard("data-science").await.unwrap();
     let key = "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices";
     quotas
@@ -732,7 +756,7 @@ async fn edits_and_deletions_of_managed_objects_are_undone() {
     })
     .await;
     let templates: Api<ResourceClaimTemplate> =
-        Api::namespaced(world.client.clone(), "data-science");
+        Api::namespaced(world.client.clone(), &world.ns("data-science"));
     templates
         .delete("a100-shared", &DeleteParams::default())
         .await
@@ -748,7 +772,7 @@ async fn edits_and_deletions_of_managed_objects_are_undone() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_reported_and_other_policies_are_unaffected() {
     let world = World::new().await;
     let _operator = world.operator();
@@ -763,7 +787,7 @@ async fn bad_input_is_reported_and_other_policies_are_unaffected() {
     )
     .unwrap();
     let missing: TeamGpuPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-        "metadata": {"name": "robotics"}, "spec": {"namespaces": ["web"], "quotas": [{"sharingPolicy": "h100", "guaranteed": 2}]}})).unwrap();
+        "metadata": {"name": "robotics"}, "spec": {"namespaces": [world.ns("web")], "quotas": [{"sharingPolicy": "h100", "guaranteed": 2}]}})).unwrap();
     gsp.create(&PostParams::default(), &bad_cel).await.unwrap();
     gsp.create(&PostParams::default(), &nothing).await.unwrap();
     tgp.create(&PostParams::default(), &missing).await.unwrap();
@@ -814,7 +838,7 @@ async fn bad_input_is_reported_and_other_policies_are_unaffected() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_converges_and_a_converged_restart_writes_nothing() {
     let world = World::new().await;
     world.install_samples().await;
@@ -824,52 +848,34 @@ async fn a_restart_converges_and_a_converged_restart_writes_nothing() {
     drop(first);
     let second = world.operator();
     world.converged().await;
-    let expected = world.owned_objects().await;
+    let expected = world.owned_objects().await.unwrap();
     second.stop().await;
 
-    let counters = world.cluster.counters().map(|c| c.writes(None));
-    let third = world.operator();
+    let (client, requests) = world.cluster().recorded_client();
+    let third = Operator::start(client, world.config());
     tokio::time::sleep(Duration::from_secs(2)).await;
-    if let (Some(before), Some(after)) =
-        (counters, world.cluster.counters().map(|c| c.writes(None)))
-    {
-        assert_eq!(
-            after - before,
-            0,
-            "a restart on a converged cluster must not write"
-        );
-    }
-    assert_eq!(world.owned_objects().await, expected);
+    assert_eq!(
+        requests.writes(None),
+        0,
+        "a restart on a converged cluster must not write: {:?}",
+        requests.snapshot()
+    );
+    assert!(requests.get("list", "teamgpupolicies.teamgpu.io") > 0);
+    assert_eq!(world.owned_objects().await.unwrap(), expected);
     third.stop().await;
 }
 
-/// The objects the samples plan on the example's cluster, as `owned_objects` names them.
-fn expected_objects() -> Vec<String> {
-    let plan = teamgpu::plan::plan(&teamgpu::example::state().unwrap());
-    let mut out: Vec<_> = teamgpu::sync::desired(&plan.objects)
-        .keys()
-        .map(|k| {
-            format!(
-                "{}/{}/{}",
-                k.kind.label(),
-                k.namespace.clone().unwrap_or_default(),
-                k.name
-            )
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_converges_through_server_errors_dropped_watches_and_gone_resource_versions() {
     let world = World::new().await;
     world.install_samples().await;
-    let expected = expected_objects();
-    if world.cluster.is_real() {
+    let expected = world.expected_objects();
+    // Fault injection (and 410 compaction) needs the stand-in: on a real cluster this scenario
+    // checks plain convergence to exactly the planned objects.
+    if world.cluster().is_real() {
         eprintln!("fault injection needs the stand-in; checking plain convergence");
     }
-    world.cluster.set_faults(teamgpu_e2e::faults::Faults {
+    world.cluster().set_faults(teamgpu_e2e::faults::Faults {
         rate_500: 0.05,
         rate_429: 0.05,
         retry_after_secs: 1,
@@ -883,22 +889,7 @@ async fn everything_converges_through_server_errors_dropped_watches_and_gone_res
         "convergence under faults",
         Duration::from_secs(60),
         || async {
-            let lp =
-                kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
-            let mut live = Vec::new();
-            for kind in teamgpu::sync::Kind::ALL {
-                let api: Api<kube::api::DynamicObject> =
-                    Api::all_with(world.client.clone(), &kind.api_resource());
-                for o in api.list(&lp).await.map_err(|e| e.to_string())?.items {
-                    live.push(format!(
-                        "{}/{}/{}",
-                        kind.label(),
-                        o.namespace().unwrap_or_default(),
-                        o.name_any()
-                    ));
-                }
-            }
-            live.sort();
+            let live = world.owned_objects().await?;
             if live == expected {
                 Ok(())
             } else {
@@ -909,14 +900,14 @@ async fn everything_converges_through_server_errors_dropped_watches_and_gone_res
     .await;
     eprintln!("converged under faults in {:?}", started.elapsed());
     world
-        .cluster
+        .cluster()
         .set_faults(teamgpu_e2e::faults::Faults::default());
     // No duplicate and no orphan: exactly the planned objects, and every team reports Ready.
-    assert_eq!(world.owned_objects().await, expected);
+    assert_eq!(world.owned_objects().await.unwrap(), expected);
     world.converged().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_writes_and_a_killed_leader_is_replaced_quickly() {
     let world = World::new().await;
     world.namespace("teamgpu-system", None).await;
@@ -928,12 +919,12 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_quickly() {
                 leader_elect: true,
                 identity: name.into(),
                 lease_duration: Duration::from_secs(6),
-                ..Operator::default_config()
+                ..world.config()
             },
         )
     };
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(world.client.clone(), "teamgpu-system");
+        Api::namespaced(world.client.clone(), &world.ns("teamgpu-system"));
     let holder = || async {
         let lease = leases
             .get_opt("teamgpu-leader")
@@ -999,16 +990,25 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_quickly() {
     );
 }
 
-fn gpu_pod(name: &str, template: &str) -> k8s_openapi::api::core::v1::Pod {
+/// A Pod using one claim from `template`: a real image, and admitted by the `restricted` Pod
+/// Security level. On a real cluster without a driver it stays ContainerCreating (the kubelet
+/// cannot prepare the devices), but its claim is allocated and reserved.
+fn gpu_pod(name: &str, template: &str) -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
-                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "securityContext": {"allowPrivilegeEscalation": false,
+                                                "capabilities": {"drop": ["ALL"]}},
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}
     }))
     .unwrap()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     let world = World::new().await;
     let client = world.client.clone();
@@ -1023,7 +1023,7 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     world.namespace("borrower", None).await;
     let team = |name: &str, guaranteed: u32, limit: u32, reclaim: bool| -> TeamGpuPolicy {
         serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": name},
-            "spec": {"namespaces": [name], "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}],
+            "spec": {"namespaces": [world.ns(name)], "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}],
                      "reclaim": {"enabled": reclaim, "gracePeriodSeconds": 0}}})).unwrap()
     };
     let tgp: Api<TeamGpuPolicy> = Api::all(client.clone());
@@ -1055,7 +1055,7 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
         }
     })
     .await;
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "borrower");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &world.ns("borrower"));
     let borrowed = lent.min(12);
     for i in 0..borrowed {
         pods.create(
@@ -1067,9 +1067,9 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let allocated = |ns: &'static str| {
-        let client = client.clone();
+        let (client, ns) = (client.clone(), world.ns(ns));
         async move {
-            let claims = Api::<ResourceClaim>::namespaced(client, ns)
+            let claims = Api::<ResourceClaim>::namespaced(client, &ns)
                 .list(&Default::default())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -1097,7 +1097,7 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     .await;
 
     // The owner comes back and wants its guarantee.
-    let owner_pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "owner");
+    let owner_pods: Api<Pod> = Api::namespaced(client.clone(), &world.ns("owner"));
     for i in 0..8 {
         owner_pods
             .create(
@@ -1149,108 +1149,23 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     .await;
 }
 
-/// Records (API group, resource[/subresource], verb) of every request a client makes.
-mod recording {
-    use std::collections::BTreeSet;
-    use std::sync::{Arc, Mutex};
-    use std::task::{Context, Poll};
-
-    pub type Calls = Arc<Mutex<BTreeSet<(String, String, String)>>>;
-
-    #[derive(Clone)]
-    pub struct Record(pub Calls);
-
-    #[derive(Clone)]
-    pub struct Recorded<S> {
-        inner: S,
-        calls: Calls,
-    }
-
-    impl<S> tower::Layer<S> for Record {
-        type Service = Recorded<S>;
-        fn layer(&self, inner: S) -> Self::Service {
-            Recorded {
-                inner,
-                calls: self.0.clone(),
-            }
-        }
-    }
-
-    /// The RBAC view of a request: `/api/v1/namespaces/ns/pods/name/eviction` is
-    /// ("", "pods/eviction", "create").
-    pub fn classify(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {
-        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-        let (group, rest) = match parts.as_slice() {
-            ["api", _version, rest @ ..] => (String::new(), rest),
-            ["apis", group, _version, rest @ ..] => ((*group).to_owned(), rest),
-            _ => return None,
-        };
-        let rest = match rest {
-            ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
-            other => other,
-        };
-        let (resource, named) = match rest {
-            [resource] => ((*resource).to_owned(), false),
-            [resource, _name] => ((*resource).to_owned(), true),
-            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
-            _ => return None,
-        };
-        let watch = query
-            .split('&')
-            .any(|q| q == "watch=true" || q == "watch=1");
-        let verb = match (method, named) {
-            ("GET", true) => "get",
-            ("GET", false) if watch => "watch",
-            ("GET", false) => "list",
-            ("POST", _) => "create",
-            ("PUT", _) => "update",
-            ("PATCH", _) => "patch",
-            ("DELETE", true) => "delete",
-            ("DELETE", false) => "deletecollection",
-            _ => return None,
-        };
-        Some((group, resource, verb.to_owned()))
-    }
-
-    impl<S, B> tower::Service<http::Request<B>> for Recorded<S>
-    where
-        S: tower::Service<http::Request<B>>,
-    {
-        type Response = S::Response;
-        type Error = S::Error;
-        type Future = S::Future;
-
-        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            self.inner.poll_ready(cx)
-        }
-
-        fn call(&mut self, req: http::Request<B>) -> Self::Future {
-            let uri = req.uri();
-            if let Some(call) =
-                classify(req.method().as_str(), uri.path(), uri.query().unwrap_or(""))
-            {
-                self.calls
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(call);
-            }
-            self.inner.call(req)
-        }
-    }
-}
-
-/// A client of the test cluster whose calls are recorded.
-async fn recorded_client(cluster: &TestCluster) -> (Client, recording::Calls) {
-    let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    let calls = recording::Calls::default();
-    let client = kube::client::ClientBuilder::try_from(config)
-        .unwrap()
-        .with_layer(&recording::Record(calls.clone()))
-        .build();
-    (client, calls)
+/// The RBAC view of the requests a recorded client made: (API group, resource[/subresource],
+/// verb), e.g. ("", "pods/eviction", "create") from the counters' ("create", "pods/eviction").
+fn rbac_calls(requests: &Counters) -> BTreeSet<(String, String, String)> {
+    requests
+        .snapshot()
+        .into_keys()
+        .map(|(verb, resource)| {
+            let (base, sub) = resource.split_once('/').unwrap_or((&resource, ""));
+            let (plural, group) = base.split_once('.').unwrap_or((base, ""));
+            let resource = if sub.is_empty() {
+                plural.to_owned()
+            } else {
+                format!("{plural}/{sub}")
+            };
+            (group.to_owned(), resource, verb)
+        })
+        .collect()
 }
 
 /// The rules of `config/rbac`: (API groups, resources, verbs).
@@ -1280,17 +1195,17 @@ fn rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
     rules
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_calls_exactly_what_its_rbac_grants() {
     let world = World::new().await;
     world.namespace("teamgpu-system", None).await;
-    let (client, calls) = recorded_client(&world.cluster).await;
+    let (client, requests) = world.cluster().recorded_client();
     // Everything the operator does: leader election, planning, applying, pruning, statuses,
     // events, pending demand and reclaim by eviction.
     let config = teamgpu::controller::Config {
         leader_elect: true,
         identity: "rbac".into(),
-        ..Operator::default_config()
+        ..world.config()
     };
     let operator = Operator::start(client, config);
     world.install_samples().await;
@@ -1315,8 +1230,7 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     .await
     .unwrap();
     // ml-research borrows the whole 80GB pool while data-science is idle ...
-    let ml: Api<k8s_openapi::api::core::v1::Pod> =
-        Api::namespaced(world.client.clone(), "ml-research-train");
+    let ml: Api<Pod> = Api::namespaced(world.client.clone(), &world.ns("ml-research-train"));
     let mut started = 0;
     for i in 0..32 {
         if ml
@@ -1333,8 +1247,7 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     }
     assert!(started > 8, "ml-research could borrow ({started} pods)");
     // ... until data-science wants its guarantee back, which takes an eviction.
-    let ds: Api<k8s_openapi::api::core::v1::Pod> =
-        Api::namespaced(world.client.clone(), "data-science");
+    let ds: Api<Pod> = Api::namespaced(world.client.clone(), &world.ns("data-science"));
     for i in 0..4 {
         ds.create(
             &PostParams::default(),
@@ -1344,11 +1257,10 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
         .unwrap();
     }
     eventually("an eviction happened", Duration::from_secs(20), || async {
-        let c = calls.lock().unwrap().clone();
-        if c.contains(&(String::new(), "pods/eviction".into(), "create".into())) {
+        if requests.get("create", "pods/eviction") > 0 {
             Ok(())
         } else {
-            Err(format!("{c:?}"))
+            Err(format!("{:?}", rbac_calls(&requests)))
         }
     })
     .await;
@@ -1375,7 +1287,7 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
             .unwrap();
     }
     eventually("everything generated is gone", CONVERGE, || async {
-        let left = world.owned_objects().await;
+        let left = world.owned_objects().await?;
         if left.is_empty() {
             Ok(())
         } else {
@@ -1393,7 +1305,7 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
                 && (v.contains(verb) || v.iter().any(|x| x == "*"))
         })
     };
-    let calls = calls.lock().unwrap().clone();
+    let calls = rbac_calls(&requests);
     let denied: Vec<_> = calls.iter().filter(|c| !allowed(c)).collect();
     assert!(
         denied.is_empty(),
@@ -1485,7 +1397,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String
     Ok((code, body))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     let world = World::new().await;
     world.install_samples().await;
@@ -1501,19 +1413,13 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
         .unwrap()
         .port();
     let health: std::net::SocketAddr = ([127, 0, 0, 1], health_port).into();
-    let writes = || world.cluster.counters().map(|c| c.writes(None));
-    let before = writes();
-    let at_start = world
-        .cluster
-        .counters()
-        .map(|c| c.snapshot())
-        .unwrap_or_default();
+    let (client, requests) = world.cluster().recorded_client();
     let _operator = Operator::start(
-        world.client.clone(),
+        client,
         teamgpu::controller::Config {
             metrics_addr: addr,
             health_addr: Some(health),
-            ..Operator::default_config()
+            ..world.config()
         },
     );
     eventually("/healthz", CONVERGE, || async {
@@ -1535,8 +1441,20 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     })
     .await;
     world.converged().await;
-    let converged = writes();
-    let snapshot = world.cluster.counters().map(|c| c.snapshot());
+    // The pass that wrote the last status may still be publishing its events: idle time starts
+    // once the operator's writes have stopped for a while.
+    let converged = eventually("the operator settles", CONVERGE, || async {
+        let before = requests.writes(None);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = requests.writes(None);
+        if after == before {
+            Ok(after)
+        } else {
+            Err(format!("{before} -> {after} writes"))
+        }
+    })
+    .await;
+    let at_converge = requests.snapshot();
     let metrics = eventually("/metrics", CONVERGE, || async {
         let (code, body) = http_get(addr, "/metrics").await?;
         if code == 200 && body.contains("teamgpu_team_entitlement_devices") {
@@ -1567,53 +1485,37 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
             .unwrap_or(3),
     );
     tokio::time::sleep(idle).await;
-    if let (Some(before), Some(converged), Some(after)) = (before, converged, writes()) {
-        eprintln!(
-            "converge: {} writes for {} objects and 5 statuses; idle {idle:?}: {} writes",
-            converged - before,
-            expected_objects().len(),
-            after - converged
-        );
-        let now = world
-            .cluster
-            .counters()
-            .map(|c| c.snapshot())
-            .unwrap_or_default();
-        let by_verb = |from: &BTreeMap<(String, String), u64>,
-                       to: &BTreeMap<(String, String), u64>| {
-            let mut out: BTreeMap<String, i64> = BTreeMap::new();
-            for ((verb, _), n) in to {
-                *out.entry(verb.clone()).or_insert(0) += *n as i64;
-            }
-            for ((verb, _), n) in from {
-                *out.entry(verb.clone()).or_insert(0) -= *n as i64;
-            }
-            out.retain(|_, n| *n != 0);
-            out
-        };
-        let at_converge = snapshot.clone().unwrap_or_default();
-        eprintln!(
-            "requests by verb to converge: {:?}",
-            by_verb(&at_start, &at_converge)
-        );
-        eprintln!(
-            "requests by verb while idle for {idle:?}: {:?}",
-            by_verb(&at_converge, &now)
-        );
-        let diff: Vec<_> = now
-            .iter()
-            .filter_map(|(k, v)| {
-                let was = snapshot
-                    .as_ref()
-                    .and_then(|s| s.get(k))
-                    .copied()
-                    .unwrap_or(0);
-                (was != *v).then(|| format!("{} {}: {was} -> {v}", k.0, k.1))
-            })
-            .collect();
-        assert_eq!(
-            after, converged,
-            "an idle operator writes nothing: {diff:?}"
-        );
-    }
+    let now = requests.snapshot();
+    let idle_writes = requests.writes(None) - converged;
+    eprintln!(
+        "converge: {converged} writes for {} objects and 5 statuses; idle {idle:?}: {idle_writes} writes",
+        world.expected_objects().len(),
+    );
+    let by_verb = |from: &BTreeMap<(String, String), u64>, to: &BTreeMap<(String, String), u64>| {
+        let mut out: BTreeMap<String, i64> = BTreeMap::new();
+        for ((verb, _), n) in to {
+            *out.entry(verb.clone()).or_insert(0) += *n as i64;
+        }
+        for ((verb, _), n) in from {
+            *out.entry(verb.clone()).or_insert(0) -= *n as i64;
+        }
+        out.retain(|_, n| *n != 0);
+        out
+    };
+    eprintln!(
+        "requests by verb to converge: {:?}",
+        by_verb(&BTreeMap::new(), &at_converge)
+    );
+    eprintln!(
+        "requests by verb while idle for {idle:?}: {:?}",
+        by_verb(&at_converge, &now)
+    );
+    let diff: Vec<_> = now
+        .iter()
+        .filter_map(|(k, v)| {
+            let was = at_converge.get(k).copied().unwrap_or(0);
+            (was != *v).then(|| format!("{} {}: {was} -> {v}", k.0, k.1))
+        })
+        .collect();
+    assert_eq!(idle_writes, 0, "an idle operator writes nothing: {diff:?}");
 }
