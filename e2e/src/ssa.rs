@@ -639,6 +639,15 @@ pub struct Applied {
     pub managed: Vec<Value>,
 }
 
+/// Whether `path` is a key field of a list-map item (`...[k=v].k`).
+fn is_key_field(path: &[Pe]) -> bool {
+    match path {
+        [.., Pe::Key(key), Pe::Field(field)] => serde_json::from_str::<Map<String, Value>>(key)
+            .is_ok_and(|keys| keys.contains_key(field)),
+        _ => false,
+    }
+}
+
 /// Server-side apply of `cfg` by `manager` onto `live` (None: the apply creates the object).
 #[allow(clippy::too_many_arguments)]
 pub fn apply(
@@ -695,6 +704,9 @@ pub fn apply(
     let mut to_remove: Vec<&Path> = old_set
         .iter()
         .filter(|p| !new_set.contains(*p) && !others.contains(*p))
+        // A list-map item's key fields live as long as the item (SMD keeps them while anyone
+        // owns a field of it, and removes them with it).
+        .filter(|p| !is_key_field(p))
         // A child of a still-applied list item or field is removed; a path below a removed
         // one goes with it.
         .collect();

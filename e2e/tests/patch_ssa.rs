@@ -309,3 +309,40 @@ async fn server_side_apply_removes_associative_list_items() {
     );
     c.shutdown().await.unwrap();
 }
+
+/// An item a manager stops applying leaves a list-map whole, key fields and all, as
+/// structured-merge-diff does: the operator's TeamGpuPolicy `status.quotas` shrinks this way.
+#[tokio::test]
+async fn apply_removes_a_list_map_item_no_longer_applied() {
+    let (c, _) = cluster_ns().await;
+    let api: Api<teamgpu::api::TeamGpuPolicy> = Api::all(c.client());
+    let team = json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+                      "metadata": {"name": "t"}, "spec": {"namespaces": ["a"]}});
+    api.patch("t", &apply("m"), &Patch::Apply(team)).await.unwrap();
+    let status = |policies: &[&str]| {
+        let quotas: Vec<Value> = policies
+            .iter()
+            .map(|p| json!({"sharingPolicy": p, "guaranteed": 1, "effectiveGuarantee": 1,
+                "limit": 1, "weight": 1, "capacity": 1, "entitlement": 1, "borrowed": 0,
+                "requested": 0, "allocated": 0, "pending": 0}))
+            .collect();
+        json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+               "status": {"quotas": quotas}})
+    };
+    let force = apply("teamgpu").force();
+    api.patch_status("t", &force, &Patch::Apply(status(&["x", "y"])))
+        .await
+        .unwrap();
+    let t = api
+        .patch_status("t", &force, &Patch::Apply(status(&["x"])))
+        .await
+        .unwrap();
+    let left: Vec<String> = t
+        .status
+        .unwrap()
+        .quotas
+        .into_iter()
+        .map(|q| q.sharing_policy)
+        .collect();
+    assert_eq!(left, ["x"]);
+}
