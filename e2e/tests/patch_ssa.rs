@@ -318,13 +318,17 @@ async fn apply_removes_a_list_map_item_no_longer_applied() {
     let api: Api<teamgpu::api::TeamGpuPolicy> = Api::all(c.client());
     let team = json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
                       "metadata": {"name": "t"}, "spec": {"namespaces": ["a"]}});
-    api.patch("t", &apply("m"), &Patch::Apply(team)).await.unwrap();
+    api.patch("t", &apply("m"), &Patch::Apply(team))
+        .await
+        .unwrap();
     let status = |policies: &[&str]| {
         let quotas: Vec<Value> = policies
             .iter()
-            .map(|p| json!({"sharingPolicy": p, "guaranteed": 1, "effectiveGuarantee": 1,
+            .map(|p| {
+                json!({"sharingPolicy": p, "guaranteed": 1, "effectiveGuarantee": 1,
                 "limit": 1, "weight": 1, "capacity": 1, "entitlement": 1, "borrowed": 0,
-                "requested": 0, "allocated": 0, "pending": 0}))
+                "requested": 0, "allocated": 0, "pending": 0})
+            })
             .collect();
         json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
                "status": {"quotas": quotas}})

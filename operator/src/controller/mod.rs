@@ -207,6 +207,7 @@ pub async fn run(
         backoff: writer::Backoff::default(),
         reclaim: reclaim::Tracker::default(),
         changes: wake.changes.clone(),
+        published: Default::default(),
         planner: plan::Planner::default(),
         differ: sync::Differ::default(),
     };
@@ -270,6 +271,8 @@ struct Reconciler {
     reclaim: reclaim::Tracker,
     /// Which watches saw events since the last pass.
     changes: Arc<observe::Changes>,
+    /// Events published whose finding the live status does not show yet: (object, reason, note).
+    published: std::collections::BTreeSet<(String, String, String)>,
     /// Recomputes only what changed inputs feed (a slice's pool, a namespace's usage, ...).
     planner: plan::Planner,
     /// Compares only the objects whose desired or live side changed.
@@ -541,7 +544,28 @@ impl Reconciler {
                 }
             }
         }
-        for (reference, type_, reason, note) in events {
+        // The status that records a finding may not be in the cache yet at the next pass: what
+        // was published stays remembered until the live status stops calling it new.
+        let keys: Vec<(String, &str, String)> = events
+            .iter()
+            .map(|(r, _, reason, note)| {
+                let object = format!(
+                    "{}/{}",
+                    r.kind.as_deref().unwrap_or_default(),
+                    r.name.as_deref().unwrap_or_default()
+                );
+                (object, *reason, note.clone())
+            })
+            .collect();
+        self.published.retain(|(o, r, n)| {
+            keys.iter()
+                .any(|(ko, kr, kn)| ko == o && kr == r && kn == n)
+        });
+        for ((reference, type_, reason, note), (object, _, _)) in events.into_iter().zip(keys) {
+            let key = (object, reason.to_owned(), note.clone());
+            if self.published.contains(&key) {
+                continue;
+            }
             let event = Event {
                 type_,
                 reason: reason.into(),
@@ -549,8 +573,11 @@ impl Reconciler {
                 action: "Plan".into(),
                 secondary: None,
             };
-            if let Err(error) = self.recorder.publish(&event, &reference).await {
-                tracing::debug!(%error, "event not recorded");
+            match self.recorder.publish(&event, &reference).await {
+                Ok(()) => {
+                    self.published.insert(key);
+                }
+                Err(error) => tracing::debug!(%error, "event not recorded"),
             }
         }
     }
