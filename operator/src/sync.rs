@@ -4,6 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
+use std::any::Any;
+use std::sync::Arc;
+
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
@@ -276,6 +279,15 @@ impl LiveObject<'_> {
     }
 }
 
+/// A desired object the differ knows: the planner's object (kept only to tell it by address),
+/// its metadata and its JSON.
+#[derive(Debug)]
+struct Desired {
+    object: Arc<dyn Any + Send + Sync>,
+    meta: ObjectMeta,
+    value: Value,
+}
+
 /// [`writes`] kept between passes, so a pass costs what changed, not what exists: a desired
 /// object is turned into JSON again only when its metadata changed (it carries the hash of the
 /// spec, so equal metadata means an equal object), a live object only when its resourceVersion
@@ -283,7 +295,7 @@ impl LiveObject<'_> {
 /// comparison asked for a write. Gives the same writes as [`writes`] on the same input.
 #[derive(Debug, Default)]
 pub struct Differ {
-    desired: HashMap<ObjectKey, (ObjectMeta, Value)>,
+    desired: HashMap<ObjectKey, Desired>,
     live: HashMap<ObjectKey, (String, Value)>,
     retained: BTreeSet<String>,
     /// Objects to compare at the next [`Differ::writes`]: a side changed, or the last
@@ -348,7 +360,7 @@ impl Differ {
         for key in std::mem::take(&mut self.dirty) {
             let write = verdict(
                 &key,
-                self.desired.get(&key).map(|(_, v)| v),
+                self.desired.get(&key).map(|d| &d.value),
                 self.live.get(&key).map(|(_, v)| v),
                 &self.retained,
             );
@@ -361,12 +373,10 @@ impl Differ {
     }
 
     fn update_desired(&mut self, objects: &DesiredObjects) {
-        fn add<T: serde::Serialize + kube::Resource>(
-            differ: &mut Differ,
-            seen: &mut HashSet<ObjectKey>,
-            kind: Kind,
-            items: &[T],
-        ) {
+        fn add<T>(differ: &mut Differ, seen: &mut HashSet<ObjectKey>, kind: Kind, items: &[Arc<T>])
+        where
+            T: serde::Serialize + kube::Resource + Send + Sync + 'static,
+        {
             for item in items {
                 let meta = item.meta();
                 let key = ObjectKey {
@@ -374,14 +384,30 @@ impl Differ {
                     namespace: meta.namespace.clone(),
                     name: meta.name.clone().unwrap_or_default(),
                 };
-                let hashed = meta
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(CONTENT_HASH_ANNOTATION));
-                let same = hashed && differ.desired.get(&key).is_some_and(|(m, _)| m == meta);
-                if !same {
-                    if let Ok(value) = serde_json::to_value(item) {
-                        differ.desired.insert(key.clone(), (meta.clone(), value));
+                // The planner hands out the same object while it is unchanged; a new one with
+                // the same metadata (which carries the hash of the spec) is unchanged too.
+                let same = differ.desired.get(&key).is_some_and(|known| {
+                    std::ptr::addr_eq(Arc::as_ptr(&known.object), Arc::as_ptr(item))
+                        || (meta
+                            .annotations
+                            .as_ref()
+                            .is_some_and(|a| a.contains_key(CONTENT_HASH_ANNOTATION))
+                            && known.meta == *meta)
+                });
+                if same {
+                    if let Some(known) = differ.desired.get_mut(&key) {
+                        known.object = item.clone();
+                    }
+                } else {
+                    if let Ok(value) = serde_json::to_value(&**item) {
+                        let object: Arc<dyn Any + Send + Sync> = item.clone();
+                        let meta = meta.clone();
+                        let desired = Desired {
+                            object,
+                            meta,
+                            value,
+                        };
+                        differ.desired.insert(key.clone(), desired);
                     }
                     differ.dirty.insert(key.clone());
                 }
@@ -597,13 +623,23 @@ mod tests {
             ) {
                 let mut differ = Differ::default();
                 let mut previous: Option<Step> = None;
+                let mut shared = std::collections::HashMap::new();
                 for step in &steps {
                     let namespaces = ["a", "b"];
                     let mut objects = DesiredObjects::default();
+                    // Quotas are shared while unchanged, as the planner does; classes are new
+                    // objects every time, as for the planner's few cluster-wide objects.
                     for (ns, d) in namespaces.iter().zip(step.desired) {
-                        objects.resource_quotas.extend(d.map(|d| desired_quota(ns, d)));
+                        objects.resource_quotas.extend(d.map(|d| {
+                            shared
+                                .entry((*ns, d))
+                                .or_insert_with(|| Arc::new(desired_quota(ns, d)))
+                                .clone()
+                        }));
                     }
-                    objects.device_classes.extend(step.class_desired.map(class));
+                    objects
+                        .device_classes
+                        .extend(step.class_desired.map(|d| Arc::new(class(d))));
                     if step.retained {
                         objects.retained_device_classes.insert("x.teamgpu.io".into());
                     }

@@ -107,6 +107,8 @@ impl Pool {
 #[derive(Debug, Clone, Default)]
 pub struct Inventory {
     pools: BTreeMap<PoolKey, Pool>,
+    /// Counts the updates that changed a pool.
+    version: u64,
 }
 
 /// Errors of one selector set, in device order.
@@ -214,7 +216,16 @@ impl Inventory {
             self.pools.insert(key.clone(), pool);
             changed.push(key);
         }
+        if !changed.is_empty() {
+            self.version += 1;
+        }
         changed
+    }
+
+    /// Changes whenever a pool changed, so that what was computed from the pools can be reused
+    /// while it stays the same.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     pub fn pools(&self) -> &BTreeMap<PoolKey, Pool> {

@@ -17,6 +17,7 @@ pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -65,12 +66,15 @@ pub struct ClusterState {
 /// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
 /// here (and not in `retained_device_classes`) are to be deleted.
 #[derive(Clone, Debug, Default, PartialEq)]
+///
+/// Objects are shared (`Arc`): the operator's planner hands out the same object, not a copy,
+/// for as long as it does not change, and its differ tells unchanged objects by that.
 pub struct DesiredObjects {
-    pub device_classes: Vec<DeviceClass>,
-    pub claim_templates: Vec<ResourceClaimTemplate>,
-    pub resource_quotas: Vec<ResourceQuota>,
-    pub admission_policies: Vec<ValidatingAdmissionPolicy>,
-    pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    pub device_classes: Vec<Arc<DeviceClass>>,
+    pub claim_templates: Vec<Arc<ResourceClaimTemplate>>,
+    pub resource_quotas: Vec<Arc<ResourceQuota>>,
+    pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
+    pub admission_bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
     /// DeviceClasses of policies whose spec is invalid now: kept as they are rather than applied
     /// or pruned, so a typo never takes a class away from running workloads.
     pub retained_device_classes: BTreeSet<String>,
@@ -230,18 +234,68 @@ pub struct Planner {
             Result<CompiledSelectors, device_cel::SelectorError>,
         ),
     >,
-    /// Device matching per pool: the pool's fingerprint and its report, for `matched_for`.
-    matches: BTreeMap<inventory::PoolKey, (u64, inventory::MatchReport)>,
-    /// The (policy, selectors) the per-pool matching is for.
-    matched_for: BTreeMap<String, Vec<String>>,
-    /// All pools' matching together, merged again only when a pool's changed.
-    matched: inventory::MatchReport,
+    /// Which devices each policy matches.
+    matching: Matching,
     /// Usage per namespace, with the identity of the claims it was counted from.
     usage: BTreeMap<String, (u64, usage::Usage)>,
     /// Fair shares per sharing policy, with the input they were computed from.
     shares: BTreeMap<String, (PoolInput, PoolShares)>,
     /// Claim templates and quota per (team, namespace), with the identity of their input.
     namespaces: NamespaceMemo,
+}
+
+/// Device matching kept between plans, per pool: a changed pool is matched again, the others
+/// are not; a changed selector matches every pool again.
+#[derive(Debug, Default)]
+struct Matching {
+    /// The (policy, selectors) the matching is for.
+    selectors: BTreeMap<String, Vec<String>>,
+    /// Per pool: the pool's fingerprint and its report.
+    pools: BTreeMap<inventory::PoolKey, (u64, inventory::MatchReport)>,
+    /// All pools together, and the inventory version it is for.
+    total: inventory::MatchReport,
+    version: Option<u64>,
+}
+
+impl Matching {
+    fn update(
+        &mut self,
+        inventory: &Inventory,
+        selectors: BTreeMap<String, Vec<String>>,
+        sets: &BTreeMap<String, &CompiledSelectors>,
+    ) -> &inventory::MatchReport {
+        if selectors != self.selectors {
+            *self = Matching {
+                selectors,
+                ..Matching::default()
+            };
+        }
+        if self.version == Some(inventory.version()) {
+            return &self.total;
+        }
+        let pools = inventory.pools();
+        self.pools.retain(|key, _| pools.contains_key(key));
+        for (key, pool) in pools {
+            if self
+                .pools
+                .get(key)
+                .is_none_or(|(f, _)| *f != pool.fingerprint())
+            {
+                let report = inventory::match_pool(pool, sets);
+                self.pools.insert(key.clone(), (pool.fingerprint(), report));
+            }
+        }
+        let mut total = inventory::MatchReport {
+            counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
+            ..Default::default()
+        };
+        for (_, report) in self.pools.values() {
+            total.merge(report);
+        }
+        self.total = total;
+        self.version = Some(inventory.version());
+        &self.total
+    }
 }
 
 /// The identity of an object read from the API server: uid and resourceVersion, or its content.
@@ -372,38 +426,7 @@ impl Planner {
             .filter(|p| p.compiled.is_ok())
             .map(|p| (p.name.clone(), p.selectors.clone()))
             .collect();
-        if matched_for != self.matched_for {
-            self.matches.clear();
-            self.matched = inventory::MatchReport::default();
-            self.matched_for = matched_for;
-        }
-        let pools = self.inventory.pools();
-        let before = self.matches.len();
-        self.matches.retain(|key, _| pools.contains_key(key));
-        let mut rematched = self.matches.len() != before || self.matches.len() != pools.len();
-        for (key, pool) in pools {
-            if self
-                .matches
-                .get(key)
-                .is_none_or(|(f, _)| *f != pool.fingerprint())
-            {
-                let r = inventory::match_pool(pool, &sets);
-                self.matches.insert(key.clone(), (pool.fingerprint(), r));
-                rematched = true;
-            }
-        }
-        if rematched || self.matched.counts.len() != sets.len() {
-            let mut total = inventory::MatchReport {
-                counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
-                ..Default::default()
-            };
-            for (_, r) in self.matches.values() {
-                total.merge(r);
-            }
-            self.matched = total;
-        }
-        let report = &self.matched;
-        let matches = &report;
+        let matches = self.matching.update(&self.inventory, matched_for, &sets);
         let inventory = &self.inventory;
         let capacity = |name: &str| matches.counts.get(name).copied().unwrap_or(0);
         for pool in inventory.incomplete_pools() {
@@ -536,7 +559,10 @@ impl Planner {
                 (Ok(_), false) => out
                     .objects
                     .device_classes
-                    .push(objects::device_class(policy.policy, &policy.selectors)),
+                    .push(Arc::new(objects::device_class(
+                        policy.policy,
+                        &policy.selectors,
+                    ))),
                 (Err(_), false) => {
                     out.objects
                         .retained_device_classes
@@ -607,7 +633,7 @@ impl Planner {
                 out.objects.resource_quotas.push(quota.clone());
             }
             if let Some(binding) = admission::team_binding(team, &namespaces) {
-                out.objects.admission_bindings.push(binding);
+                out.objects.admission_bindings.push(Arc::new(binding));
             }
         }
         self.namespaces.retain(|key, _| planned.contains(key));
@@ -615,15 +641,15 @@ impl Planner {
             let foreign: BTreeSet<String> = governed_foreign.keys().cloned().collect();
             out.objects
                 .admission_policies
-                .push(admission::team_policy(&foreign));
+                .push(Arc::new(admission::team_policy(&foreign)));
             out.objects
                 .admission_policies
-                .push(admission::non_team_policy());
+                .push(Arc::new(admission::non_team_policy()));
             out.objects
                 .admission_bindings
-                .push(admission::non_team_binding(
+                .push(Arc::new(admission::non_team_binding(
                     &membership.all_team_namespaces(),
-                ));
+                )));
         }
 
         stamp_content_hashes(&mut out.objects);
@@ -687,7 +713,8 @@ impl Planner {
 
 /// The objects of one namespace of a team, built again only when the team's identity, the
 /// quota's `hard` or a template shape changed.
-type NamespaceMemo = BTreeMap<(String, String), (u64, Vec<ResourceClaimTemplate>, ResourceQuota)>;
+type NamespaceMemo =
+    BTreeMap<(String, String), (u64, Vec<Arc<ResourceClaimTemplate>>, Arc<ResourceQuota>)>;
 
 /// A team namespace's claim templates (`shapes` per sharing policy) and its quota, from `memo`
 /// unless their input changed.
@@ -697,7 +724,7 @@ fn namespace_objects<'m>(
     namespace: &str,
     hard: &BTreeMap<String, u32>,
     shapes: &[(&str, &[objects::TemplateShape])],
-) -> (&'m [ResourceClaimTemplate], &'m ResourceQuota) {
+) -> (&'m [Arc<ResourceClaimTemplate>], &'m Arc<ResourceQuota>) {
     let mut hasher = std::hash::DefaultHasher::new();
     (&team.metadata.name, &team.metadata.uid, hard).hash(&mut hasher);
     for (policy, shapes) in shapes {
@@ -709,20 +736,21 @@ fn namespace_objects<'m>(
     let fingerprint = hasher.finish();
     let entry = memo
         .entry((name_of(team), namespace.to_owned()))
-        .or_insert_with(|| (!fingerprint, Vec::new(), ResourceQuota::default()));
+        .or_insert_with(|| (!fingerprint, Vec::new(), Arc::default()));
     if entry.0 != fingerprint {
         entry.1 = shapes
             .iter()
             .flat_map(|(_, shapes)| objects::claim_templates(team, shapes, namespace))
+            .map(Arc::new)
             .collect();
-        entry.2 = objects::resource_quota(team, namespace, hard);
-        let spec_hash = objects::content_hash(&entry.2.spec);
-        entry
-            .2
+        let mut quota = objects::resource_quota(team, namespace, hard);
+        let spec_hash = objects::content_hash(&quota.spec);
+        quota
             .metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(objects::CONTENT_HASH_ANNOTATION.to_owned(), spec_hash);
+        entry.2 = Arc::new(quota);
         entry.0 = fingerprint;
     }
     (&entry.1, &entry.2)
@@ -741,14 +769,18 @@ fn stamp_content_hashes(objects: &mut DesiredObjects) {
             objects::content_hash(spec),
         );
     }
+    // Not shared yet: `make_mut` does not copy.
     for o in &mut objects.device_classes {
+        let o = Arc::make_mut(o);
         stamp(&mut o.metadata, &o.spec);
     }
     // ResourceClaimTemplates and ResourceQuotas carry theirs from `namespace_objects` already.
     for o in &mut objects.admission_policies {
+        let o = Arc::make_mut(o);
         stamp(&mut o.metadata, &o.spec);
     }
     for o in &mut objects.admission_bindings {
+        let o = Arc::make_mut(o);
         stamp(&mut o.metadata, &o.spec);
     }
 }
