@@ -172,7 +172,7 @@ fn slice_identity(slice: &ResourceSlice, hasher: &mut impl Hasher) {
 impl Inventory {
     pub fn from_slices(slices: &[ResourceSlice]) -> Self {
         let mut inventory = Inventory::default();
-        inventory.update(slices);
+        inventory.take_in(slices, false);
         inventory
     }
 
@@ -181,6 +181,16 @@ impl Inventory {
     pub fn update<'a>(
         &mut self,
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    ) -> Vec<PoolKey> {
+        self.take_in(slices, true)
+    }
+
+    /// [`Inventory::update`]; without `identify`, every pool is built and none is fingerprinted
+    /// (for an inventory built once).
+    pub(crate) fn take_in<'a>(
+        &mut self,
+        slices: impl IntoIterator<Item = &'a ResourceSlice>,
+        identify: bool,
     ) -> Vec<PoolKey> {
         let mut by_pool: BTreeMap<PoolKey, Vec<&ResourceSlice>> = BTreeMap::new();
         for s in slices {
@@ -201,14 +211,17 @@ impl Inventory {
             // Sorted by name, so that "the pool's first slice" is deterministic.
             slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             let mut hasher = std::hash::DefaultHasher::new();
-            for s in &slices {
-                slice_identity(s, &mut hasher);
+            if identify {
+                for s in &slices {
+                    slice_identity(s, &mut hasher);
+                }
             }
             let fingerprint = hasher.finish();
-            if self
-                .pools
-                .get(&key)
-                .is_some_and(|p| p.fingerprint == fingerprint)
+            if identify
+                && self
+                    .pools
+                    .get(&key)
+                    .is_some_and(|p| p.fingerprint == fingerprint)
             {
                 continue;
             }

@@ -209,7 +209,10 @@ fn is_managed(class: &DeviceClass) -> bool {
 
 /// Compute the plan.
 pub fn plan(state: &ClusterState) -> Plan {
-    let mut planner = Planner::default();
+    let mut planner = Planner {
+        single: true,
+        ..Planner::default()
+    };
     planner.update_slices(&state.slices);
     planner.update_claims(&state.claims);
     planner.plan(state)
@@ -225,6 +228,8 @@ pub fn plan(state: &ClusterState) -> Plan {
 /// write), or by content when they have no resourceVersion.
 #[derive(Debug, Default)]
 pub struct Planner {
+    /// Made for one plan: objects are not told apart, as nothing is kept.
+    single: bool,
     inventory: Inventory,
     /// Compiled selectors by policy name, with the expressions they were compiled from.
     selectors: BTreeMap<
@@ -315,7 +320,7 @@ impl Planner {
         &mut self,
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
     ) -> Vec<inventory::PoolKey> {
-        self.inventory.update(slices)
+        self.inventory.take_in(slices, !self.single)
     }
 
     /// Brings the usage up to date with the cluster's ResourceClaims; returns the namespaces
@@ -342,8 +347,10 @@ impl Planner {
         for (namespace, mut claims) in by_namespace {
             claims.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             let mut hasher = std::hash::DefaultHasher::new();
-            for c in &claims {
-                identity(*c, &mut hasher);
+            if !self.single {
+                for c in &claims {
+                    identity(*c, &mut hasher);
+                }
             }
             let fingerprint = hasher.finish();
             if self
