@@ -1,8 +1,9 @@
 //! `teamgpu run`: observe -> plan -> apply -> status. Only this module touches the API.
 //!
-//! One reconciler, woken by any watch event (debounced), plans the whole cluster with the pure
-//! core and writes only what differs from the watch caches, so a steady state makes no write.
-//! Only the leader writes; every replica keeps warm caches.
+//! One reconciler, woken by watch events (debounced), takes in only the caches that changed,
+//! plans with the kept [`plan::Planner`] (which recomputes only what changed inputs feed) and
+//! writes only what the kept [`sync::Differ`] finds different, so a steady state makes no write.
+//! Only the leader writes; every replica keeps warm caches. See docs/operator.md.
 
 mod http;
 pub mod metrics;
