@@ -538,7 +538,7 @@ enum Change {
     Selector(usize, &'static str),
     DropSharingPolicy(usize),
     Pending(usize, u32),
-    ForeignClass,
+    ForeignClass(&'static str),
 }
 
 fn change() -> impl proptest::strategy::Strategy<Value = Change> {
@@ -567,7 +567,8 @@ fn change() -> impl proptest::strategy::Strategy<Value = Change> {
             .prop_map(|(p, n)| Change::Selector(p, n)),
         i.clone().prop_map(Change::DropSharingPolicy),
         (i, 0..6u32).prop_map(|(n, d)| Change::Pending(n, d)),
-        Just(Change::ForeignClass),
+        proptest::sample::select(&["device.driver == 'gpu.nvidia.com'", "true", "false",][..])
+            .prop_map(Change::ForeignClass),
     ]
 }
 
@@ -690,10 +691,10 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
                 }];
             }
         }
-        Change::ForeignClass => {
+        Change::ForeignClass(expression) => {
             let class: DeviceClass = serde_json::from_value(json!({
                 "metadata": {"name": format!("foreign-{}", state.device_classes.len())},
-                "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}
+                "spec": {"selectors": [{"cel": {"expression": expression}}]}
             }))
             .unwrap();
             state.device_classes.push(class);
@@ -702,7 +703,7 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
     /// The operator's planner, kept across changes, always agrees with a plan made from scratch,
     /// whether objects carry resourceVersions (from the API server) or not (from files).

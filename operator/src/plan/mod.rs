@@ -16,7 +16,7 @@ pub mod selector;
 pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -241,6 +241,9 @@ pub struct Planner {
     >,
     /// Which devices each policy matches.
     matching: Matching,
+    /// Per foreign DeviceClass: whether it selects devices a policy governs, with the identity
+    /// of what that was computed from.
+    governed: BTreeMap<String, (u64, bool)>,
     /// Usage per namespace, with the identity of the claims it was counted from.
     usage: BTreeMap<String, (u64, usage::Usage)>,
     /// Fair shares per sharing policy, with the input they were computed from.
@@ -433,6 +436,8 @@ impl Planner {
             .filter(|p| p.compiled.is_ok())
             .map(|p| (p.name.clone(), p.selectors.clone()))
             .collect();
+        let selectors_id = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
+            .hash_one(&matched_for);
         let matches = self.matching.update(&self.inventory, matched_for, &sets);
         let inventory = &self.inventory;
         let capacity = |name: &str| matches.counts.get(name).copied().unwrap_or(0);
@@ -466,16 +471,33 @@ impl Planner {
                             || cel.expression.contains(&format!("\"{d}\""))
                     })
                 });
-            let selects_governed = inventory::class_selectors(class).is_ok_and(|compiled| {
-                inventory.counted().any(|d| {
-                    compiled.matches(&d.env).unwrap_or(false)
-                        && sets.values().any(|p| p.matches(&d.env).unwrap_or(false))
-                })
-            });
-            if names_driver || selects_governed {
+            // Evaluating a class against every device is costly: its answer is kept until the
+            // class, the inventory or a policy's selectors change.
+            let mut selects_governed = || {
+                let mut hasher = std::hash::DefaultHasher::new();
+                identity(class, &mut hasher);
+                (inventory.version(), selectors_id).hash(&mut hasher);
+                let fingerprint = hasher.finish();
+                if let Some((f, answer)) = self.governed.get(&name)
+                    && *f == fingerprint
+                {
+                    return *answer;
+                }
+                let answer = inventory::class_selectors(class).is_ok_and(|compiled| {
+                    inventory.counted().any(|d| {
+                        compiled.matches(&d.env).unwrap_or(false)
+                            && sets.values().any(|p| p.matches(&d.env).unwrap_or(false))
+                    })
+                });
+                self.governed.insert(name.clone(), (fingerprint, answer));
+                answer
+            };
+            if names_driver || selects_governed() {
                 governed_foreign.insert(name, class.spec.extended_resource_name.clone());
             }
         }
+        self.governed
+            .retain(|name, _| live_classes.contains_key(name));
 
         // 4. Membership.
         let mut teams: Vec<&TeamGpuPolicy> = state.teams.iter().collect();
