@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::resource::v1::DeviceClass;
@@ -149,8 +150,8 @@ fn bench(c: &mut Criterion) {
 
 /// Converged live objects, as the operator's watch caches hold them.
 struct Live {
-    classes: Vec<DeviceClass>,
-    owned: Vec<(Kind, DynamicObject)>,
+    classes: Vec<Arc<DeviceClass>>,
+    owned: Vec<(Kind, Arc<DynamicObject>)>,
 }
 
 impl Live {
@@ -206,7 +207,7 @@ fn started(state: &ClusterState, live: &Live) -> (Planner, Differ) {
     let mut differ = Differ::default();
     differ.update_live(
         Kind::DeviceClass,
-        live.classes.iter().map(LiveObject::DeviceClass),
+        live.classes.iter().cloned().map(LiveObject::DeviceClass),
     );
     for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
         differ.update_live(
@@ -214,7 +215,7 @@ fn started(state: &ClusterState, live: &Live) -> (Planner, Differ) {
             live.owned
                 .iter()
                 .filter(|(k, _)| *k == kind)
-                .map(|(k, o)| LiveObject::Owned(*k, o)),
+                .map(|(k, o)| LiveObject::Owned(*k, o.clone())),
         );
     }
     planner.update_slices(&state.slices);

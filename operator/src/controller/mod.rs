@@ -404,7 +404,7 @@ impl Reconciler {
             });
             self.differ.update_live(
                 Kind::DeviceClass,
-                managed.map(|c| sync::LiveObject::DeviceClass(c)),
+                managed.map(|c| sync::LiveObject::DeviceClass(c.clone())),
             );
         }
         for (kind, store) in &self.stores.owned {
@@ -412,7 +412,9 @@ impl Reconciler {
                 let objects = store.state();
                 self.differ.update_live(
                     *kind,
-                    objects.iter().map(|o| sync::LiveObject::Owned(*kind, o)),
+                    objects
+                        .into_iter()
+                        .map(|o| sync::LiveObject::Owned(*kind, o)),
                 );
             }
         }
