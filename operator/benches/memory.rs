@@ -1,0 +1,92 @@
+//! What the operator keeps in memory besides its watch caches, at the plan benchmark's scale
+//! (100 teams, 1,000 namespaces, 20 sharing policies, 5,000 ResourceSlices / 40,000 devices,
+//! 10,000 claims): the planner (inventory, matching, usage, fair shares, namespace objects) and
+//! the differ (which shares the planner's objects and the caches' objects rather than copying
+//! them). Measured as the growth of the resident set (Linux), so figures are approximate.
+//!
+//! `cargo bench -p teamgpu --bench memory`
+
+use std::sync::Arc;
+
+use kube::core::DynamicObject;
+use teamgpu::example::{Scale, synthetic};
+use teamgpu::plan::Planner;
+use teamgpu::sync::{Differ, Kind, LiveObject};
+
+/// Resident memory of this process (Linux `/proc/self/statm`), 0 where it cannot be read.
+fn held() -> isize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<isize>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn mib(bytes: isize) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+fn main() {
+    let before = held();
+    let mut state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
+    for s in &mut state.slices {
+        s.metadata.resource_version = Some("1".into());
+    }
+    for c in &mut state.claims {
+        c.metadata.resource_version = Some("1".into());
+    }
+    let input = held() - before;
+
+    let before = held();
+    let mut planner = Planner::default();
+    planner.update_slices(&state.slices);
+    let inventory_held = held() - before;
+    planner.update_claims(&state.claims);
+    let plan = planner.plan(&state);
+    let objects = plan.objects.clone();
+    drop(plan);
+    let planner_held = held() - before;
+
+    // The live objects, as the watch caches hold them (converged: equal to the plan).
+    let live: Vec<(Kind, Arc<DynamicObject>)> = teamgpu::sync::desired(&objects)
+        .into_iter()
+        .filter(|(k, _)| k.kind != Kind::DeviceClass)
+        .map(|(k, mut v)| {
+            v["metadata"]["resourceVersion"] = "1".into();
+            (k.kind, Arc::new(serde_json::from_value(v).expect("object")))
+        })
+        .collect();
+
+    let before = held();
+    let mut differ = Differ::default();
+    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
+        differ.update_live(
+            kind,
+            live.iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(k, o)| LiveObject::Owned(*k, o.clone())),
+        );
+    }
+    let writes = differ.writes(&objects);
+    drop(writes);
+    let differ_held = held() - before;
+
+    println!(
+        "cluster state as plain data (policies, namespaces, {} slices, {} claims): {}",
+        state.slices.len(),
+        state.claims.len(),
+        mib(input)
+    );
+    println!(
+        "kept planner after its first plan ({} desired objects): {}, of which the device \
+         inventory ({} devices) {}",
+        objects.claim_templates.len() + objects.resource_quotas.len(),
+        mib(planner_held),
+        planner.inventory().device_count(),
+        mib(inventory_held)
+    );
+    println!(
+        "kept differ after its first pass ({} live objects, shared): {}",
+        live.len(),
+        mib(differ_held)
+    );
+}
