@@ -359,6 +359,21 @@ fn key_of_meta(kind: Kind, meta: &ObjectMeta) -> ObjectKey {
     }
 }
 
+/// Drops the objects `keep` does not keep from `map`, marking them to be compared again.
+fn forget<V>(
+    map: &mut HashMap<ObjectKey, V>,
+    dirty: &mut BTreeSet<ObjectKey>,
+    keep: impl Fn(&ObjectKey) -> bool,
+) {
+    map.retain(|key, _| {
+        let kept = keep(key);
+        if !kept {
+            dirty.insert(key.clone());
+        }
+        kept
+    });
+}
+
 /// [`writes`] kept between passes, so that a pass costs what changed, not what exists: an
 /// object is compared again only when one of its sides changed or its last comparison asked for
 /// a write, and only then turned into JSON. A desired object is unchanged when the planner hands
@@ -396,13 +411,8 @@ impl Differ {
             self.live.insert(key.clone(), object);
             seen.insert(key);
         }
-        let dirty = &mut self.dirty;
-        self.live.retain(|key, _| {
-            let keep = key.kind != kind || seen.contains(key);
-            if !keep {
-                dirty.insert(key.clone());
-            }
-            keep
+        forget(&mut self.live, &mut self.dirty, |key| {
+            key.kind != kind || seen.contains(key)
         });
     }
 
@@ -450,14 +460,7 @@ impl Differ {
             self.desired.insert(key.clone(), object);
             seen.insert(key);
         }
-        let dirty = &mut self.dirty;
-        self.desired.retain(|key, _| {
-            let keep = seen.contains(key);
-            if !keep {
-                dirty.insert(key.clone());
-            }
-            keep
-        });
+        forget(&mut self.desired, &mut self.dirty, |key| seen.contains(key));
     }
 }
 

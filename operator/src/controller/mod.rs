@@ -336,7 +336,6 @@ impl Reconciler {
             .iter()
             .filter_map(|o| parse(o, &mut malformed))
             .collect();
-        let claims = self.stores.claims.state();
         let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
         // Only the templates pending Pods could use are read.
         let waiting: std::collections::BTreeSet<String> =
@@ -347,11 +346,17 @@ impl Reconciler {
             .filter(|o| o.namespace().is_some_and(|ns| waiting.contains(&ns)))
             .filter_map(|o| (*o).clone().try_parse().ok())
             .collect();
-        let pending = plan::pending::pending_demand(
-            &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
-            &claims.iter().map(|c| &**c).collect::<Vec<_>>(),
-            &templates.iter().collect::<Vec<_>>(),
-        );
+        // Most passes have no pending Pod: then there is no claim to look at.
+        let pending = if pods.is_empty() {
+            Vec::new()
+        } else {
+            let claims = self.stores.claims.state();
+            plan::pending::pending_demand(
+                &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
+                &claims.iter().map(|c| &**c).collect::<Vec<_>>(),
+                &templates.iter().collect::<Vec<_>>(),
+            )
+        };
         let state = ClusterState {
             sharing_policies: sharing.clone(),
             teams: teams.clone(),

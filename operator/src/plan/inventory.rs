@@ -157,18 +157,6 @@ impl MatchReport {
     }
 }
 
-/// What identifies a slice's content: its uid and resourceVersion, which the API server changes
-/// on every write; a slice without a resourceVersion (read from a file) is identified by its
-/// content.
-fn slice_identity(slice: &ResourceSlice, hasher: &mut impl Hasher) {
-    let meta = &slice.metadata;
-    meta.name.hash(hasher);
-    match &meta.resource_version {
-        Some(rv) => (&meta.uid, rv).hash(hasher),
-        None => serde_json::to_vec(slice).unwrap_or_default().hash(hasher),
-    }
-}
-
 impl Inventory {
     pub fn from_slices(slices: &[ResourceSlice]) -> Self {
         let mut inventory = Inventory::default();
@@ -213,7 +201,7 @@ impl Inventory {
             let mut hasher = std::hash::DefaultHasher::new();
             if identify {
                 for s in &slices {
-                    slice_identity(s, &mut hasher);
+                    super::identity(*s, &mut hasher);
                 }
             }
             let fingerprint = hasher.finish();

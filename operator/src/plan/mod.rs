@@ -306,7 +306,9 @@ impl Matching {
     }
 }
 
-/// The identity of an object read from the API server: uid and resourceVersion, or its content.
+/// The identity of an object read from the API server: its uid and resourceVersion, which the
+/// server changes on every write; an object without a resourceVersion (read from a file) is
+/// identified by its content.
 fn identity<K: kube::Resource + serde::Serialize>(obj: &K, hasher: &mut impl Hasher) {
     let meta = obj.meta();
     meta.name.hash(hasher);
@@ -773,31 +775,28 @@ fn namespace_objects<'m>(
             .map(Arc::new)
             .collect();
         let mut quota = objects::resource_quota(team, namespace, hard);
-        let spec_hash = objects::content_hash(&quota.spec);
-        quota
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(objects::CONTENT_HASH_ANNOTATION.to_owned(), spec_hash);
+        stamp(&mut quota.metadata, &quota.spec);
         entry.2 = Arc::new(quota);
         entry.0 = fingerprint;
     }
     (&entry.1, &entry.2)
 }
 
+/// Records the hash of `spec` in `meta`.
+fn stamp<S: serde::Serialize>(
+    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &S,
+) {
+    meta.annotations.get_or_insert_with(BTreeMap::new).insert(
+        objects::CONTENT_HASH_ANNOTATION.to_owned(),
+        objects::content_hash(spec),
+    );
+}
+
 /// Every object carries the hash of its spec, so the writer can tell a changed object from one
 /// whose spec the server merely defaulted (and a ResourceClaimTemplate, whose spec is immutable,
 /// must be recreated).
 fn stamp_content_hashes(objects: &mut DesiredObjects) {
-    fn stamp<S: serde::Serialize>(
-        meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-        spec: &S,
-    ) {
-        meta.annotations.get_or_insert_with(BTreeMap::new).insert(
-            objects::CONTENT_HASH_ANNOTATION.to_owned(),
-            objects::content_hash(spec),
-        );
-    }
     // Not shared yet: `make_mut` does not copy.
     for o in &mut objects.device_classes {
         let o = Arc::make_mut(o);
