@@ -1273,6 +1273,28 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
         }
     })
     .await;
+    // A DeviceClass carrying teamgpu's label that no policy wants is pruned. (Deleting a policy
+    // below need not show the operator's own delete: its DeviceClass may go to the garbage
+    // collector first, when a pass re-applies the class between the orphaning and the policy's
+    // removal reaching the cache.)
+    let classes: Api<DeviceClass> = Api::all(world.client.clone());
+    let stray: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "stray.teamgpu.io",
+                     "labels": {"app.kubernetes.io/managed-by": "teamgpu"}},
+        "spec": {}
+    }))
+    .unwrap();
+    classes
+        .create(&PostParams::default(), &stray)
+        .await
+        .unwrap();
+    eventually("the stray DeviceClass pruned", CONVERGE, || async {
+        match classes.get_opt("stray.teamgpu.io").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     // Deleting every policy deletes every kind of generated object, admission policies included.
     // Orphaning keeps the garbage collector out of it: the operator's pruning does it all.
     for t in tgp.list(&Default::default()).await.unwrap().items {
