@@ -1,4 +1,5 @@
-//! Paths to and loading of fixture files (upstream data, our CRDs).
+//! The repository's manifests the harness installs (the CRDs of `crds/`, the RBAC of
+//! `config/rbac`), read as JSON.
 
 use std::path::{Path, PathBuf};
 
@@ -23,15 +24,6 @@ pub enum FixtureError {
         /// The parser's message.
         message: String,
     },
-}
-
-/// `shared/fixtures/upstream` (beside the repository checkout).
-pub fn upstream_dir() -> PathBuf {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures/upstream"
-    ))
-    .to_path_buf()
 }
 
 /// The repository's generated CRD manifests (`crds/`).
@@ -66,6 +58,23 @@ pub fn our_crds() -> Result<Vec<Value>, FixtureError> {
     }
     let crds = read_our_crds()?;
     Ok(CACHE.get_or_init(|| crds).clone())
+}
+
+/// The manifests of `config/rbac` (the files its kustomization lists), namespaced objects in the
+/// namespace the Deployment uses.
+pub fn rbac_manifests() -> Result<Vec<Value>, FixtureError> {
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/rbac"));
+    let kustomization = yaml_documents(&dir.join("kustomization.yaml"))?;
+    let mut out = Vec::new();
+    for file in kustomization
+        .iter()
+        .flat_map(|k| k["resources"].as_array().cloned().unwrap_or_default())
+    {
+        out.extend(yaml_documents(
+            &dir.join(file.as_str().unwrap_or_default()),
+        )?);
+    }
+    Ok(out)
 }
 
 fn read_our_crds() -> Result<Vec<Value>, FixtureError> {

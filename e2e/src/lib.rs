@@ -1,22 +1,15 @@
-//! End-to-end test support for teamgpu: an in-process stand-in for the Kubernetes API server
-//! (see `README.md` for exactly what it implements) and validators of generated objects.
+//! End-to-end test support for teamgpu, against a real Kubernetes API server: a control plane
+//! started from release binaries (`TEAMGPU_E2E_ASSETS`) with a node agent playing the kubelet's
+//! API part, or a throwaway cluster (`TEAMGPU_E2E_KUBECONFIG`); a fault-injecting proxy in front
+//! of it; request counting; and the sandbox that isolates the operator scenarios.
 
-pub mod admission;
 pub mod cluster;
-pub mod controllers;
-pub mod core;
-pub mod faults;
+pub mod control_plane;
 pub mod fixtures;
-pub mod openapi;
-pub mod patch;
+pub mod node_agent;
+pub mod proxy;
 pub mod recording;
-pub mod resources;
 pub mod sandbox;
-pub mod selectors;
-pub mod server;
-pub mod ssa;
-pub mod status;
-pub mod store;
 
-pub use cluster::{ClusterError, ClusterOptions, TestCluster};
-pub use faults::Faults;
+pub use cluster::{ClusterError, TestCluster};
+pub use proxy::{FaultProxy, Faults};

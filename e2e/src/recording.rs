@@ -1,11 +1,97 @@
-//! A client layer that counts the requests one client makes, by verb and resource, in the
-//! stand-in's [`Counters`]: the same counts on the stand-in and on a real cluster (whose server
-//! counters a test cannot read), and only that client's requests (not the test's own).
+//! A client layer that counts the requests one client makes, by verb and resource, and its
+//! answers by status: only that client's requests (the operator's, say), not the test's own or
+//! the cluster's controllers'. The API server's own counts are
+//! [`crate::TestCluster::server_request_counts`].
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
-use crate::faults::Counters;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+/// Requests by verb and resource, and answers by HTTP status.
+#[derive(Debug, Default)]
+pub struct Counters {
+    counts: Mutex<BTreeMap<(String, String), u64>>,
+    codes: Mutex<BTreeMap<u16, u64>>,
+    errors: Mutex<Vec<String>>,
+}
+
+/// Error answers kept by [`Counters::errors`].
+const KEPT_ERRORS: usize = 200;
+
+/// Verbs that write.
+pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Counters {
+    /// Counts one request. `resource` is `plural` or `plural.group` (e.g.
+    /// `resourceclaims.resource.k8s.io`), with `/subresource` appended for subresources.
+    pub fn record(&self, verb: &str, resource: &str) {
+        *lock(&self.counts)
+            .entry((verb.to_owned(), resource.to_owned()))
+            .or_default() += 1;
+    }
+
+    /// Requests with this verb and resource.
+    pub fn get(&self, verb: &str, resource: &str) -> u64 {
+        lock(&self.counts)
+            .get(&(verb.to_owned(), resource.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Write requests (create, update, patch, delete, deletecollection) for a resource (all
+    /// subresources included), or for every resource with `None`.
+    pub fn writes(&self, resource: Option<&str>) -> u64 {
+        lock(&self.counts)
+            .iter()
+            .filter(|((v, r), _)| {
+                WRITE_VERBS.contains(&v.as_str())
+                    && resource.is_none_or(|want| r == want || r.starts_with(&format!("{want}/")))
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// All counts.
+    pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
+        lock(&self.counts).clone()
+    }
+
+    /// Counts one answer by HTTP status; keeps `what` of error answers.
+    pub fn record_answer(&self, code: u16, what: impl FnOnce() -> String) {
+        *lock(&self.codes).entry(code).or_default() += 1;
+        if code >= 400 {
+            let mut errors = lock(&self.errors);
+            if errors.len() == KEPT_ERRORS {
+                errors.remove(0);
+            }
+            errors.push(what());
+        }
+    }
+
+    /// Answers by HTTP status code (watch streams count as their initial 200).
+    pub fn status_codes(&self) -> BTreeMap<u16, u64> {
+        lock(&self.codes).clone()
+    }
+
+    /// The last error answers (`<code> <METHOD> <path>`), oldest first.
+    pub fn errors(&self) -> Vec<String> {
+        lock(&self.errors).clone()
+    }
+
+    /// Resets all counts.
+    pub fn reset(&self) {
+        lock(&self.counts).clear();
+        lock(&self.codes).clear();
+        lock(&self.errors).clear();
+    }
+}
 
 /// The tower layer: wrap a kube client's service with [`Record`] (see
 /// [`crate::TestCluster::recorded_client`]).
@@ -74,13 +160,14 @@ pub fn classify(method: &str, path: &str, query: &str) -> Option<(&'static str, 
     Some((verb, resource))
 }
 
-impl<S, B> tower::Service<http::Request<B>> for Recorded<S>
+impl<S, B, R> tower::Service<http::Request<B>> for Recorded<S>
 where
-    S: tower::Service<http::Request<B>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -93,7 +180,18 @@ where
         {
             self.counters.record(verb, &resource);
         }
-        self.inner.call(req)
+        let what = format!("{} {}", req.method(), uri.path());
+        let counters = self.counters.clone();
+        self.inner
+            .call(req)
+            .map(move |answer| {
+                if let Ok(response) = &answer {
+                    let code = response.status().as_u16();
+                    counters.record_answer(code, || format!("{code} {what}"));
+                }
+                answer
+            })
+            .boxed()
     }
 }
 

@@ -1,15 +1,14 @@
-//! Isolation of the operator scenarios, so that the same scenarios run on the stand-in and on a
-//! throwaway real cluster (`TEAMGPU_E2E_KUBECONFIG`).
+//! Isolation of the operator scenarios on a real cluster (the harness's own control plane, or a
+//! throwaway cluster of `TEAMGPU_E2E_KUBECONFIG`).
 //!
 //! A [`Sandbox`] gives its namespaces names of their own (`<name>-<suffix>`, labelled
 //! `teamgpu.io/e2e=true`), publishes the scenarios' devices (DeviceClasses and ResourceSlices
 //! labelled `teamgpu.io/e2e=true`), and cleans up before it starts (what a crashed run left) and
 //! when it is dropped (also on panic): every TeamGpuPolicy and GpuSharingPolicy, everything
 //! labelled `app.kubernetes.io/managed-by=teamgpu`, its devices, and the pods, claims and
-//! namespaces of every e2e namespace. On a real cluster, where the policies are cluster-scoped and
-//! every scenario runs its own operator, sandboxes hold a process-wide lock for their lifetime, so
-//! the scenarios of one test binary run one at a time; on the stand-in (one API server per test)
-//! they run in parallel. Everything else is the same code on both backends.
+//! namespaces of every e2e namespace. The policies are cluster-scoped and every scenario runs its
+//! own operator, so sandboxes hold a process-wide lock for their lifetime: the scenarios of one
+//! test binary run one at a time.
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
@@ -68,18 +67,14 @@ pub struct Sandbox {
     cluster: TestCluster,
     suffix: String,
     // Dropped after `cluster` (fields drop in order, after `Drop::drop` has cleaned up).
-    _serial: Option<tokio::sync::MutexGuard<'static, ()>>,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Sandbox {
     /// Takes the lock (real cluster), cleans up, and checks that the cluster has none of the
     /// fixture driver's devices but the harness's.
     pub async fn start(cluster: TestCluster) -> Result<Sandbox, SandboxError> {
-        let serial = if cluster.is_real() {
-            Some(SERIAL.lock().await)
-        } else {
-            None
-        };
+        let serial = SERIAL.lock().await;
         let sandbox = Sandbox {
             cluster,
             suffix: suffix(),
@@ -150,7 +145,7 @@ impl Sandbox {
                     .await?;
             }
         }
-        let nodes = self.nodes(slices).await?;
+        let nodes = self.nodes().await?;
         let slice_api: Api<ResourceSlice> = Api::all(self.client());
         for (slice, node) in slices.iter().zip(nodes.iter().cycle()) {
             let mut slice = labelled(slice);
@@ -161,15 +156,7 @@ impl Sandbox {
     }
 
     /// The nodes to publish `slices` on, in order.
-    async fn nodes(&self, slices: &[ResourceSlice]) -> Result<Vec<String>, SandboxError> {
-        if !self.cluster.is_real() {
-            // The stand-in serves no Nodes: its scheduler places Pods on the nodes the slices
-            // name, so the fixture's own node names are its nodes (the round-robin keeps them).
-            return Ok(slices
-                .iter()
-                .filter_map(|s| s.spec.node_name.clone())
-                .collect());
-        }
+    async fn nodes(&self) -> Result<Vec<String>, SandboxError> {
         let nodes: Vec<String> = Api::<Node>::all(self.client())
             .list(&ListParams::default())
             .await?
@@ -194,8 +181,7 @@ impl Sandbox {
 }
 
 impl Drop for Sandbox {
-    /// Cleans up on a thread with its own runtime (Drop cannot await; the test's runtime, which
-    /// serves the stand-in, must be a multi-threaded one so that it keeps serving meanwhile).
+    /// Cleans up on a thread with its own runtime (Drop cannot await).
     fn drop(&mut self) {
         let config = self.cluster.config().clone();
         let cleaned = std::thread::spawn(move || {

@@ -36,8 +36,10 @@ const SAMPLES: [(&str, &str); 5] = [
         include_str!("../../config/samples/teamgpupolicy-data-science.yaml"),
     ),
 ];
-const NVIDIA_CLASSES: &str = include_str!("example/nvidia-deviceclasses.yaml");
-const NODE_SLICE: &str = include_str!("example/resourceslice-8gpu-node.yaml");
+/// The NVIDIA DRA driver's DeviceClasses (rendered from its Helm chart; provenance in the file).
+pub const NVIDIA_CLASSES_YAML: &str = include_str!("example/nvidia-deviceclasses.yaml");
+/// One 8-GPU node's ResourceSlice shaped like the NVIDIA DRA driver's (provenance in the file).
+pub const NODE_SLICE_YAML: &str = include_str!("example/resourceslice-8gpu-node.yaml");
 
 /// Nodes of the example: (name, product, memory). The fixture's node has A100 PCIe 40GB GPUs;
 /// the SXM4 80GB nodes are the same shape with those two values changed.
@@ -79,7 +81,7 @@ pub fn state() -> Result<ClusterState, InputError> {
     input::add_documents(
         &mut loaded,
         Path::new("nvidia-deviceclasses.yaml"),
-        NVIDIA_CLASSES,
+        NVIDIA_CLASSES_YAML,
     )?;
     let mut state = loaded.state;
     if let Some(slice) = &node_template()? {
@@ -109,7 +111,7 @@ fn node_template() -> Result<Option<ResourceSlice>, InputError> {
     input::add_documents(
         &mut template,
         Path::new("resourceslice-8gpu-node.yaml"),
-        NODE_SLICE,
+        NODE_SLICE_YAML,
     )?;
     Ok(template.state.slices.into_iter().next())
 }

@@ -269,11 +269,19 @@ impl LiveObject {
         }
     }
 
+    /// The object as the API server stores it. Items of a list carry no `apiVersion` and
+    /// `kind` (a watch cache filled by a list holds them so), and the key says what they are.
     fn to_json(&self) -> Option<Value> {
-        match self {
-            LiveObject::DeviceClass(o) => serde_json::to_value(&**o).ok(),
-            LiveObject::Owned(_, o) => serde_json::to_value(&**o).ok(),
+        let mut value = match self {
+            LiveObject::DeviceClass(o) => serde_json::to_value(&**o).ok()?,
+            LiveObject::Owned(_, o) => serde_json::to_value(&**o).ok()?,
+        };
+        if let Value::Object(fields) = &mut value {
+            let resource = self.kind().api_resource();
+            fields.insert("apiVersion".into(), resource.api_version.into());
+            fields.insert("kind".into(), resource.kind.into());
         }
+        Some(value)
     }
 }
 
@@ -388,6 +396,9 @@ pub struct Differ {
     /// Objects to compare at the next [`Differ::writes`]: a side changed, or the last
     /// comparison asked for a write.
     dirty: BTreeSet<ObjectKey>,
+    /// The live resourceVersion each apply asked for by the last [`Differ::writes`] was decided
+    /// on (see [`Differ::applied`]).
+    applying: HashMap<ObjectKey, String>,
 }
 
 impl Differ {
@@ -431,15 +442,36 @@ impl Differ {
         }
         self.retained.clone_from(&objects.retained_device_classes);
         let mut out = Vec::new();
+        self.applying.clear();
         for key in std::mem::take(&mut self.dirty) {
             let desired = self.desired.get(&key).and_then(DesiredObject::to_json);
-            let live = self.live.get(&key).and_then(LiveObject::to_json);
-            if let Some(write) = verdict(&key, desired.as_ref(), live.as_ref(), &self.retained) {
+            let live = self.live.get(&key);
+            let live_json = live.and_then(LiveObject::to_json);
+            if let Some(write) = verdict(&key, desired.as_ref(), live_json.as_ref(), &self.retained)
+            {
+                if let (Write::Apply { .. }, Some(version)) =
+                    (&write, live.and_then(|l| l.meta().resource_version.clone()))
+                {
+                    self.applying.insert(key.clone(), version);
+                }
                 out.push(write);
                 self.dirty.insert(key);
             }
         }
         in_safe_order(out)
+    }
+
+    /// An apply of `key` succeeded and the server answered with `resource_version`. The same
+    /// version the apply was decided on means the server already stored what teamgpu manages,
+    /// and whatever the comparison saw (a field the server normalises, say) is no difference:
+    /// the object is settled until one of its sides changes, instead of being applied again
+    /// and again. A new version is compared again when the watch brings it.
+    pub fn applied(&mut self, key: &ObjectKey, resource_version: Option<&str>) {
+        let unchanged = resource_version
+            .is_some_and(|v| self.applying.get(key).is_some_and(|known| known == v));
+        if unchanged {
+            self.dirty.remove(key);
+        }
     }
 
     fn update_desired(&mut self, objects: &DesiredObjects) {
@@ -645,6 +677,62 @@ mod tests {
             objects.resource_quotas = vec![Arc::new(desired_quota("a", 1))];
             assert!(matches!(
                 &differ.writes(&objects)[..],
+                [Write::Apply { .. }]
+            ));
+        }
+
+        fn quotas(devices: u8) -> DesiredObjects {
+            DesiredObjects {
+                resource_quotas: vec![Arc::new(desired_quota("a", devices))],
+                ..DesiredObjects::default()
+            }
+        }
+
+        #[test]
+        fn a_listed_object_without_api_version_and_kind_is_converged() {
+            // A watch cache filled by a list holds items without apiVersion and kind (the API
+            // server leaves them out of list items); only events carry them.
+            let mut listed = live_quota("a", 0, false);
+            listed.types = None;
+            let mut differ = Differ::default();
+            differ.update_live(
+                Kind::ResourceQuota,
+                [LiveObject::Owned(Kind::ResourceQuota, Arc::new(listed))],
+            );
+            assert_eq!(differ.writes(&quotas(0)), []);
+        }
+
+        #[test]
+        fn a_no_op_apply_settles_the_object_until_a_side_changes() {
+            // The server stores the value in another form than teamgpu sent ("4.0" for "4"):
+            // the comparison sees a difference that an apply cannot remove.
+            let stored = |version: &str| {
+                let mut q = live_quota("a", 4, false);
+                q.data["spec"]["hard"]["x.deviceclass.resource.k8s.io/devices"] = json!("4.0");
+                q.metadata.resource_version = Some(version.into());
+                LiveObject::Owned(Kind::ResourceQuota, Arc::new(q))
+            };
+            let key = key(Kind::ResourceQuota, Some("a"), "teamgpu");
+            let mut differ = Differ::default();
+            differ.update_live(Kind::ResourceQuota, [stored("7")]);
+            assert!(matches!(
+                &differ.writes(&quotas(4))[..],
+                [Write::Apply { .. }]
+            ));
+            // The apply changed nothing: the server answered with the same resourceVersion.
+            differ.applied(&key, Some("7"));
+            assert_eq!(differ.writes(&quotas(4)), []);
+            assert_eq!(differ.writes(&quotas(4)), []);
+            // Someone edits the object: it is compared, and applied, again.
+            differ.update_live(Kind::ResourceQuota, [stored("8")]);
+            assert!(matches!(
+                &differ.writes(&quotas(4))[..],
+                [Write::Apply { .. }]
+            ));
+            // An apply that did change the object is compared again when the watch brings it.
+            differ.applied(&key, Some("9"));
+            assert!(matches!(
+                &differ.writes(&quotas(4))[..],
                 [Write::Apply { .. }]
             ));
         }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
-use teamgpu::plan::admission::{evaluate, non_team_policy, team_policy};
+use teamgpu::plan::admission::{DEFAULT_OPERATOR_USER, evaluate, non_team_policy, team_policy};
 
 fn team_params() -> Value {
     json!({
@@ -51,7 +51,7 @@ fn team_denials(object: &Value) -> Vec<String> {
         ["gpu.nvidia.com".to_owned(), "mig.nvidia.com".to_owned()].into();
     let kind = object["kind"].as_str().unwrap();
     evaluate(
-        &team_policy(&governed),
+        &team_policy(&governed, DEFAULT_OPERATOR_USER),
         object,
         request(kind, "ml-dev"),
         Some(&team_params()),
@@ -215,7 +215,7 @@ fn a_team_without_quotas_may_request_no_governed_class() {
     let params = json!({"metadata": {"name": "empty"}, "spec": {"namespaces": ["ml-dev"]}});
     let object = claim(exactly("a100-80gb.teamgpu.io"));
     let denials = evaluate(
-        &team_policy(&governed),
+        &team_policy(&governed, DEFAULT_OPERATOR_USER),
         &object,
         request("ResourceClaim", "ml-dev"),
         Some(&params),
@@ -229,7 +229,7 @@ fn a_team_without_quotas_may_request_no_governed_class() {
 fn namespaces_outside_every_team_get_no_teamgpu_class() {
     let deny = |object: &Value| {
         evaluate(
-            &non_team_policy(),
+            &non_team_policy(DEFAULT_OPERATOR_USER),
             object,
             request(object["kind"].as_str().unwrap(), "web"),
             None,

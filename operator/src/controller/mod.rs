@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DynamicObject, ListParams};
+use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
@@ -96,6 +96,23 @@ pub enum Error {
     Lease(#[from] kube_lease_manager::LeaseManagerError),
     #[error("the watch caches never synced")]
     NotSynced,
+    #[error("the API server does not say who this operator is (anonymous access?)")]
+    Anonymous,
+}
+
+/// The user name this operator writes as (a SelfSubjectReview, which every authenticated user
+/// may create), so that its own admission policies leave its writes alone.
+async fn own_user_name(client: &Client) -> Result<String, Error> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .filter(|u| !u.is_empty())
+        .ok_or(Error::Anonymous)
 }
 
 /// Check that both CRDs are served: a clear error beats a watch that retries forever.
@@ -128,6 +145,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
     check_crds(&client).await?;
+    let operator_user = own_user_name(&client).await?;
+    tracing::info!(user = %operator_user, "exempt from teamgpu's own admission policies");
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let (_, http_task) = http::serve(
@@ -211,6 +230,7 @@ pub async fn run(
         published: Default::default(),
         planner: plan::Planner::default(),
         differ: sync::Differ::default(),
+        operator_user,
     };
     let loop_ = async {
         let mut leader = leader.clone();
@@ -278,6 +298,8 @@ struct Reconciler {
     planner: plan::Planner,
     /// Compares only the objects whose desired or live side changed.
     differ: sync::Differ,
+    /// Who this operator is to the API server (see [`own_user_name`]).
+    operator_user: String,
 }
 
 /// A custom resource teamgpu could not read into its type (say, written by a newer version).
@@ -286,6 +308,12 @@ pub(crate) struct Malformed {
     pub object: DynamicObject,
     pub resource: kube::core::ApiResource,
     pub message: String,
+}
+
+/// A policy being deleted (waiting for finalizers or foreground deletion of its dependents) is
+/// treated as gone: its objects are no longer wanted, and its status is no longer written.
+fn is_terminating(obj: &DynamicObject) -> bool {
+    obj.metadata.deletion_timestamp.is_some()
 }
 
 /// Read a custom resource into its type; one that does not fit is reported, never fatal.
@@ -327,6 +355,7 @@ impl Reconciler {
             .sharing_policies
             .state()
             .iter()
+            .filter(|o| !is_terminating(o))
             .filter_map(|o| parse(o, &mut malformed))
             .collect();
         let teams: Vec<TeamGpuPolicy> = self
@@ -334,6 +363,7 @@ impl Reconciler {
             .teams
             .state()
             .iter()
+            .filter(|o| !is_terminating(o))
             .filter_map(|o| parse(o, &mut malformed))
             .collect();
         let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
@@ -381,6 +411,7 @@ impl Reconciler {
             slices: Vec::new(),
             claims: Vec::new(),
             pending,
+            operator_user: Some(self.operator_user.clone()),
         };
         (state, sharing, teams, malformed)
     }

@@ -80,11 +80,12 @@ fn apply_params() -> PatchParams {
 }
 
 /// One write. Takes owned handles so that writes can run concurrently in `Send` futures.
+/// Returns the resourceVersion the server answered an apply with.
 async fn perform(
     client: kube::Client,
     metrics: std::sync::Arc<super::Metrics>,
     write: Write,
-) -> Result<(), kube::Error> {
+) -> Result<Option<String>, kube::Error> {
     let write = &write;
     let key = write.key();
     let api = api_for(&client, key);
@@ -100,8 +101,10 @@ async fn perform(
     match write {
         Write::Apply { object, .. } => {
             count("apply");
-            api.patch(&key.name, &apply_params(), &Patch::Apply(object))
+            let stored = api
+                .patch(&key.name, &apply_params(), &Patch::Apply(object))
                 .await?;
+            return Ok(stored.metadata.resource_version);
         }
         Write::Recreate { object, .. } => {
             count("delete");
@@ -123,7 +126,7 @@ async fn perform(
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
@@ -152,19 +155,23 @@ pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
             let results = futures::future::join_all(group.iter().cloned().map(|write| {
                 let (client, metrics) = (r.client.clone(), r.metrics.clone());
                 async move {
-                    let id = write.key().to_string();
+                    let key = write.key().clone();
                     let verb = write.verb();
                     let result = perform(client, metrics, write).await;
                     if result.is_ok() {
-                        tracing::info!(object = %id, action = verb, "wrote");
+                        tracing::info!(object = %key, action = verb, "wrote");
                     }
-                    (id, result)
+                    (key, result)
                 }
             }))
             .await;
-            for (id, result) in results {
+            for (key, result) in results {
+                let id = key.to_string();
                 match result {
-                    Ok(()) => r.backoff.succeeded(&id),
+                    Ok(version) => {
+                        r.backoff.succeeded(&id);
+                        r.differ.applied(&key, version.as_deref());
+                    }
                     Err(error) => {
                         let label = error_label(&error);
                         r.metrics

@@ -9,15 +9,21 @@
 //! - `teamgpu-non-team-requests`, bound to every namespace outside all teams: no teamgpu class
 //!   there at all.
 //!
+//! Neither policy applies to the operator itself (a `matchConditions` entry on its user name):
+//! admission takes a moment to see a binding the operator just wrote, and the operator's own
+//! templates in a namespace that has just joined a team, or whose team is being deleted, would
+//! otherwise be denied by the policy that applied a moment ago. Only the operator's own identity is
+//! exempt, so a team member still cannot escape: that needs the operator's ServiceAccount token.
+//!
 //! The governed classes (teamgpu's and foreign ones that select the same devices) are compiled
 //! into the team policy as a variable, so a change of the set rewrites one object.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
-    ValidatingAdmissionPolicySpec, Validation, Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
@@ -30,6 +36,8 @@ pub const TEAM_POLICY_NAME: &str = "teamgpu-team-requests";
 pub const NON_TEAM_POLICY_NAME: &str = "teamgpu-non-team-requests";
 /// The binding of the non-team policy.
 pub const NON_TEAM_BINDING_NAME: &str = "teamgpu-non-team-requests";
+/// The operator's user name when it runs as the ServiceAccount of `config/rbac`.
+pub const DEFAULT_OPERATOR_USER: &str = "system:serviceaccount:teamgpu-system:teamgpu";
 /// The label Kubernetes sets on every namespace to its name (NamespaceDefaultLabelName, 1.21+).
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
@@ -87,6 +95,17 @@ fn rules() -> MatchResources {
     }
 }
 
+/// Requests by anyone but the operator (`operator`, its user name).
+fn not_the_operator(operator: &str) -> Vec<MatchCondition> {
+    vec![MatchCondition {
+        name: "not-the-teamgpu-operator".into(),
+        expression: format!(
+            "request.userInfo.username != {}",
+            super::selector::cel_string(operator)
+        ),
+    }]
+}
+
 fn meta(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_owned()),
@@ -108,8 +127,9 @@ fn validation(expression: String, message_expression: &str) -> Validation {
 }
 
 /// The policy for team namespaces. `governed` are the foreign DeviceClass names that select
-/// devices teamgpu governs; teamgpu's own classes are recognised by their suffix.
-pub fn team_policy(governed: &BTreeSet<String>) -> ValidatingAdmissionPolicy {
+/// devices teamgpu governs; teamgpu's own classes are recognised by their suffix. `operator` is
+/// the operator's user name, which the policy leaves alone.
+pub fn team_policy(governed: &BTreeSet<String>, operator: &str) -> ValidatingAdmissionPolicy {
     let governed_list = governed
         .iter()
         .map(|c| super::selector::cel_string(c))
@@ -161,6 +181,7 @@ pub fn team_policy(governed: &BTreeSet<String>) -> ValidatingAdmissionPolicy {
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
             match_constraints: Some(rules()),
+            match_conditions: Some(not_the_operator(operator)),
             param_kind: Some(ParamKind {
                 api_version: Some(format!("{GROUP}/v1alpha1")),
                 kind: Some("TeamGpuPolicy".into()),
@@ -173,13 +194,15 @@ pub fn team_policy(governed: &BTreeSet<String>) -> ValidatingAdmissionPolicy {
     }
 }
 
-/// The policy for namespaces outside every team: no teamgpu DeviceClass.
-pub fn non_team_policy() -> ValidatingAdmissionPolicy {
+/// The policy for namespaces outside every team: no teamgpu DeviceClass. `operator` as for
+/// [`team_policy`].
+pub fn non_team_policy(operator: &str) -> ValidatingAdmissionPolicy {
     ValidatingAdmissionPolicy {
         metadata: meta(NON_TEAM_POLICY_NAME),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
             match_constraints: Some(rules()),
+            match_conditions: Some(not_the_operator(operator)),
             variables: Some(common_variables()),
             validations: Some(vec![validation(
                 format!(

@@ -1033,14 +1033,21 @@ pub(crate) mod tests {
     use k8s_openapi::api::resource::v1::ResourceSlice;
     use std::collections::BTreeMap;
 
-    /// A file of `shared/fixtures/upstream/` (operator/ is `<repo>/operator`, shared is
-    /// `<repo>/../shared`).
+    /// A test fixture of `operator/testdata/` (each file names its upstream source). The 8-GPU
+    /// node slice and the NVIDIA DeviceClasses are the built-in example's own copies.
     pub(crate) fn fixture(rel: &str) -> String {
-        let path = format!(
-            "{}/../../shared/fixtures/upstream/{rel}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+        match rel {
+            "nvidia-dra-driver-gpu/resourceslice/resourceslice-8gpu-node.assembled.yaml" => {
+                crate::example::NODE_SLICE_YAML.to_owned()
+            }
+            "nvidia-dra-driver-gpu/deviceclasses.rendered-v1.yaml" => {
+                crate::example::NVIDIA_CLASSES_YAML.to_owned()
+            }
+            _ => {
+                let path = format!("{}/testdata/{rel}", env!("CARGO_MANIFEST_DIR"));
+                std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+            }
+        }
     }
 
     fn devices(rel: &str) -> Vec<Device> {

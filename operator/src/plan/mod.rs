@@ -61,6 +61,9 @@ pub struct ClusterState {
     pub slices: Vec<ResourceSlice>,
     pub claims: Vec<ResourceClaim>,
     pub pending: Vec<PendingDemand>,
+    /// The user name the operator writes as, exempt from teamgpu's own admission policies
+    /// (`None`: the ServiceAccount of `config/rbac`, [`admission::DEFAULT_OPERATOR_USER`]).
+    pub operator_user: Option<String>,
 }
 
 /// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
@@ -670,12 +673,16 @@ impl Planner {
         self.namespaces.retain(|key, _| planned.contains(key));
         if !state.sharing_policies.is_empty() || !state.teams.is_empty() {
             let foreign: BTreeSet<String> = governed_foreign.keys().cloned().collect();
+            let operator = state
+                .operator_user
+                .as_deref()
+                .unwrap_or(admission::DEFAULT_OPERATOR_USER);
             out.objects
                 .admission_policies
-                .push(Arc::new(admission::team_policy(&foreign)));
+                .push(Arc::new(admission::team_policy(&foreign, operator)));
             out.objects
                 .admission_policies
-                .push(Arc::new(admission::non_team_policy()));
+                .push(Arc::new(admission::non_team_policy(operator)));
             out.objects
                 .admission_bindings
                 .push(Arc::new(admission::non_team_binding(
