@@ -46,11 +46,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         agent.node_names().join(", "),
         started.elapsed().as_secs_f64(),
     );
-    println!("logs in {}", plane.dir().display());
-    println!(
-        "kubectl --kubeconfig {} get nodes",
-        plane.admin_kubeconfig().display()
-    );
+    let kubeconfig = plane.admin_kubeconfig();
+    println!("logs in {}", kubeconfig.with_file_name("*.log").display());
+    println!("kubectl --kubeconfig {} get nodes", kubeconfig.display());
     println!("Ctrl-C to stop");
 
     let mut terminate = signal(SignalKind::terminate())?;

@@ -116,7 +116,7 @@ impl World {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "warn".into()),
+                    .unwrap_or_else(|_| "warn,kube_client::client::builder=off".into()),
             )
             .with_test_writer()
             .try_init();

@@ -252,3 +252,19 @@ fn namespaces_outside_every_team_get_no_teamgpu_class() {
     // Outside the teams, teamgpu does not govern other classes.
     assert!(deny(&claim(exactly("gpu.nvidia.com"))).is_empty());
 }
+
+#[test]
+fn both_policies_leave_the_operator_and_only_the_operator_alone() {
+    // The real API server evaluates matchConditions (kube-cel's `request` has no `userInfo`);
+    // the e2e scenario `joining_a_team_and_deleting_a_team_meet_no_denied_write` shows the
+    // effect. Here: the condition names exactly the given user, quoted as a CEL string.
+    let user = "system:serviceaccount:gpu-ops:team'gpu";
+    for policy in [team_policy(&BTreeSet::new(), user), non_team_policy(user)] {
+        let conditions = policy.spec.unwrap().match_conditions.unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(
+            conditions[0].expression,
+            r"request.userInfo.username != 'system:serviceaccount:gpu-ops:team\'gpu'"
+        );
+    }
+}
