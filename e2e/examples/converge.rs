@@ -1,6 +1,6 @@
 //! How long the operator takes to converge a synthetic cluster on a real control plane, how many
 //! requests it makes, and what one namespace label change costs afterwards:
-//! `TEAMGPU_E2E_ASSETS=/abs/path/to/bin cargo run --release -p teamgpu-e2e --example converge --
+//! `TEAMGPU_E2E_ASSETS=/path/to/bin cargo run --release -p teamgpu-e2e --example converge --
 //! [teams] [namespaces-per-team] [nodes]` (defaults 20 5 50: 100 team namespaces, 5 sharing
 //! policies, 400 devices). With `TEAMGPU_E2E_KUBECONFIG` it fills that (throwaway) cluster.
 

@@ -107,17 +107,7 @@ impl TestCluster {
     pub async fn start_or_skip() -> Option<TestCluster> {
         match TestCluster::start().await {
             Ok(cluster) => Some(cluster),
-            Err(ClusterError::NotConfigured) if std::env::var("CI").as_deref() != Ok("true") => {
-                static SAID: OnceLock<()> = OnceLock::new();
-                SAID.get_or_init(|| {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "skipping the end-to-end tests: {}",
-                        ClusterError::NotConfigured
-                    );
-                });
-                None
-            }
+            Err(ClusterError::NotConfigured) => skip(),
             Err(error) => panic!("{error}"),
         }
     }
@@ -181,6 +171,35 @@ impl TestCluster {
         let text = self.client.request_text(request).await?;
         Ok(parse_request_totals(&text))
     }
+}
+
+/// For the harness's own tests: the control plane of `TEAMGPU_E2E_ASSETS`, or `None` as for
+/// [`TestCluster::start_or_skip`].
+pub async fn control_plane_or_skip() -> Option<&'static control_plane::ControlPlane> {
+    if control_plane::assets_from_env().is_none() {
+        return skip();
+    }
+    let plane = tokio::task::spawn_blocking(control_plane::shared)
+        .await
+        .expect("start-up does not panic");
+    Some(plane.unwrap_or_else(|error| panic!("the control plane did not start: {error}")))
+}
+
+/// `None`, after saying once (past the test harness's output capture) how to configure a
+/// cluster; under `CI=true` it fails the test instead: CI must run these tests, not skip them.
+fn skip<T>() -> Option<T> {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("CI=true: {}", ClusterError::NotConfigured);
+    }
+    static SAID: OnceLock<()> = OnceLock::new();
+    SAID.get_or_init(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping the end-to-end tests: {}",
+            ClusterError::NotConfigured
+        );
+    });
+    None
 }
 
 /// A client of `config` whose requests are counted in the returned [`Counters`].

@@ -87,11 +87,16 @@ pub struct ControlPlane {
     watchdog: Option<Child>,
 }
 
-/// The assets directory from [`ASSETS_ENV`], if set and not empty.
+/// The assets directory from [`ASSETS_ENV`], if set and not empty. A relative path is taken
+/// from the workspace root, where `cargo test` is run (test binaries run in their crate's
+/// directory).
 pub fn assets_from_env() -> Option<PathBuf> {
-    std::env::var_os(ASSETS_ENV)
-        .filter(|value| !value.is_empty())
-        .map(PathBuf::from)
+    let dir = PathBuf::from(std::env::var_os(ASSETS_ENV).filter(|value| !value.is_empty())?);
+    Some(if dir.is_absolute() {
+        dir
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir)
+    })
 }
 
 /// The control plane of this process, started on the first call and shared by all its tests

@@ -11,23 +11,12 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
-use teamgpu_e2e::control_plane::{self, ASSETS_ENV, ControlPlane, ControlPlaneError};
+use teamgpu_e2e::control_plane::{ControlPlane, ControlPlaneError};
 use teamgpu_e2e::node_agent;
 
 /// The shared control plane and an admin client for this test's runtime, or `None` (skip).
 async fn cluster() -> Option<(&'static ControlPlane, Client)> {
-    if control_plane::assets_from_env().is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{ASSETS_ENV} must be set when CI=true"
-        );
-        println!("skipped: {ASSETS_ENV} is not set (no control plane)");
-        return None;
-    }
-    let plane = tokio::task::spawn_blocking(control_plane::shared)
-        .await
-        .expect("start-up does not panic")
-        .unwrap_or_else(|error| panic!("the control plane did not start: {error}"));
+    let plane = teamgpu_e2e::cluster::control_plane_or_skip().await?;
     Some((
         plane,
         Client::try_from(plane.admin_config()).expect("an admin client"),

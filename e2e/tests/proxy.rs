@@ -12,24 +12,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use teamgpu_e2e::control_plane::{self, ASSETS_ENV};
 use teamgpu_e2e::proxy::{FaultProxy, Faults};
 
 /// An admin client of the shared control plane and a fresh namespace in it, or None (after
 /// printing why) when there is no control plane to test against.
 async fn setup(test: &str) -> Option<(Client, String)> {
-    if control_plane::assets_from_env().is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{ASSETS_ENV} must be set when CI=true"
-        );
-        println!("skipped {test}: {ASSETS_ENV} is not set (no control plane)");
-        return None;
-    }
-    let plane = tokio::task::spawn_blocking(control_plane::shared)
-        .await
-        .expect("start-up does not panic")
-        .unwrap_or_else(|e| panic!("control plane: {e}"));
+    let plane = teamgpu_e2e::cluster::control_plane_or_skip().await?;
     let admin = Client::try_from(plane.admin_config()).expect("admin client");
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)

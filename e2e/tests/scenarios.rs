@@ -1080,7 +1080,7 @@ async fn everything_converges_through_server_errors_dropped_watches_and_gone_res
     let started = Instant::now();
     eventually(
         "convergence under faults",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || async {
             let live = world.owned_objects().await?;
             if live == expected {
