@@ -4,7 +4,7 @@
 //!   shares).
 //!
 //! Both as a full recompute, plus the incremental update of one pool after one team's usage
-//! changed.
+//! changed, and the sparse case again with lending limits.
 //!
 //! Run with `cargo bench -p teamgpu --bench fairshare`.
 
@@ -54,6 +54,7 @@ fn pool(seed: u64, member: impl Fn(usize) -> bool) -> PoolInput {
                 limit: guaranteed + rng.below(24),
                 weight: 1 + rng.below(10),
                 namespaces,
+                lending_limit: None,
             }
         })
         .collect();
@@ -91,6 +92,30 @@ fn bench(c: &mut Criterion) {
                 .collect::<Vec<_>>()
         })
     });
+
+    // The same sparse pools with lending limits: every third team lends nothing, every third
+    // lends at most 2 devices, the others everything.
+    let limited: Vec<PoolInput> = sparse
+        .iter()
+        .map(|p| {
+            let mut p = p.clone();
+            for (i, t) in p.teams.iter_mut().enumerate() {
+                t.lending_limit = [Some(0), Some(2), None][i % 3];
+            }
+            p
+        })
+        .collect();
+    c.bench_function(
+        "full recompute, sparse, lending limits: 1000 teams x 5 of 100 pools",
+        |b| {
+            b.iter(|| {
+                limited
+                    .iter()
+                    .map(|p| compute_pool(black_box(p)))
+                    .collect::<Vec<_>>()
+            })
+        },
+    );
 
     let shuffled: Vec<PoolInput> = pools
         .iter()

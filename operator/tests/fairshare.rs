@@ -1,5 +1,5 @@
 //! Fair-share engine: property tests of every rule in docs/fair-sharing.md and the worked
-//! examples from that document.
+//! examples from that document, lending limits included.
 
 use proptest::prelude::*;
 use teamgpu::fairshare::{
@@ -32,6 +32,15 @@ fn team(
         limit,
         weight,
         namespaces,
+        lending_limit: None,
+    }
+}
+
+/// The same team with a lending limit.
+fn lending(limit: u32, team: TeamInput) -> TeamInput {
+    TeamInput {
+        lending_limit: Some(limit),
+        ..team
     }
 }
 
@@ -247,6 +256,153 @@ fn use_above_limit_keeps_existing_claims_valid() {
     );
 }
 
+// ---------------------------------------------------------------------------------------------
+// Lending limits (docs/fair-sharing.md: worked example "Lending limit", guarantee 8)
+
+#[test]
+fn lending_limit_lends_only_part_of_an_unused_guarantee() {
+    // alpha is idle but lends at most 2 of its 8 guaranteed devices; beta is busy. beta may
+    // borrow those 2 plus the 4 devices nobody is guaranteed (16 - 8 - 4).
+    let pool = |alpha_usage: NamespaceUsage, beta_in_use: u32| PoolInput {
+        capacity: 16,
+        teams: vec![
+            lending(2, team("alpha", 8, 8, 1, vec![alpha_usage])),
+            using("beta", 4, 16, 1, beta_in_use),
+        ],
+    };
+    let out = compute_pool(&pool(ns("alpha-ns", 0, 0, 0), 4));
+    assert_eq!((out.idle, out.lendable), (12, 6));
+    assert_eq!(entitlements(&out), [("alpha", 8), ("beta", 10)]);
+    let alpha = share(&out, "alpha");
+    assert_eq!((alpha.lending_limit, alpha.reserved), (Some(2), 6));
+    assert_eq!(
+        alpha.namespaces[0].hard, 8,
+        "the whole guarantee stays claimable"
+    );
+    assert_eq!(
+        alpha.explanation.to_string(),
+        "8 guaranteed; 6 of 8 unused kept unlent (lending limit 2)"
+    );
+    assert_eq!(share(&out, "beta").borrowed, 6);
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "4 guaranteed + 6 borrowed of 6 lendable idle at weight 1/1"
+    );
+
+    // beta uses all it was lent; alpha's Pods now wait for its 8 devices. 6 of them were never
+    // lent and are free; only the 2 alpha lent come back from beta.
+    let out = compute_pool(&pool(ns("alpha-ns", 0, 0, 8), 10));
+    assert_eq!(entitlements(&out), [("alpha", 8), ("beta", 10)]);
+    assert_eq!(reclaims(&out), [("beta", 2, "alpha")]);
+
+    // Without a lending limit beta borrows all 12 idle devices and gives 8 back.
+    let mut unlimited = pool(ns("alpha-ns", 0, 0, 0), 4);
+    unlimited.teams[0].lending_limit = None;
+    let out = compute_pool(&unlimited);
+    assert_eq!((out.idle, out.lendable), (12, 12));
+    assert_eq!(entitlements(&out), [("alpha", 8), ("beta", 16)]);
+    assert_eq!(share(&out, "alpha").reserved, 0);
+    assert_eq!(share(&out, "alpha").explanation.to_string(), "8 guaranteed");
+    let mut unlimited = pool(ns("alpha-ns", 0, 0, 8), 16);
+    unlimited.teams[0].lending_limit = None;
+    assert_eq!(reclaims(&compute_pool(&unlimited)), [("beta", 8, "alpha")]);
+}
+
+#[test]
+fn lending_limit_zero_keeps_the_guarantee_and_needs_no_reclaim() {
+    let pool = |alpha_usage: NamespaceUsage, beta_in_use: u32| PoolInput {
+        capacity: 16,
+        teams: vec![
+            lending(0, team("alpha", 8, 8, 1, vec![alpha_usage])),
+            using("beta", 4, 16, 1, beta_in_use),
+        ],
+    };
+    let out = compute_pool(&pool(ns("alpha-ns", 0, 0, 0), 4));
+    assert_eq!((out.idle, out.lendable), (12, 4));
+    assert_eq!(entitlements(&out), [("alpha", 8), ("beta", 8)]);
+    assert_eq!(share(&out, "alpha").reserved, 8);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed; 8 of 8 unused kept unlent (lending limit 0)"
+    );
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "4 guaranteed + 4 borrowed of 4 lendable idle at weight 1/1"
+    );
+    // beta uses its whole quota, alpha's Pods wait for 8: the 8 free devices are alpha's.
+    let out = compute_pool(&pool(ns("alpha-ns", 0, 0, 8), 8));
+    assert_eq!(entitlements(&out), [("alpha", 8), ("beta", 8)]);
+    assert!(out.reclaims.is_empty(), "{:?}", out.reclaims);
+    // Partly used: only the unused part is kept (8 - 3 in use).
+    let out = compute_pool(&pool(ns("alpha-ns", 3, 3, 0), 4));
+    assert_eq!((out.idle, out.lendable), (9, 4));
+    assert_eq!(share(&out, "alpha").reserved, 5);
+}
+
+#[test]
+fn nothing_to_borrow_when_lending_limits_keep_every_idle_device() {
+    let out = compute_pool(&PoolInput {
+        capacity: 8,
+        teams: vec![
+            using("guest", 0, 8, 1, 0),
+            lending(0, using("owner", 8, 8, 1, 0)),
+        ],
+    });
+    assert_eq!((out.idle, out.lendable), (8, 0));
+    assert_eq!(entitlements(&out), [("guest", 0), ("owner", 8)]);
+    assert_eq!(
+        share(&out, "guest").explanation.to_string(),
+        "0 guaranteed; no idle device to borrow: lending limits keep the 8 idle devices unlent"
+    );
+}
+
+#[test]
+fn free_devices_serve_what_was_never_lent_first() {
+    // guest borrowed alpha's 8 devices (beta lends none) and uses them; then both owners' Pods
+    // wait for 8 devices. The 8 free devices are beta's, never lent: guest gives 8 back to alpha.
+    let pool = |beta_lends: Option<u32>| PoolInput {
+        capacity: 16,
+        teams: vec![
+            team("alpha", 8, 8, 1, vec![ns("alpha-ns", 0, 0, 8)]),
+            TeamInput {
+                lending_limit: beta_lends,
+                ..team("beta", 8, 8, 1, vec![ns("beta-ns", 0, 0, 8)])
+            },
+            using("guest", 0, 16, 1, 8),
+        ],
+    };
+    let out = compute_pool(&pool(Some(0)));
+    assert_eq!(reclaims(&out), [("guest", 8, "alpha")]);
+    // Without lending limits nobody knows whose devices guest holds: free devices serve the
+    // owners in name order, as before.
+    let out = compute_pool(&pool(None));
+    assert_eq!(reclaims(&out), [("guest", 8, "beta")]);
+}
+
+#[test]
+fn duplicate_lending_limits_merge_to_the_largest() {
+    let merged = |a: Option<u32>, b: Option<u32>| {
+        let out = compute_pool(&PoolInput {
+            capacity: 10,
+            teams: vec![
+                TeamInput {
+                    lending_limit: a,
+                    ..using("alpha", 8, 8, 1, 0)
+                },
+                TeamInput {
+                    lending_limit: b,
+                    ..using("alpha", 8, 8, 1, 0)
+                },
+            ],
+        });
+        (out.teams[0].lending_limit, out.teams[0].reserved)
+    };
+    assert_eq!(merged(Some(2), Some(5)), (Some(5), 3));
+    assert_eq!(merged(Some(5), Some(2)), (Some(5), 3));
+    assert_eq!(merged(Some(2), None), (None, 0));
+    assert_eq!(merged(None, Some(0)), (None, 0));
+}
+
 #[test]
 fn duplicate_teams_are_merged() {
     let a = compute_pool(&PoolInput {
@@ -323,15 +479,29 @@ fn extreme_values_do_not_panic() {
 // ---------------------------------------------------------------------------------------------
 // Properties
 
-/// One team: guarantee, limit, weight and its namespaces' (requested, allocated, pending).
-fn team_strategy() -> impl Strategy<Value = (u32, u32, u32, Vec<(u32, u32, u32)>)> {
+/// One team: guarantee, limit, weight, its namespaces' (requested, allocated, pending) and its
+/// lending limit.
+type RawTeam = (u32, u32, u32, Vec<(u32, u32, u32)>, Option<u32>);
+
+/// A lending limit: mostly none, often 0, small or large.
+fn lending_limit_strategy() -> impl Strategy<Value = Option<u32>> {
+    prop_oneof![
+        3 => Just(None),
+        1 => Just(Some(0)),
+        1 => (0u32..=30).prop_map(Some),
+        1 => any::<u32>().prop_map(Some),
+    ]
+}
+
+fn team_strategy() -> impl Strategy<Value = RawTeam> {
     (
         0u32..=120,
         prop_oneof![Just(0u32), 0u32..=150, 0u32..=30],
         0u32..=1100,
         prop::collection::vec((0u32..=60, 0u32..=100, 0u32..=40), 0..=3),
+        lending_limit_strategy(),
     )
-        .prop_map(|(g, extra, w, namespaces)| {
+        .prop_map(|(g, extra, w, namespaces, lending_limit)| {
             // Mostly limit >= guarantee, sometimes (extra drawn small) a limit below it.
             let limit = if extra <= 10 && g > 20 {
                 g / 2
@@ -344,7 +514,7 @@ fn team_strategy() -> impl Strategy<Value = (u32, u32, u32, Vec<(u32, u32, u32)>
                     (requested, requested * allocated_pct / 100, pending)
                 })
                 .collect();
-            (g, limit, w, namespaces)
+            (g, limit, w, namespaces, lending_limit)
         })
 }
 
@@ -373,14 +543,17 @@ fn pool_strategy(max_teams: usize) -> impl Strategy<Value = PoolInput> {
             teams: raw
                 .into_iter()
                 .enumerate()
-                .map(|(i, (g, limit, weight, namespaces))| {
+                .map(|(i, (g, limit, weight, namespaces, lending_limit))| {
                     let name = format!("team-{i:03}");
                     let namespaces = namespaces
                         .into_iter()
                         .enumerate()
                         .map(|(j, (r, a, p))| ns(&format!("{name}-ns{j}"), r, a, p))
                         .collect();
-                    team(&name, g, limit, weight, namespaces)
+                    TeamInput {
+                        lending_limit,
+                        ..team(&name, g, limit, weight, namespaces)
+                    }
                 })
                 .collect(),
         })
@@ -412,8 +585,19 @@ fn input_of<'a>(pool: &'a PoolInput, name: &str) -> &'a TeamInput {
         .unwrap_or_else(|| panic!("no input for {name}"))
 }
 
-/// What a team holds without borrowing, and how much more it may borrow at most.
-fn base_and_cap(t: &TeamShare, idle: u64) -> (u64, u64) {
+/// Unused guaranteed devices: effective guarantee minus use, at least 0.
+fn unused(t: &TeamShare) -> u64 {
+    u64::from(t.effective_guarantee.saturating_sub(t.requested))
+}
+
+/// What the team's lending limit lets it lend of its unused guarantee.
+fn lendable_of(t: &TeamShare) -> u64 {
+    unused(t).min(t.lending_limit.map_or(u64::MAX, u64::from))
+}
+
+/// What a team holds without borrowing, and how much more it may borrow at most: up to its
+/// limit, and no more than the lendable idle devices minus what it lends itself.
+fn base_and_cap(t: &TeamShare, lendable: u64) -> (u64, u64) {
     let (eg, used, limit) = (
         u64::from(t.effective_guarantee),
         u64::from(t.requested),
@@ -422,7 +606,7 @@ fn base_and_cap(t: &TeamShare, idle: u64) -> (u64, u64) {
     let base = eg.max(used);
     let cap = limit
         .saturating_sub(base)
-        .min((used + idle).saturating_sub(base));
+        .min(lendable.saturating_sub(lendable_of(t)));
     (base, cap)
 }
 
@@ -458,6 +642,7 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
             "limit below guarantee counts as guarantee"
         );
         assert_eq!(t.weight, input.weight.clamp(1, 1000));
+        assert_eq!(t.lending_limit, input.lending_limit);
         assert!(t.effective_guarantee <= t.guaranteed);
         assert_eq!(t.scaled_down, t.effective_guarantee < t.guaranteed);
         // Proportional: never below the floor of the exact share.
@@ -483,11 +668,33 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     }
 
     // Rules 2 and 3: idle devices are lent, never twice, max-min fair by weight, all of them
-    // unless every borrower is full.
+    // unless every borrower is full. Lending limits keep part of the unused guarantees out of
+    // the idle devices that are lent.
     let used_sum: u64 = out.teams.iter().map(|t| u64::from(t.requested)).sum();
     let idle = capacity.saturating_sub(used_sum);
     assert_eq!(u64::from(out.idle), idle);
-    let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, idle).0).sum();
+    for t in &out.teams {
+        assert_eq!(
+            u64::from(t.reserved),
+            unused(t) - lendable_of(t),
+            "{}: reserved is the unused guarantee beyond the lending limit",
+            t.team
+        );
+        assert_eq!(
+            t.explanation.to_string().contains(&format!(
+                "; {} of {} unused kept unlent (lending limit ",
+                t.reserved,
+                unused(t)
+            )),
+            t.reserved > 0,
+            "{}",
+            t.explanation
+        );
+    }
+    let reserved_sum: u64 = out.teams.iter().map(|t| u64::from(t.reserved)).sum();
+    let lendable = idle.saturating_sub(reserved_sum);
+    assert_eq!(u64::from(out.lendable), lendable);
+    let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, lendable).0).sum();
     let owner_waits = out
         .teams
         .iter()
@@ -496,18 +703,30 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     let mut lent_sum = 0;
     let mut lent = Vec::new();
     for t in &out.teams {
-        let (base, cap) = base_and_cap(t, idle);
+        let (base, cap) = base_and_cap(t, lendable);
         let cap = if over_lent { 0 } else { cap };
         let b = u64::from(t.entitlement) - base;
         assert!(b <= cap, "{} borrows {b} beyond its cap {cap}", t.team);
         lent_sum += b;
         lent.push((b, cap, u64::from(t.weight)));
     }
-    assert!(lent_sum <= idle, "lent {lent_sum} of {idle} idle");
-    if lent_sum < idle {
+    // Never lent twice, and never a device a lending limit keeps.
+    assert!(
+        lent_sum <= lendable,
+        "lent {lent_sum} of {lendable} lendable idle"
+    );
+    // What is lent comes from the owners' lendable unused guarantees and from the capacity
+    // nobody is guaranteed.
+    let lendable_guarantees: u64 = out.teams.iter().map(lendable_of).sum();
+    assert!(
+        lent_sum <= lendable_guarantees + (capacity - eg_sum),
+        "lent {lent_sum}: more than {lendable_guarantees} lendable guaranteed and {} unguaranteed",
+        capacity - eg_sum
+    );
+    if lent_sum < lendable {
         assert!(
             lent.iter().all(|&(b, cap, _)| b == cap),
-            "idle left while a team may borrow"
+            "lendable idle left while a team may borrow"
         );
     }
     for &(bs, _, ws) in &lent {
@@ -592,6 +811,30 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
         assert!(given == 0 || got == 0);
     }
     assert!(out.reclaims.iter().all(|r| r.devices > 0));
+    // An owner lent at most its lending limit: when the free devices cover every owner's need
+    // beyond its lending limit, nobody is reclaimed more for than it may have lent, and a team
+    // that lends nothing is never reclaimed for.
+    let never_lent = |t: &TeamShare| {
+        t.lending_limit
+            .map_or(0, |l| u64::from(need(t)).saturating_sub(u64::from(l)))
+    };
+    let never_lent_sum: u64 = out.teams.iter().map(never_lent).sum();
+    if never_lent_sum <= free {
+        for t in &out.teams {
+            let got: u64 = out
+                .reclaims
+                .iter()
+                .filter(|r| r.for_team == t.team)
+                .map(|r| u64::from(r.devices))
+                .sum();
+            assert!(
+                got <= u64::from(need(t)) - never_lent(t),
+                "{} gets {got} reclaimed beyond its lending limit {:?}",
+                t.team,
+                t.lending_limit
+            );
+        }
+    }
 }
 
 proptest! {
@@ -654,18 +897,147 @@ proptest! {
         capacity in any::<u32>(),
         teams in prop::collection::vec(
             ("[a-c]", any::<u32>(), any::<u32>(), any::<u32>(),
-             prop::collection::vec(("[x-z]", any::<u32>(), any::<u32>(), any::<u32>()), 0..3)),
+             prop::collection::vec(("[x-z]", any::<u32>(), any::<u32>(), any::<u32>()), 0..3),
+             any::<Option<u32>>()),
             0..8),
     ) {
         let pool = PoolInput {
             capacity,
-            teams: teams.into_iter().map(|(name, g, l, w, nss)| team(&name, g, l, w,
-                nss.into_iter().map(|(n, r, a, p)| ns(&n, r, a, p)).collect())).collect(),
+            teams: teams.into_iter().map(|(name, g, l, w, nss, lending_limit)| TeamInput {
+                lending_limit,
+                ..team(&name, g, l, w,
+                    nss.into_iter().map(|(n, r, a, p)| ns(&n, r, a, p)).collect())
+            }).collect(),
         };
         let out = compute_pool(&pool);
         for t in &out.teams {
             prop_assert!(t.entitlement >= t.effective_guarantee);
             prop_assert!(t.entitlement <= t.limit.max(t.requested));
+            prop_assert!(t.reserved <= t.effective_guarantee);
+        }
+        prop_assert!(out.lendable <= out.idle);
+    }
+
+    /// No lending limit is the same as a lending limit nothing can reach: `Some(u32::MAX)`, or
+    /// any limit at least the effective guarantee (a team never lends or is reclaimed for more
+    /// than that). Only the echoed `lending_limit` differs.
+    #[test]
+    fn no_lending_limit_is_an_unreachable_lending_limit(
+        pool in pool_strategy(60),
+        picks in prop::collection::vec((any::<bool>(), 0u32..=100), 60),
+    ) {
+        let mut none = pool.clone();
+        for t in &mut none.teams {
+            t.lending_limit = None;
+        }
+        let expected = compute_pool(&none);
+        let mut high = none.clone();
+        for (t, &(max, extra)) in high.teams.iter_mut().zip(&picks) {
+            // The effective guarantee is at most the guarantee.
+            t.lending_limit = Some(if max { u32::MAX } else { t.guaranteed + extra });
+        }
+        let mut got = compute_pool(&high);
+        for t in &mut got.teams {
+            prop_assert!(t.lending_limit.is_some());
+            t.lending_limit = None;
+        }
+        prop_assert_eq!(got, expected);
+    }
+
+    /// Raising one team's lending limit (up to none) never lowers another team's entitlement:
+    /// it only adds idle devices others may borrow.
+    #[test]
+    fn a_higher_lending_limit_never_lowers_another_entitlement(
+        pool in pool_strategy(60),
+        pick in any::<prop::sample::Index>(),
+        raise in prop_oneof![Just(None), (1u32..=40).prop_map(Some)],
+    ) {
+        prop_assume!(!pool.teams.is_empty());
+        let i = pick.index(pool.teams.len());
+        let mut lower = pool.clone();
+        let mut higher = pool.clone();
+        let current = pool.teams[i].lending_limit;
+        match (current, raise) {
+            // Compare with a lower limit instead when the team already lends everything.
+            (None, None) => lower.teams[i].lending_limit = Some(0),
+            (None, Some(by)) => lower.teams[i].lending_limit = Some(by),
+            (Some(_), None) => higher.teams[i].lending_limit = None,
+            (Some(l), Some(by)) => higher.teams[i].lending_limit = Some(l.saturating_add(by)),
+        }
+        let before = compute_pool(&lower);
+        let after = compute_pool(&higher);
+        let name = &pool.teams[i].team;
+        for (b, a) in before.teams.iter().zip(&after.teams) {
+            if &a.team != name {
+                prop_assert!(
+                    a.entitlement >= b.entitlement,
+                    "{}: {} -> {} when {name}'s lending limit rises from {:?} to {:?}",
+                    a.team, b.entitlement, a.entitlement,
+                    share(&before, name).lending_limit, share(&after, name).lending_limit
+                );
+            }
+        }
+        prop_assert!(after.lendable >= before.lendable);
+    }
+
+    /// What a lending limit keeps is never owed back. Start from a pool whose kept devices are
+    /// really idle (nobody's claims eat into them); let every team allocate any amount up to
+    /// what it requested plus what it was lent (so nobody takes kept devices), and let any Pods
+    /// wait. Then no owner is reclaimed for more than its lending limit, and a team with
+    /// `Some(0)` keeps at least its effective guarantee and is never reclaimed for.
+    #[test]
+    fn what_is_never_lent_is_never_reclaimed(
+        pool in pool_strategy(60),
+        next in prop::collection::vec(
+            (prop_oneof![Just(100u32), 0u32..=100], prop_oneof![Just(100u32), 0u32..=150]),
+            60,
+        ),
+    ) {
+        let mut pool = pool;
+        let requested: u64 = pool.teams.iter()
+            .flat_map(|t| t.namespaces.iter().map(|n| u64::from(n.requested)))
+            .sum();
+        // The smallest capacity (from the drawn one up) that has room for every claim and every
+        // kept device; more capacity raises effective guarantees and so the kept devices.
+        let mut before = compute_pool(&pool);
+        for _ in 0..8 {
+            let kept: u64 = before.teams.iter().map(|t| u64::from(t.reserved)).sum();
+            if requested + kept <= u64::from(pool.capacity) {
+                break;
+            }
+            pool.capacity = u32::try_from(requested + kept).unwrap();
+            before = compute_pool(&pool);
+        }
+        let kept: u64 = before.teams.iter().map(|t| u64::from(t.reserved)).sum();
+        prop_assume!(requested + kept <= u64::from(pool.capacity));
+        let mut after = pool.clone();
+        for (t, &(allocated_pct, pending_pct)) in after.teams.iter_mut().zip(&next) {
+            let was = share(&before, &t.team);
+            let lent = u64::from(was.entitlement)
+                - u64::from(was.effective_guarantee.max(was.requested));
+            let allocated = (u64::from(was.requested) + lent) * u64::from(allocated_pct) / 100;
+            let allocated = u32::try_from(allocated).unwrap();
+            let pending = was.effective_guarantee * pending_pct / 100;
+            t.namespaces = vec![ns("only", allocated, allocated, pending)];
+        }
+        let out = compute_pool(&after);
+        let allocated: u64 = out.teams.iter().map(|t| u64::from(t.allocated)).sum();
+        prop_assert!(allocated <= u64::from(after.capacity));
+        for t in &out.teams {
+            let need = t.pending.min(t.effective_guarantee.saturating_sub(t.allocated));
+            let got: u32 = out.reclaims.iter()
+                .filter(|r| r.for_team == t.team)
+                .map(|r| r.devices)
+                .sum();
+            prop_assert!(
+                got <= need.min(t.lending_limit.unwrap_or(u32::MAX)),
+                "{} is reclaimed for {got}, beyond its lending limit {:?}: {:?}",
+                t.team, t.lending_limit, out.reclaims
+            );
+            if t.lending_limit == Some(0) {
+                prop_assert!(t.entitlement >= t.effective_guarantee);
+                prop_assert_eq!(got, 0);
+            }
         }
     }
 }
@@ -679,6 +1051,7 @@ fn random_pools_reach_every_regime() {
     let mut runner = TestRunner::deterministic();
     let (mut overcommitted, mut lending, mut reclaiming, mut over_lent, mut at_limit) =
         (0, 0, 0, 0, 0);
+    let (mut keeping, mut limited_lending) = (0, 0);
     for _ in 0..500 {
         let Ok(tree) = pool_strategy(200).new_tree(&mut runner) else {
             continue;
@@ -702,6 +1075,14 @@ fn random_pools_reach_every_regime() {
             u32::from(out.teams.iter().any(|t| {
                 t.entitlement == t.limit && t.limit > t.effective_guarantee.max(t.requested)
             }));
+        keeping += u32::from(out.lendable < out.idle);
+        limited_lending += u32::from(
+            out.lendable < out.idle
+                && out
+                    .teams
+                    .iter()
+                    .any(|t| t.entitlement > t.effective_guarantee.max(t.requested)),
+        );
     }
     for (regime, count) in [
         ("overcommitted", overcommitted),
@@ -709,6 +1090,8 @@ fn random_pools_reach_every_regime() {
         ("reclaiming", reclaiming),
         ("over-lent", over_lent),
         ("borrower at its limit", at_limit),
+        ("keeping idle devices unlent", keeping),
+        ("lending beside devices kept unlent", limited_lending),
     ] {
         assert!(count >= 25, "only {count} of 500 random pools are {regime}");
     }

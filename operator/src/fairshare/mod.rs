@@ -7,11 +7,13 @@
 //! 1. Every team may always create claims up to its *effective guarantee* (its guarantee, scaled
 //!    down by D'Hondt when the guarantees add up to more than the capacity).
 //! 2. Idle devices (capacity not charged to any claim) are lent, by weighted water-filling, to
-//!    teams whose limit is above what they already hold; no idle device is lent twice.
+//!    teams whose limit is above what they already hold; no idle device is lent twice. A team's
+//!    *lending limit* caps how many of its unused guaranteed devices enter that idle pool; the
+//!    rest stay reserved for it.
 //! 3. Entitlements never exceed the limit and never drop below current use; a team's namespace
 //!    hards add up to exactly its entitlement.
 //! 4. When an owner below its guarantee waits while borrowers hold its devices, the engine names
-//!    who gives back how many.
+//!    who gives back how many; never more than the owner's lending limit allows it to have lent.
 
 mod apportion;
 
@@ -31,7 +33,8 @@ pub struct PoolInput {
     /// Devices of the inventory that match the policy.
     pub capacity: u32,
     /// Teams with a quota for this policy, in any order. Entries with the same team name are
-    /// merged: the largest guarantee, limit and weight win and the namespaces are combined.
+    /// merged: the largest guarantee, limit, weight and lending limit (`None` counting as the
+    /// largest) win and the namespaces are combined.
     pub teams: Vec<TeamInput>,
 }
 
@@ -49,6 +52,11 @@ pub struct TeamInput {
     pub weight: u32,
     /// Usage of the team's namespaces, in any order; same-named entries are added up.
     pub namespaces: Vec<NamespaceUsage>,
+    /// How many of the team's unused guaranteed devices may be lent to other teams (Kueue's
+    /// `lendingLimit`). `None`: all of them. `Some(0)`: none, the whole guarantee stays
+    /// reserved for the team. The unused devices beyond the limit count in the team's
+    /// entitlement but are not lent.
+    pub lending_limit: Option<u32>,
 }
 
 /// What one namespace of a team uses and waits for in a pool.
@@ -70,9 +78,12 @@ pub struct NamespaceUsage {
 pub struct PoolShares {
     /// Capacity the answer was computed for.
     pub capacity: u32,
-    /// Devices not charged to any claim (`capacity - sum of requested`, at least 0): the devices
-    /// that were lent.
+    /// Devices not charged to any claim (`capacity - sum of requested`, at least 0).
     pub idle: u32,
+    /// Idle devices other teams may borrow: `idle` minus the devices the teams' lending limits
+    /// keep unlent (the sum of `TeamShare::reserved`), at least 0. Equals `idle` when no team
+    /// has a lending limit below its unused guarantee.
+    pub lendable: u32,
     /// One entry per team, sorted by team name.
     pub teams: Vec<TeamShare>,
     /// Devices borrowers must give back so that waiting owners reach their guarantee, sorted by
@@ -95,6 +106,13 @@ pub struct TeamShare {
     pub limit: u32,
     /// Weight after clamping to 1..=1000.
     pub weight: u32,
+    /// Configured lending limit (`None`: all unused guaranteed devices may be lent).
+    pub lending_limit: Option<u32>,
+    /// Unused guaranteed devices (effective guarantee minus requested, at least 0) that the
+    /// lending limit keeps unlent: `unused - min(unused, lending_limit)`. They are part of the
+    /// entitlement but not lent: when the team waits for them, reclaim serves them from the free
+    /// devices before asking any borrower.
+    pub reserved: u32,
     /// The team's hard quota for this pool: effective guarantee plus what it borrows, never
     /// above the limit and never below what it already requests.
     pub entitlement: u32,
@@ -205,6 +223,7 @@ struct Team<'a> {
     guaranteed: u32,
     limit: u32,
     weight: u32,
+    lending_limit: Option<u32>,
     namespaces: Namespaces<'a>,
     requested: u64,
     allocated: u64,
@@ -260,6 +279,14 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
     let used_sum: u64 = used.iter().sum();
     let idle = capacity.saturating_sub(used_sum);
     let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
+    // Lending limits: of a team's unused guarantee (base - used), only `lending_limit` devices
+    // enter the pool others borrow from; the rest stays reserved for the team.
+    let reserved = |i: usize| match teams[i].lending_limit {
+        None => 0,
+        Some(limit) => (base[i] - used[i]).saturating_sub(u64::from(limit)),
+    };
+    let reserved_sum: u64 = (0..n).map(reserved).sum();
+    let lendable = idle.saturating_sub(reserved_sum);
     let owner_waits = teams
         .iter()
         .zip(&effective)
@@ -268,13 +295,13 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
     let caps: Vec<(u64, u32)> = (0..n)
         .map(|i| {
             let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
-            // Equals idle minus the team's own unused guarantee.
-            let by_idle = (used[i] + idle).saturating_sub(base[i]);
+            // Equals the lendable idle devices minus the team's own lendable unused guarantee.
+            let by_idle = (used[i] + reserved(i) + lendable).saturating_sub(base[i]);
             let cap = if over_lent { 0 } else { by_limit.min(by_idle) };
             (cap, teams[i].weight)
         })
         .collect();
-    let lent = water_fill(idle, &caps);
+    let lent = water_fill(lendable, &caps);
     let borrower_weight: u64 = caps
         .iter()
         .filter(|c| c.0 > 0)
@@ -296,11 +323,13 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
 
     out.capacity = input.capacity;
     out.idle = to_u32(idle);
+    out.lendable = to_u32(lendable);
     out.reclaims = reclaims;
     out.overcommit = overcommit;
     out.teams.truncate(n);
     out.teams.resize_with(n, TeamShare::default);
     for (i, (team, share)) in teams.iter().zip(&mut out.teams).enumerate() {
+        let reserved = reserved(i);
         share.explanation = Explanation {
             guaranteed: team.guaranteed,
             effective: to_u32(effective[i]),
@@ -310,6 +339,11 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
             lent: to_u32(lent[i]),
             entitlement: to_u32(entitlement[i]),
             idle: to_u32(idle),
+            lendable: to_u32(lendable),
+            unused: to_u32(base[i] - used[i]),
+            reserved: to_u32(reserved),
+            // Only a lending limit that keeps devices shows in the line.
+            lending_limit: team.lending_limit.filter(|_| reserved > 0).unwrap_or(0),
             borrower_weight,
             over_by: guaranteed_sum.saturating_sub(capacity),
             can_borrow: u64::from(team.limit) > base[i],
@@ -320,6 +354,8 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
         share.effective_guarantee = to_u32(effective[i]);
         share.limit = team.limit;
         share.weight = team.weight;
+        share.lending_limit = team.lending_limit;
+        share.reserved = to_u32(reserved);
         share.entitlement = to_u32(entitlement[i]);
         share.borrowed = to_u32(entitlement[i] - effective[i]);
         share.requested = to_u32(team.requested);
@@ -382,6 +418,12 @@ fn normalize(input: &[TeamInput]) -> Vec<Team<'_>> {
             .max()
             .unwrap_or(0)
             .clamp(MIN_WEIGHT, MAX_WEIGHT);
+        // None (no limit) is the largest lending limit.
+        let lending_limit = group
+            .iter()
+            .map(|t| t.lending_limit)
+            .reduce(|a, b| a.zip(b).map(|(a, b)| a.max(b)))
+            .flatten();
         let namespaces = match group {
             [single]
                 if single
@@ -403,6 +445,7 @@ fn normalize(input: &[TeamInput]) -> Vec<Team<'_>> {
             guaranteed,
             limit,
             weight,
+            lending_limit,
             namespaces,
             requested,
             allocated,
@@ -468,7 +511,9 @@ fn split_namespaces(
 }
 
 /// Rule 6: owners below their effective guarantee with pending demand, when the free devices do
-/// not cover them, get devices back from teams holding more than their fair entitlement.
+/// not cover them, get devices back from teams holding more than their fair entitlement. An
+/// owner with a lending limit lent at most that many devices: the rest of its need is served
+/// from the free devices first.
 fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Vec<Reclaim> {
     let needs: Vec<u64> = teams
         .iter()
@@ -511,12 +556,25 @@ fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Vec<Reclaim
         .map(|i| (i, excess[i].0 - keep[i]))
         .filter(|g| g.1 > 0)
         .collect();
-    // Free devices serve owners in name order first; the rest is matched to borrowers in name
-    // order.
+    // Free devices serve first what owners never lent (need beyond the lending limit), then the
+    // rest of the needs, both in name order; what is left is matched to borrowers in name order.
     let mut free_left = free;
+    let never_lent: Vec<u64> = teams
+        .iter()
+        .zip(&needs)
+        .map(|(t, &need)| {
+            let kept = t
+                .lending_limit
+                .map_or(0, |limit| need.saturating_sub(u64::from(limit)));
+            let from_free = kept.min(free_left);
+            free_left -= from_free;
+            from_free
+        })
+        .collect();
     let mut out = Vec::new();
     let mut giver = 0;
     for (owner, &need) in needs.iter().enumerate() {
+        let need = need - never_lent[owner];
         let from_free = need.min(free_left);
         free_left -= from_free;
         let mut short = need - from_free;
@@ -554,6 +612,10 @@ pub struct Explanation {
     lent: u32,
     entitlement: u32,
     idle: u32,
+    lendable: u32,
+    unused: u32,
+    reserved: u32,
+    lending_limit: u32,
     borrower_weight: u64,
     over_by: u64,
     can_borrow: bool,
@@ -571,13 +633,19 @@ impl fmt::Display for Explanation {
             )?;
         }
         let in_use_beyond = self.requested.saturating_sub(self.effective);
+        // Lending limits keep some idle devices unlent: say what could be borrowed.
+        let pool = if self.lendable < self.idle {
+            "lendable idle"
+        } else {
+            "idle"
+        };
         if in_use_beyond > 0 && self.lent > 0 {
             write!(
                 f,
-                " + {} borrowed ({in_use_beyond} in use, {} more of {} idle at weight {}/{})",
+                " + {} borrowed ({in_use_beyond} in use, {} more of {} {pool} at weight {}/{})",
                 u64::from(in_use_beyond) + u64::from(self.lent),
                 self.lent,
-                self.idle,
+                self.lendable,
                 self.weight,
                 self.borrower_weight
             )?;
@@ -586,8 +654,8 @@ impl fmt::Display for Explanation {
         } else if self.lent > 0 {
             write!(
                 f,
-                " + {} borrowed of {} idle at weight {}/{}",
-                self.lent, self.idle, self.weight, self.borrower_weight
+                " + {} borrowed of {} {pool} at weight {}/{}",
+                self.lent, self.lendable, self.weight, self.borrower_weight
             )?;
         }
         if self.requested > self.limit {
@@ -595,23 +663,35 @@ impl fmt::Display for Explanation {
                 f,
                 "; {} in use is above limit {}: quota held at use until claims are released",
                 self.requested, self.limit
-            )
+            )?;
         } else if self.entitlement >= self.limit && self.limit > self.effective {
-            write!(f, "; limit {} reached", self.limit)
+            write!(f, "; limit {} reached", self.limit)?;
         } else if self.can_borrow && self.lent == 0 {
             if self.idle == 0 {
-                f.write_str("; no idle device to borrow")
+                f.write_str("; no idle device to borrow")?;
             } else if self.over_lent {
                 write!(
                     f,
                     "; nothing lent: the {} idle devices are owed to owners below their guarantee",
                     self.idle
-                )
+                )?;
+            } else if self.lendable == 0 {
+                write!(
+                    f,
+                    "; no idle device to borrow: lending limits keep the {} idle devices unlent",
+                    self.idle
+                )?;
             } else {
-                f.write_str("; the idle devices went to other borrowers")
+                f.write_str("; the idle devices went to other borrowers")?;
             }
-        } else {
-            Ok(())
         }
+        if self.reserved > 0 {
+            write!(
+                f,
+                "; {} of {} unused kept unlent (lending limit {})",
+                self.reserved, self.unused, self.lending_limit
+            )?;
+        }
+        Ok(())
     }
 }

@@ -551,6 +551,8 @@ impl Planner {
                         guaranteed: quota.guaranteed,
                         limit: quota.effective_limit(),
                         weight: quota.weight.unwrap_or(team.spec.weight),
+                        // Not in the TeamGpuPolicy API yet: everything unused may be lent.
+                        lending_limit: None,
                         namespaces: namespaces.iter().map(|ns| ns_usage(ns, &class)).collect(),
                     })
                 })
