@@ -150,34 +150,55 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
+        // Listening from the start, so that a stop request during start-up, or while the API
+        // server does not answer, is a graceful stop too.
+        let stop = shutdown_signal()?;
         let client = kube::Client::try_default()
             .await
             .context("connecting to the cluster")?;
-        teamgpu::controller::run(client, config, shutdown_signal()).await?;
-        anyhow::Ok(())
-    })
-}
-
-/// SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
+        let stopping = std::sync::Arc::new(tokio::sync::Notify::new());
+        let notified = stopping.clone();
+        let operator =
+            teamgpu::controller::run(client, config, async move { notified.notified().await });
+        tokio::pin!(operator);
+        tokio::select! {
+            result = &mut operator => return result.map_err(Into::into),
+            () = stop => {}
+        }
+        tracing::info!("stopping");
+        stopping.notify_one();
+        match tokio::time::timeout(STOP_GRACE, operator).await {
+            Ok(result) => result.map_err(Into::into),
             Err(_) => {
-                let _ = ctrl_c.await;
+                tracing::warn!("not stopped gracefully within {STOP_GRACE:?}; exiting anyway");
+                anyhow::Ok(())
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
+    });
+    // Tasks still blocked (a DNS lookup, say) must not hold the process.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}
+
+/// How long a graceful stop (handing the Lease back) may take: the Deployment gives the Pod 10 s
+/// after SIGTERM before it kills it.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(7);
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C. The handlers are installed when this is
+/// called, not when the future is first polled.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    Ok(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+        #[cfg(not(unix))]
         let _ = ctrl_c.await;
-    }
+    })
 }

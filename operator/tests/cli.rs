@@ -118,3 +118,65 @@ fn crd_prints_both_crds() {
         ]
     );
 }
+
+/// `teamgpu run` stops within the Deployment's grace period (10 s) when it gets SIGTERM, even
+/// while its API server never answers (here: a listener that accepts connections and says
+/// nothing, as a hung or partitioned API server does).
+#[test]
+fn sigterm_stops_run_within_the_grace_period_while_the_api_server_does_not_answer() {
+    use std::time::{Duration, Instant};
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = black_hole.local_addr().unwrap().port();
+    let dir = std::env::temp_dir().join(format!("teamgpu-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_teamgpu"))
+        .args([
+            "run",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("HOME", &dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "run waits for its API server"
+    );
+    let signalled = Instant::now();
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if signalled.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("teamgpu run ignored SIGTERM for 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("stopped {:?} after SIGTERM: {status}", signalled.elapsed());
+    assert!(
+        status.success(),
+        "a graceful stop, not death by signal: {status}"
+    );
+    drop(black_hole);
+    let _ = std::fs::remove_dir_all(&dir);
+}

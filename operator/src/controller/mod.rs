@@ -115,6 +115,17 @@ async fn own_user_name(client: &Client) -> Result<String, Error> {
         .ok_or(Error::Anonymous)
 }
 
+/// `step`'s output, or None when `stop` comes first.
+async fn stop_or<T>(
+    stop: impl std::future::Future<Output = ()>,
+    step: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        output = step => Some(output),
+        () = stop => None,
+    }
+}
+
 /// Check that both CRDs are served: a clear error beats a watch that retries forever.
 async fn check_crds(client: &Client) -> Result<(), Error> {
     let lp = ListParams::default().limit(1);
@@ -144,8 +155,24 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
-    check_crds(&client).await?;
-    let operator_user = own_user_name(&client).await?;
+    use futures::FutureExt as _;
+    // Observed during start-up too, where an API server that does not answer could hold us.
+    let shutdown = shutdown.shared();
+    let stopped = || {
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down during start-up");
+        }
+    };
+    let Some(started) = stop_or(stopped(), check_crds(&client)).await else {
+        return Ok(());
+    };
+    started?;
+    let Some(operator_user) = stop_or(stopped(), own_user_name(&client)).await else {
+        return Ok(());
+    };
+    let operator_user = operator_user?;
     tracing::info!(user = %operator_user, "exempt from teamgpu's own admission policies");
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
@@ -189,9 +216,13 @@ pub async fn run(
                 .with_identity(&config.identity)
                 .with_duration(config.lease_duration.as_secs().max(2))
                 .with_grace((config.lease_duration.as_secs() / 3).max(1))
-                .build()
-                .await?;
-        let (mut state, task) = manager.watch().await;
+                .build();
+        let Some(manager) = stop_or(stopped(), manager).await else {
+            return Ok(());
+        };
+        let Some((mut state, task)) = stop_or(stopped(), manager?.watch()).await else {
+            return Ok(());
+        };
         let forward = tokio::spawn(async move {
             while state.changed().await.is_ok() {
                 let is_leader = *state.borrow_and_update();
@@ -209,6 +240,7 @@ pub async fn run(
     tokio::select! {
         synced = stores.wait_until_ready() => if !synced { return Err(Error::NotSynced) },
         () = tokio::time::sleep(Duration::from_secs(300)) => return Err(Error::NotSynced),
+        () = stopped() => return Ok(()),
     }
     ready.store(true, Ordering::Relaxed);
     tracing::info!("watch caches synced");
