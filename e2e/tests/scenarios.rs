@@ -1354,6 +1354,96 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lending_limit_keeps_part_of_an_idle_guarantee_unlent() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let client = world.client.clone();
+    // 16 PCIe GPUs. "owner" is guaranteed 8 and lends at most 2 of them; "borrower" is
+    // guaranteed 4 and may hold up to 16. Nobody uses anything.
+    let policy: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "pcie"}, "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}})).unwrap();
+    Api::<GpuSharingPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    world.namespace("owner", None).await;
+    world.namespace("borrower", None).await;
+    let team = |name: &str, quota: serde_json::Value| -> TeamGpuPolicy {
+        serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": name},
+            "spec": {"namespaces": [world.ns(name)], "quotas": [quota]}})).unwrap()
+    };
+    let tgp: Api<TeamGpuPolicy> = Api::all(client.clone());
+    tgp.create(
+        &PostParams::default(),
+        &team(
+            "owner",
+            json!({"sharingPolicy": "pcie", "guaranteed": 8, "lendingLimit": 2}),
+        ),
+    )
+    .await
+    .unwrap();
+    tgp.create(
+        &PostParams::default(),
+        &team(
+            "borrower",
+            json!({"sharingPolicy": "pcie", "guaranteed": 4, "limit": 16}),
+        ),
+    )
+    .await
+    .unwrap();
+    let _operator = world.operator();
+    let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    let hard = |ns: &'static str, want: &'static str| {
+        let world = &world;
+        async move {
+            let h = world.quota_hard(ns).await?;
+            match h.get(key) {
+                Some(v) if v == want => Ok(()),
+                other => Err(format!("{ns}: {other:?}")),
+            }
+        }
+    };
+    // The borrower gets its 4, the 4 nobody is guaranteed and the owner's 2: 10, not 16.
+    eventually("the borrower may borrow 6", CONVERGE, || {
+        hard("borrower", "10")
+    })
+    .await;
+    eventually("the owner keeps its 8", CONVERGE, || hard("owner", "8")).await;
+    let owner = eventually(
+        "the owner's status says 6 kept unlent",
+        CONVERGE,
+        || async {
+            let s = world.team_status("owner").await?;
+            let q = s.quotas.first().cloned().ok_or("no quota status")?;
+            if q.reserved == 6 {
+                Ok(q)
+            } else {
+                Err(format!("{q:?}"))
+            }
+        },
+    )
+    .await;
+    assert!(
+        owner.explanation.contains("lending limit 2"),
+        "{}",
+        owner.explanation
+    );
+    // Without the limit, everything idle may be lent.
+    tgp.patch(
+        "owner",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"quotas": [{"sharingPolicy": "pcie", "guaranteed": 8}]}})),
+    )
+    .await
+    .unwrap();
+    eventually("the borrower may borrow 12", CONVERGE, || {
+        hard("borrower", "16")
+    })
+    .await;
+}
+
 /// The RBAC view of the requests a recorded client made: (API group, resource[/subresource],
 /// verb), e.g. ("", "pods/eviction", "create") from the counters' ("create", "pods/eviction").
 fn rbac_calls(requests: &Counters) -> BTreeSet<(String, String, String)> {

@@ -33,6 +33,8 @@ const EMPTY_SELECTOR: &str =
 const SYSTEM_NAMESPACE: &str =
     "system namespaces (kube-system, kube-public, kube-node-lease) cannot belong to a team";
 const LIMIT_BELOW_GUARANTEED: &str = "limit must be at least guaranteed";
+const LENDING_ABOVE_GUARANTEED: &str =
+    "lendingLimit must be at most guaranteed: it says how much of the guarantee may be lent";
 const DUPLICATE_QUOTA: &str = "each sharingPolicy may appear only once in quotas";
 
 struct Crds {
@@ -491,6 +493,26 @@ fn limit_below_guaranteed_is_rejected() {
 }
 
 #[test]
+fn lending_more_than_the_guarantee_is_rejected() {
+    rejects(
+        tgp(json!({"namespaces": ["research"], "quotas": [
+            {"sharingPolicy": "a100", "guaranteed": 4, "lendingLimit": 5}
+        ]})),
+        "spec.quotas[0]",
+        LENDING_ABOVE_GUARANTEED,
+    );
+}
+
+#[test]
+fn a_lending_limit_up_to_the_guarantee_is_accepted() {
+    for lending in [0, 2, 4] {
+        accepts(tgp(json!({"namespaces": ["research"], "quotas": [
+            {"sharingPolicy": "a100", "guaranteed": 4, "limit": 8, "lendingLimit": lending}
+        ]})));
+    }
+}
+
+#[test]
 fn duplicate_sharing_policy_is_rejected() {
     rejects(
         tgp(json!({"namespaces": ["research"], "quotas": [
@@ -806,6 +828,7 @@ fn every_rule_is_known_and_covered_above() {
         ("TeamGpuPolicy.spec.namespaces", SYSTEM_NAMESPACE),
         ("TeamGpuPolicy.spec.quotas", DUPLICATE_QUOTA),
         ("TeamGpuPolicy.spec.quotas[]", LIMIT_BELOW_GUARANTEED),
+        ("TeamGpuPolicy.spec.quotas[]", LENDING_ABOVE_GUARANTEED),
     ]
     .into_iter()
     .map(|(p, m)| (p.to_owned(), m.to_owned()))

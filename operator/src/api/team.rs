@@ -91,7 +91,9 @@ fn default_weight() -> u32 {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.limit) || self.limit >= self.guaranteed",
-     "message": "limit must be at least guaranteed"}
+     "message": "limit must be at least guaranteed"},
+    {"rule": "!has(self.lendingLimit) || self.lendingLimit <= self.guaranteed",
+     "message": "lendingLimit must be at most guaranteed: it says how much of the guarantee may be lent"}
 ]))]
 pub struct TeamQuota {
     /// The GpuSharingPolicy this entry is for.
@@ -112,6 +114,11 @@ pub struct TeamQuota {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub weight: Option<u32>,
+    /// How many of the team's unused guaranteed devices other teams may borrow; unset: all of
+    /// them. With 0 the guarantee is never lent, so it never has to be reclaimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100000))]
+    pub lending_limit: Option<u32>,
 }
 
 impl TeamQuota {
@@ -174,6 +181,9 @@ pub struct QuotaStatus {
     pub allocated: u32,
     /// Devices the team's Pods wait for.
     pub pending: u32,
+    /// Unused guaranteed devices kept back from lending by `lendingLimit`.
+    #[serde(default)]
+    pub reserved: u32,
     /// One line a person can read: how the entitlement came about.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub explanation: String,

@@ -551,8 +551,7 @@ impl Planner {
                         guaranteed: quota.guaranteed,
                         limit: quota.effective_limit(),
                         weight: quota.weight.unwrap_or(team.spec.weight),
-                        // Not in the TeamGpuPolicy API yet: everything unused may be lent.
-                        lending_limit: None,
+                        lending_limit: quota.lending_limit,
                         namespaces: namespaces.iter().map(|ns| ns_usage(ns, &class)).collect(),
                     })
                 })
@@ -995,6 +994,7 @@ fn team_report(
                     requested: s.requested,
                     allocated: s.allocated,
                     pending: s.pending,
+                    reserved: s.reserved,
                     explanation: s.explanation.to_string(),
                 }
             }
