@@ -59,6 +59,13 @@ async fn namespaces_of(cluster: &TestCluster, objects: &[Value]) {
     }
 }
 
+/// Creates the objects' namespaces, then asserts the API server accepts every object.
+async fn assert_accepted(cluster: &TestCluster, objects: &[Value]) {
+    namespaces_of(cluster, objects).await;
+    let failures = refused(cluster, objects).await;
+    assert!(failures.is_empty(), "refused:\n{}", failures.join("\n"));
+}
+
 fn all_objects(state: &ClusterState) -> Vec<Value> {
     let planned = plan(state);
     teamgpu::sync::desired(&planned.objects)
@@ -89,9 +96,7 @@ async fn the_example_plan_is_accepted_by_the_api_server() {
             "no {kind} planned"
         );
     }
-    namespaces_of(&cluster, &objects).await;
-    let failures = refused(&cluster, &objects).await;
-    assert!(failures.is_empty(), "refused:\n{}", failures.join("\n"));
+    assert_accepted(&cluster, &objects).await;
 }
 
 #[tokio::test]
@@ -141,9 +146,7 @@ async fn every_sharing_strategy_and_device_type_is_accepted() {
             || o["metadata"]["ownerReferences"].is_array()
             || o["metadata"]["labels"]["teamgpu.io/owner"] == "teamgpu"
     }));
-    namespaces_of(&cluster, &objects).await;
-    let failures = refused(&cluster, &objects).await;
-    assert!(failures.is_empty(), "refused:\n{}", failures.join("\n"));
+    assert_accepted(&cluster, &objects).await;
 }
 
 #[tokio::test]
@@ -161,8 +164,7 @@ async fn the_samples_are_accepted_by_the_generated_crds() {
         }
     }
     assert_eq!(docs.len(), 5);
-    let failures = refused(&cluster, &docs).await;
-    assert!(failures.is_empty(), "refused:\n{}", failures.join("\n"));
+    assert_accepted(&cluster, &docs).await;
 }
 
 #[tokio::test]

@@ -376,6 +376,34 @@ impl World {
         }
     }
 
+    /// A GpuSharingPolicy `pcie` of the 16 PCIe GPUs, and per (name, quota, reclaim) a team
+    /// owning a namespace of that name with that quota of `pcie`.
+    async fn pcie_teams<const N: usize>(
+        &self,
+        teams: [(&str, serde_json::Value, serde_json::Value); N],
+    ) {
+        let policy: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+            "metadata": {"name": "pcie"}, "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}})).unwrap();
+        Api::<GpuSharingPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap();
+        for (name, mut quota, reclaim) in teams {
+            self.namespace(name, None).await;
+            quota["sharingPolicy"] = json!("pcie");
+            let team: TeamGpuPolicy = serde_json::from_value(
+                json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+                "metadata": {"name": name},
+                "spec": {"namespaces": [self.ns(name)], "quotas": [quota], "reclaim": reclaim}}),
+            )
+            .unwrap();
+            Api::<TeamGpuPolicy>::all(self.client.clone())
+                .create(&PostParams::default(), &team)
+                .await
+                .unwrap();
+        }
+    }
+
     async fn team_status(&self, name: &str) -> Result<teamgpu::api::TeamGpuPolicyStatus, String> {
         let t = Api::<TeamGpuPolicy>::all(self.client.clone())
             .get(name)
@@ -1218,26 +1246,20 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     };
     let client = world.client.clone();
     // 16 PCIe GPUs; "owner" is guaranteed 8, "borrower" 4 and may borrow up to 16.
-    let policy: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-        "metadata": {"name": "pcie"}, "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}})).unwrap();
-    Api::<GpuSharingPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    world.namespace("owner", None).await;
-    world.namespace("borrower", None).await;
-    let team = |name: &str, guaranteed: u32, limit: u32, reclaim: bool| -> TeamGpuPolicy {
-        serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": name},
-            "spec": {"namespaces": [world.ns(name)], "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}],
-                     "reclaim": {"enabled": reclaim, "gracePeriodSeconds": 0}}})).unwrap()
-    };
-    let tgp: Api<TeamGpuPolicy> = Api::all(client.clone());
-    tgp.create(&PostParams::default(), &team("owner", 8, 8, true))
-        .await
-        .unwrap();
-    tgp.create(&PostParams::default(), &team("borrower", 4, 16, false))
-        .await
-        .unwrap();
+    world
+        .pcie_teams([
+            (
+                "owner",
+                json!({"guaranteed": 8, "limit": 8}),
+                json!({"enabled": true, "gracePeriodSeconds": 0}),
+            ),
+            (
+                "borrower",
+                json!({"guaranteed": 4, "limit": 16}),
+                json!({"enabled": false}),
+            ),
+        ])
+        .await;
     let _operator = world.operator();
     let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
     let hard = |ns: &'static str| {
@@ -1359,40 +1381,19 @@ async fn a_lending_limit_keeps_part_of_an_idle_guarantee_unlent() {
     let Some(world) = World::new().await else {
         return;
     };
-    let client = world.client.clone();
     // 16 PCIe GPUs. "owner" is guaranteed 8 and lends at most 2 of them; "borrower" is
     // guaranteed 4 and may hold up to 16. Nobody uses anything.
-    let policy: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-        "metadata": {"name": "pcie"}, "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}})).unwrap();
-    Api::<GpuSharingPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    world.namespace("owner", None).await;
-    world.namespace("borrower", None).await;
-    let team = |name: &str, quota: serde_json::Value| -> TeamGpuPolicy {
-        serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": name},
-            "spec": {"namespaces": [world.ns(name)], "quotas": [quota]}})).unwrap()
-    };
-    let tgp: Api<TeamGpuPolicy> = Api::all(client.clone());
-    tgp.create(
-        &PostParams::default(),
-        &team(
-            "owner",
-            json!({"sharingPolicy": "pcie", "guaranteed": 8, "lendingLimit": 2}),
-        ),
-    )
-    .await
-    .unwrap();
-    tgp.create(
-        &PostParams::default(),
-        &team(
-            "borrower",
-            json!({"sharingPolicy": "pcie", "guaranteed": 4, "limit": 16}),
-        ),
-    )
-    .await
-    .unwrap();
+    world
+        .pcie_teams([
+            (
+                "owner",
+                json!({"guaranteed": 8, "lendingLimit": 2}),
+                json!({}),
+            ),
+            ("borrower", json!({"guaranteed": 4, "limit": 16}), json!({})),
+        ])
+        .await;
+    let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
     let _operator = world.operator();
     let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
     let hard = |ns: &'static str, want: &'static str| {
