@@ -115,6 +115,35 @@ async fn own_user_name(client: &Client) -> Result<String, Error> {
         .ok_or(Error::Anonymous)
 }
 
+/// `step` again, with backoff (0.2 s doubling up to 5 s), while it fails in a way that may pass: a
+/// server error, throttling, or no connection (an API server restarting). Anything else, such
+/// as missing CRDs, is returned at once.
+async fn retry_transient<T, F, Fut>(mut step: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match step().await {
+            Err(Error::Api(error)) if is_transient(&error) => {
+                tracing::warn!(%error, "start-up request failed; retrying in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+        kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+        _ => false,
+    }
+}
+
 /// `step`'s output, or None when `stop` comes first.
 async fn stop_or<T>(
     stop: impl std::future::Future<Output = ()>,
@@ -165,11 +194,12 @@ pub async fn run(
             tracing::info!("shutting down during start-up");
         }
     };
-    let Some(started) = stop_or(stopped(), check_crds(&client)).await else {
+    let Some(started) = stop_or(stopped(), retry_transient(|| check_crds(&client))).await else {
         return Ok(());
     };
     started?;
-    let Some(operator_user) = stop_or(stopped(), own_user_name(&client)).await else {
+    let Some(operator_user) = stop_or(stopped(), retry_transient(|| own_user_name(&client))).await
+    else {
         return Ok(());
     };
     let operator_user = operator_user?;
