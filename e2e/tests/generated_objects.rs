@@ -49,12 +49,13 @@ async fn namespaces_of(cluster: &TestCluster, objects: &[Value]) {
         .iter()
         .filter_map(|o| o["metadata"]["namespace"].as_str())
     {
-        if api.get_opt(ns).await.unwrap().is_none() {
-            let namespace: Namespace =
-                serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-            api.create(&PostParams::default(), &namespace)
-                .await
-                .unwrap();
+        let namespace: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        // The tests run in parallel: another one may have made it first.
+        match api.create(&PostParams::default(), &namespace).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("creating namespace {ns}: {e}"),
         }
     }
 }
