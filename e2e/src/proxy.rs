@@ -393,29 +393,32 @@ async fn handle(
     let faults = lock(&shared.faults).clone();
 
     if !is_watch {
-        if shared.roll(faults.rate_500) {
+        let injected = if shared.roll(faults.rate_500) {
             counters.injected_500.fetch_add(1, Ordering::Relaxed);
-            counters.record_answer(500, || what(500, " (injected)"));
-            let body = status_json(
-                500,
+            Some((
+                StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalError",
                 "Internal error occurred: injected by the fault proxy",
                 None,
-            );
-            return Ok(json_response(StatusCode::INTERNAL_SERVER_ERROR, body));
-        }
-        if shared.roll(faults.rate_429) {
+            ))
+        } else if shared.roll(faults.rate_429) {
             counters.injected_429.fetch_add(1, Ordering::Relaxed);
-            counters.record_answer(429, || what(429, " (injected)"));
-            let body = status_json(
-                429,
+            Some((
+                StatusCode::TOO_MANY_REQUESTS,
                 "TooManyRequests",
                 "Too many requests, please try again later.",
                 Some(faults.retry_after_secs),
-            );
-            let mut res = json_response(StatusCode::TOO_MANY_REQUESTS, body);
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, faults.retry_after_secs.into());
+            ))
+        } else {
+            None
+        };
+        if let Some((status, reason, message, retry_after)) = injected {
+            let code = status.as_u16();
+            counters.record_answer(code, || what(code, " (injected)"));
+            let mut res = json_response(status, status_json(code, reason, message, retry_after));
+            if let Some(secs) = retry_after {
+                res.headers_mut().insert(header::RETRY_AFTER, secs.into());
+            }
             return Ok(res);
         }
     } else if let Some(rv) = q.resource_version

@@ -1472,26 +1472,22 @@ fn rbac_calls(requests: &Counters) -> BTreeSet<(String, String, String)> {
 
 /// The rules of `config/rbac`: (API groups, resources, verbs).
 fn rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/rbac");
+    let docs = teamgpu_e2e::fixtures::rbac_manifests().unwrap();
     let mut rules = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
-        for doc in docs
-            .iter()
-            .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
-        {
-            for rule in doc["rules"].as_array().into_iter().flatten() {
-                let strings = |k: &str| -> Vec<String> {
-                    rule[k]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                };
-                rules.push((strings("apiGroups"), strings("resources"), strings("verbs")));
-            }
+    for doc in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+    {
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            let strings = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            };
+            rules.push((strings("apiGroups"), strings("resources"), strings("verbs")));
         }
     }
     rules
