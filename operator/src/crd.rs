@@ -22,9 +22,29 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     ]
 }
 
+/// Deleting a CRD deletes every policy of its kind, and with them (owner references) every
+/// quota and admission binding teamgpu made: all GPU limits are lifted. Argo CD must never prune
+/// one, even when it disappears from Git or the Application is deleted.
+const PROTECTION_ANNOTATIONS: [(&str, &str); 2] = [
+    (
+        "argocd.argoproj.io/sync-options",
+        "Prune=false,Delete=false",
+    ),
+    // Created before the policies in the same sync.
+    ("argocd.argoproj.io/sync-wave", "-1"),
+];
+
 /// Generated objects carry `teamgpu.io/owner: <Kind>.<name>`; a label value holds at most 63
 /// characters, so the name may hold at most `63 - len(Kind) - 1`.
 fn with_name_limit(mut crd: CustomResourceDefinition, max: usize) -> CustomResourceDefinition {
+    crd.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .extend(
+            PROTECTION_ANNOTATIONS
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
     let rule = ValidationRule {
         rule: format!("self.metadata.name.size() <= {max}"),
         message: Some(format!(

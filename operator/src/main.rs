@@ -64,6 +64,14 @@ struct RunArgs {
     /// Seconds between safety-net passes (they write nothing when nothing differs).
     #[arg(long, env = "TEAMGPU_RESYNC_SECONDS", default_value_t = 3600)]
     resync_seconds: u64,
+    /// A group that may move any namespace into or out of any team and exempt namespaces from
+    /// teamgpu (repeat, or comma-separated). Default: system:masters, kubeadm:cluster-admins.
+    #[arg(
+        long = "admin-group",
+        env = "TEAMGPU_ADMIN_GROUPS",
+        value_delimiter = ','
+    )]
+    admin_groups: Vec<String>,
     /// Log format.
     #[arg(long, env = "TEAMGPU_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -145,6 +153,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         reclaim_default: args.reclaim,
         reclaim_grace: std::time::Duration::from_secs(args.reclaim_grace_seconds),
         resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),
+        admin_groups: (!args.admin_groups.is_empty()).then_some(args.admin_groups),
         ..teamgpu::controller::Config::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

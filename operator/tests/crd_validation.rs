@@ -36,6 +36,8 @@ const LIMIT_BELOW_GUARANTEED: &str = "limit must be at least guaranteed";
 const LENDING_ABOVE_GUARANTEED: &str =
     "lendingLimit must be at most guaranteed: it says how much of the guarantee may be lent";
 const DUPLICATE_QUOTA: &str = "each sharingPolicy may appear only once in quotas";
+const MEMBER_NAMESPACE: &str =
+    "namespace is required for a ServiceAccount member and not allowed for a User or Group";
 
 struct Crds {
     gsp: CustomResourceDefinition,
@@ -504,6 +506,38 @@ fn lending_more_than_the_guarantee_is_rejected() {
 }
 
 #[test]
+fn a_service_account_member_without_namespace_is_rejected() {
+    rejects(
+        tgp(json!({"namespaces": ["research"], "members": [
+            {"kind": "User", "name": "alice"},
+            {"kind": "ServiceAccount", "name": "argocd"}
+        ]})),
+        "spec.members[1]",
+        MEMBER_NAMESPACE,
+    );
+}
+
+#[test]
+fn a_user_member_with_a_namespace_is_rejected() {
+    rejects(
+        tgp(json!({"namespaces": ["research"], "members": [
+            {"kind": "Group", "name": "ml", "namespace": "research"}
+        ]})),
+        "spec.members[0]",
+        MEMBER_NAMESPACE,
+    );
+}
+
+#[test]
+fn members_of_every_kind_are_accepted() {
+    accepts(tgp(json!({"namespaces": ["research"], "members": [
+        {"kind": "User", "name": "alice@example.com"},
+        {"kind": "Group", "name": "ml-research"},
+        {"kind": "ServiceAccount", "name": "argocd", "namespace": "gitops"}
+    ]})));
+}
+
+#[test]
 fn a_lending_limit_up_to_the_guarantee_is_accepted() {
     for lending in [0, 2, 4] {
         accepts(tgp(json!({"namespaces": ["research"], "quotas": [
@@ -824,6 +858,7 @@ fn every_rule_is_known_and_covered_above() {
         ),
         ("TeamGpuPolicy", TGP_NAME_TOO_LONG),
         ("TeamGpuPolicy.spec", NO_NAMESPACES),
+        ("TeamGpuPolicy.spec.members[]", MEMBER_NAMESPACE),
         ("TeamGpuPolicy.spec.namespaceSelector", EMPTY_SELECTOR),
         ("TeamGpuPolicy.spec.namespaces", SYSTEM_NAMESPACE),
         ("TeamGpuPolicy.spec.quotas", DUPLICATE_QUOTA),

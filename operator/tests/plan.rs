@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu::plan::{ClusterState, NamespaceInfo, Plan, plan};
@@ -110,11 +110,39 @@ fn the_example_plans_every_kind_of_object() {
             "ml-research-train"
         ]
     );
-    assert_eq!(plan.objects.admission_policies.len(), 2);
+    let names = |objects: Vec<Option<String>>| -> Vec<String> {
+        objects.into_iter().map(Option::unwrap).collect()
+    };
     assert_eq!(
-        plan.objects.admission_bindings.len(),
-        4,
-        "three teams and the non-team binding"
+        names(
+            plan.objects
+                .admission_policies
+                .iter()
+                .map(|p| p.metadata.name.clone())
+                .collect()
+        ),
+        [
+            "teamgpu-team-requests",
+            "teamgpu-non-team-requests",
+            "teamgpu-namespace-membership"
+        ]
+    );
+    assert_eq!(
+        names(
+            plan.objects
+                .admission_bindings
+                .iter()
+                .map(|p| p.metadata.name.clone())
+                .collect()
+        ),
+        [
+            "teamgpu-team-data-science",
+            "teamgpu-team-inference",
+            "teamgpu-team-ml-research",
+            "teamgpu-namespace-membership",
+            "teamgpu-non-team-requests"
+        ],
+        "three teams, who moves namespaces, and the non-team binding"
     );
     for report in &plan.sharing_policies {
         assert!(condition(&report.conditions, "Ready").status, "{report:?}");
@@ -743,4 +771,104 @@ fn a_claim_change_recounts_one_namespace_and_a_slice_change_one_pool() {
     assert_eq!(pools[0].pool, state.slices[2].spec.pool.name);
     assert!(planner.update_claims(&state.claims).is_empty());
     assert_eq!(planner.plan(&state), plan(&state));
+}
+
+/// A claim in `namespace` for `devices` (pool, device) of the NVIDIA driver through the
+/// driver's own class `gpu.nvidia.com`, allocated; with admin access when `admin`.
+fn driver_claim(namespace: &str, devices: &[(String, String)], admin: bool) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "legacy", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "count": devices.len(), "adminAccess": admin}}]}},
+        "status": {"allocation": {"devices": {"results": devices.iter().map(|(pool, device)| json!({
+            "request": "gpu", "driver": "gpu.nvidia.com", "pool": pool, "device": device,
+            "adminAccess": admin})).collect::<Vec<_>>()}}}
+    }))
+    .unwrap()
+}
+
+/// A100-80GB devices of the example that no claim holds: (pool, device).
+fn free_80gb_devices(state: &ClusterState) -> Vec<(String, String)> {
+    let taken: Vec<(String, String)> = state
+        .claims
+        .iter()
+        .filter_map(|c| {
+            c.status
+                .as_ref()?
+                .allocation
+                .as_ref()?
+                .devices
+                .as_ref()?
+                .results
+                .clone()
+        })
+        .flatten()
+        .map(|r| (r.pool, r.device))
+        .collect();
+    let mut free = Vec::new();
+    for slice in &state.slices {
+        for device in slice.spec.devices.iter().flatten() {
+            let product = device
+                .attributes
+                .as_ref()
+                .and_then(|a| a.get("productName")?.string.clone());
+            let id = (slice.spec.pool.name.clone(), device.name.clone());
+            if product.as_deref() == Some("NVIDIA A100-SXM4-80GB") && !taken.contains(&id) {
+                free.push(id);
+            }
+        }
+    }
+    free
+}
+
+/// The plan's report on sharing policy `name`.
+fn report_of<'a>(plan: &'a Plan, name: &str) -> &'a teamgpu::plan::SharingPolicyReport {
+    plan.sharing_policies
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap_or_else(|| panic!("no report on {name}"))
+}
+
+#[test]
+fn devices_allocated_outside_teams_are_taken_from_the_teams_capacity_and_reported() {
+    let mut state = example();
+    let free = free_80gb_devices(&state);
+    state.namespaces.push(NamespaceInfo {
+        name: "legacy-batch".into(),
+        ..Default::default()
+    });
+    state
+        .claims
+        .push(driver_claim("legacy-batch", &free[..2], false));
+    let planned = plan(&state);
+    let a100 = report_of(&planned, "a100-80gb");
+    assert_eq!((a100.capacity, a100.used_outside_teams), (32, 2));
+    let outside = condition(&a100.conditions, "UsedOutsideTeams");
+    assert!(outside.status);
+    assert_eq!(
+        outside.message,
+        "2 of 32 matching devices are allocated through other DeviceClasses, to legacy-batch/legacy: teams share the other 30"
+    );
+    let shared = report_of(&planned, "a100-shared");
+    assert!(!condition(&shared.conditions, "UsedOutsideTeams").status);
+    for team in &planned.teams {
+        for q in team
+            .quotas
+            .iter()
+            .filter(|q| q.sharing_policy == "a100-80gb")
+        {
+            assert_eq!(q.capacity, 30, "{}: {q:?}", team.name);
+        }
+    }
+
+    // Admin access (a monitoring agent, say) takes no device from anyone.
+    let mut state = example();
+    state
+        .claims
+        .push(driver_claim("legacy-batch", &free[..2], true));
+    let planned = plan(&state);
+    let a100 = report_of(&planned, "a100-80gb");
+    assert_eq!(a100.used_outside_teams, 0);
+    assert!(!condition(&a100.conditions, "UsedOutsideTeams").status);
 }

@@ -264,7 +264,15 @@ pub struct GpuSharingPolicyStatus {
     /// Matching devices published in ResourceSlices (complete pools, untainted).
     #[serde(default)]
     pub devices: u32,
+    /// Of those, devices allocated through other DeviceClasses (outside every team, or from
+    /// before teamgpu governed them): not available to teams.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub used_outside_teams: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

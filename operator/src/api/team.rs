@@ -80,6 +80,54 @@ pub struct TeamGpuPolicySpec {
     /// Taking borrowed devices back from other teams when this team needs its guarantee.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim: Option<Reclaim>,
+    /// Who may add a namespace to the team (or take one out) by labelling it so that
+    /// `namespaceSelector` matches (or stops matching). Subjects as in a RoleBinding. Unset or
+    /// empty: only the operator's admin groups may.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub members: Vec<Member>,
+}
+
+/// A user, group or ServiceAccount, as a RoleBinding's subject names it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.kind == 'ServiceAccount' ? has(self.__namespace__) : !has(self.__namespace__)",
+     "message": "namespace is required for a ServiceAccount member and not allowed for a User or Group"}
+]))]
+pub struct Member {
+    pub kind: MemberKind,
+    /// The user or group name as the API server authenticates it, or the ServiceAccount's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The ServiceAccount's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum MemberKind {
+    User,
+    Group,
+    ServiceAccount,
+}
+
+impl Member {
+    /// The user name a request of this member carries (`None` for a group).
+    pub fn user_name(&self) -> Option<String> {
+        match self.kind {
+            MemberKind::User => Some(self.name.clone()),
+            MemberKind::Group => None,
+            MemberKind::ServiceAccount => Some(format!(
+                "system:serviceaccount:{}:{}",
+                self.namespace.as_deref().unwrap_or_default(),
+                self.name
+            )),
+        }
+    }
 }
 
 fn default_weight() -> u32 {

@@ -8,6 +8,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::plan::Plan;
+use crate::plan::conditions::DesiredCondition;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -37,6 +38,25 @@ pub struct PolicyLabels {
     pub sharing_policy: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    pub sharing_policy: String,
+    pub for_team: String,
+    pub borrower: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    pub kind: &'static str,
+    pub name: String,
+    pub r#type: &'static str,
+}
+
 /// Every metric teamgpu exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -51,7 +71,13 @@ pub struct Metrics {
     pub requested: Family<TeamLabels, Gauge>,
     pub allocated: Family<TeamLabels, Gauge>,
     pub borrowed: Family<TeamLabels, Gauge>,
+    pub pending: Family<TeamLabels, Gauge>,
+    pub effective_guarantee: Family<TeamLabels, Gauge>,
     pub capacity: Family<PolicyLabels, Gauge>,
+    pub used_outside_teams: Family<PolicyLabels, Gauge>,
+    pub conditions: Family<ConditionLabels, Gauge>,
+    pub evictions: Family<EvictionLabels, Counter>,
+    pub evictions_refused: Family<EvictionLabels, Counter>,
     pub leader: Gauge,
 }
 
@@ -107,12 +133,53 @@ impl Default for Metrics {
             "team_borrowed_devices",
             "Entitlement above the effective guarantee",
         );
+        let pending = team_gauge(
+            &mut registry,
+            "team_pending_devices",
+            "Devices the team's Pods wait for",
+        );
+        let effective_guarantee = team_gauge(
+            &mut registry,
+            "team_effective_guarantee_devices",
+            "Guarantee after scaling to the pool's capacity",
+        );
         let capacity = Family::<PolicyLabels, Gauge>::default();
         registry.register(
             "sharing_policy_capacity_devices",
             "Matching devices",
             capacity.clone(),
         );
+        let used_outside_teams = Family::<PolicyLabels, Gauge>::default();
+        registry.register(
+            "sharing_policy_used_outside_teams_devices",
+            "Matching devices allocated through other DeviceClasses, outside every team",
+            used_outside_teams.clone(),
+        );
+        let conditions = Family::<ConditionLabels, Gauge>::default();
+        registry.register(
+            "condition",
+            "1 while the condition of a TeamGpuPolicy or GpuSharingPolicy is True, else 0",
+            conditions.clone(),
+        );
+        let evictions = Family::<EvictionLabels, Counter>::default();
+        registry.register(
+            "evictions",
+            "Pods evicted to give borrowed devices back",
+            evictions.clone(),
+        );
+        let evictions_refused = Family::<EvictionLabels, Counter>::default();
+        registry.register(
+            "evictions_refused",
+            "Evictions the API server refused (a PodDisruptionBudget) or that timed out",
+            evictions_refused.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register("build_info", "The running teamgpu version", build_info);
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -131,7 +198,13 @@ impl Default for Metrics {
             requested,
             allocated,
             borrowed,
+            pending,
+            effective_guarantee,
             capacity,
+            used_outside_teams,
+            conditions,
+            evictions,
+            evictions_refused,
             leader,
         }
     }
@@ -147,10 +220,14 @@ impl Metrics {
             &self.requested,
             &self.allocated,
             &self.borrowed,
+            &self.pending,
+            &self.effective_guarantee,
         ] {
             family.clear();
         }
         self.capacity.clear();
+        self.used_outside_teams.clear();
+        self.conditions.clear();
         for team in &plan.teams {
             for q in &team.quotas {
                 let labels = TeamLabels {
@@ -171,7 +248,12 @@ impl Metrics {
                     .get_or_create(&labels)
                     .set(q.allocated.into());
                 self.borrowed.get_or_create(&labels).set(q.borrowed.into());
+                self.pending.get_or_create(&labels).set(q.pending.into());
+                self.effective_guarantee
+                    .get_or_create(&labels)
+                    .set(q.effective_guarantee.into());
             }
+            self.observe_conditions("TeamGpuPolicy", &team.name, &team.conditions);
         }
         for p in &plan.sharing_policies {
             self.capacity
@@ -179,6 +261,24 @@ impl Metrics {
                     sharing_policy: p.name.clone(),
                 })
                 .set(p.capacity.into());
+            self.used_outside_teams
+                .get_or_create(&PolicyLabels {
+                    sharing_policy: p.name.clone(),
+                })
+                .set(p.used_outside_teams.into());
+            self.observe_conditions("GpuSharingPolicy", &p.name, &p.conditions);
+        }
+    }
+
+    fn observe_conditions(&self, kind: &'static str, name: &str, conditions: &[DesiredCondition]) {
+        for c in conditions {
+            self.conditions
+                .get_or_create(&ConditionLabels {
+                    kind,
+                    name: name.to_owned(),
+                    r#type: c.type_,
+                })
+                .set(i64::from(c.status));
         }
     }
 
@@ -189,5 +289,29 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_becomes_series_a_dashboard_and_alerts_can_read() {
+        let state = crate::example::state().unwrap();
+        let plan = crate::plan::plan(&state);
+        let metrics = Metrics::default();
+        metrics.observe_plan(&plan);
+        let text = metrics.encode();
+        for line in [
+            "teamgpu_build_info{version=\"0.1.0\"} 1",
+            "teamgpu_condition{kind=\"TeamGpuPolicy\",name=\"inference\",type=\"Ready\"} 1",
+            "teamgpu_condition{kind=\"GpuSharingPolicy\",name=\"a100-80gb\",type=\"UsedOutsideTeams\"} 0",
+            "teamgpu_sharing_policy_used_outside_teams_devices{sharing_policy=\"a100-80gb\"} 0",
+            "teamgpu_team_effective_guarantee_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 12",
+            "teamgpu_team_pending_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
     }
 }

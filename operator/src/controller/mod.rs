@@ -57,6 +57,9 @@ pub struct Config {
     pub resync: Duration,
     /// Quiet time after an event before planning, so a burst of events makes one pass.
     pub debounce: Duration,
+    /// Groups that may move any namespace into or out of any team and exempt namespaces
+    /// (`None`: [`plan::namespace_admission::DEFAULT_ADMIN_GROUPS`]).
+    pub admin_groups: Option<Vec<String>>,
 }
 
 impl Default for Config {
@@ -73,6 +76,7 @@ impl Default for Config {
             reclaim_grace: Duration::from_secs(120),
             resync: Duration::from_secs(3600),
             debounce: Duration::from_millis(100),
+            admin_groups: None,
         }
     }
 }
@@ -474,6 +478,7 @@ impl Reconciler {
             claims: Vec::new(),
             pending,
             operator_user: Some(self.operator_user.clone()),
+            admin_groups: self.config.admin_groups.clone(),
         };
         (state, sharing, teams, malformed)
     }
@@ -645,14 +650,35 @@ impl Reconciler {
                 }
             }
         }
+        // Team members usually cannot read events of cluster-scoped objects (they land in
+        // `default`): each team event is also recorded in every namespace of the team.
+        let copies: Vec<_> = events
+            .iter()
+            .flat_map(|(reference, type_, reason, note)| {
+                let namespaces = plan
+                    .teams
+                    .iter()
+                    .find(|t| {
+                        reference.kind.as_deref() == Some("TeamGpuPolicy")
+                            && reference.name.as_deref() == Some(t.name.as_str())
+                    })
+                    .map(|t| t.namespaces.as_slice())
+                    .unwrap_or_default();
+                in_team_namespaces(reference, namespaces)
+                    .into_iter()
+                    .map(move |(copy, prefix)| (copy, *type_, *reason, format!("{prefix}{note}")))
+            })
+            .collect();
+        events.extend(copies);
         // The status that records a finding may not be in the cache yet at the next pass: what
         // was published stays remembered until the live status stops calling it new.
         let keys: Vec<(String, &str, String)> = events
             .iter()
             .map(|(r, _, reason, note)| {
                 let object = format!(
-                    "{}/{}",
+                    "{}/{}/{}",
                     r.kind.as_deref().unwrap_or_default(),
+                    r.namespace.as_deref().unwrap_or_default(),
                     r.name.as_deref().unwrap_or_default()
                 );
                 (object, *reason, note.clone())
@@ -684,10 +710,72 @@ impl Reconciler {
     }
 }
 
+/// Where an event about a team (`reference`, its TeamGpuPolicy) is also recorded: the team's
+/// ResourceQuota in each of its `namespaces` (an event in a namespace must be about an object
+/// there), with the prefix that names the team in the note. Pure.
+pub fn in_team_namespaces(
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    namespaces: &[String],
+) -> Vec<(k8s_openapi::api::core::v1::ObjectReference, String)> {
+    let team = reference.name.clone().unwrap_or_default();
+    namespaces
+        .iter()
+        .map(|namespace| {
+            let quota = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("ResourceQuota".into()),
+                name: Some(plan::objects::QUOTA_NAME.into()),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            };
+            (quota, format!("TeamGpuPolicy {team}: "))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_team_event_is_copied_to_the_quota_of_each_team_namespace() {
+        let team = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("teamgpu.io/v1alpha1".into()),
+            kind: Some("TeamGpuPolicy".into()),
+            name: Some("ml-research".into()),
+            ..Default::default()
+        };
+        let copies = in_team_namespaces(&team, &["ml-dev".into(), "ml-train".into()]);
+        let shown: Vec<(String, String, String, String)> = copies
+            .into_iter()
+            .map(|(r, prefix)| {
+                (
+                    r.kind.unwrap(),
+                    r.namespace.unwrap(),
+                    r.name.unwrap(),
+                    prefix,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (
+                    "ResourceQuota".into(),
+                    "ml-dev".into(),
+                    "teamgpu".into(),
+                    "TeamGpuPolicy ml-research: ".into()
+                ),
+                (
+                    "ResourceQuota".into(),
+                    "ml-train".into(),
+                    "teamgpu".into(),
+                    "TeamGpuPolicy ml-research: ".into()
+                ),
+            ]
+        );
+    }
 
     #[test]
     fn a_policy_that_does_not_fit_its_type_is_skipped_and_reported() {

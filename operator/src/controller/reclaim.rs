@@ -12,7 +12,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use super::Reconciler;
-use super::metrics::WriteLabels;
+use super::metrics::{EvictionLabels, WriteLabels};
 use crate::api::TeamGpuPolicy;
 use crate::plan::Plan;
 use crate::plan::usage::allocated_by_class;
@@ -26,8 +26,10 @@ pub struct Tracker {
     waiting_since: BTreeMap<(String, String), Instant>,
 }
 
-/// The Pods to evict so that `devices` devices of `class` come free in `namespaces`: the Pods
-/// holding the newest allocated claims first (the least work lost). Pure.
+/// The Pods to evict so that up to `devices` devices of `class` come free in `namespaces`: the
+/// Pods holding the newest allocated claims first (the least work lost). A claim holding more
+/// than what is still to free is passed over: `devices` is what the borrower holds above its
+/// own fair entitlement, and evicting more would take it below its guarantee. Pure.
 pub fn victims<'a>(
     claims: impl IntoIterator<Item = &'a ResourceClaim>,
     namespaces: &[String],
@@ -56,6 +58,9 @@ pub fn victims<'a>(
     for (claim, n) in held {
         if freed >= u64::from(devices) {
             break;
+        }
+        if freed + n > u64::from(devices) {
+            continue;
         }
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let pods: Vec<_> = claim
@@ -123,6 +128,11 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
                     verb: "evict",
                 })
                 .inc();
+            let labels = EvictionLabels {
+                sharing_policy: order.sharing_policy.clone(),
+                for_team: order.for_team.clone(),
+                borrower: order.borrower.clone(),
+            };
             let api: Api<Pod> = Api::namespaced(r.client.clone(), &namespace);
             let note = format!(
                 "evicting {namespace}/{pod}: {} borrowed {} devices of {} that {} needs back",
@@ -138,6 +148,7 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
                 ))
             }) {
                 Ok(_) => {
+                    r.metrics.evictions.get_or_create(&labels).inc();
                     tracing::info!(%note, "reclaim");
                     let event = Event {
                         type_: EventType::Warning,
@@ -149,6 +160,35 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
                     if let Some(team) = teams.iter().find(|t| t.name_any() == order.borrower) {
                         let _ = r.recorder.publish(&event, &team.object_ref(&())).await;
                     }
+                    // Both teams' members see it in their own namespaces.
+                    let waiting_namespaces = plan
+                        .teams
+                        .iter()
+                        .find(|t| t.name == order.for_team)
+                        .map(|t| t.namespaces.as_slice())
+                        .unwrap_or_default();
+                    for (team, namespaces) in [
+                        (&order.borrower, borrower.namespaces.as_slice()),
+                        (&order.for_team, waiting_namespaces),
+                    ] {
+                        let reference = k8s_openapi::api::core::v1::ObjectReference {
+                            kind: Some("TeamGpuPolicy".into()),
+                            name: Some(team.clone()),
+                            ..Default::default()
+                        };
+                        for (quota, prefix) in super::in_team_namespaces(&reference, namespaces) {
+                            let copy = Event {
+                                type_: EventType::Warning,
+                                reason: "Reclaimed".into(),
+                                note: Some(format!("{prefix}{note}")),
+                                action: "Evict".into(),
+                                secondary: None,
+                            };
+                            if let Err(error) = r.recorder.publish(&copy, &quota).await {
+                                tracing::debug!(%error, "event not recorded");
+                            }
+                        }
+                    }
                     let pod_ref = k8s_openapi::api::core::v1::ObjectReference {
                         api_version: Some("v1".into()),
                         kind: Some("Pod".into()),
@@ -159,7 +199,10 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
                     let _ = r.recorder.publish(&event, &pod_ref).await;
                 }
                 // 429: a PodDisruptionBudget does not allow it now; the next pass tries again.
-                Err(error) => tracing::info!(%error, %note, "eviction refused; will retry"),
+                Err(error) => {
+                    r.metrics.evictions_refused.get_or_create(&labels).inc();
+                    tracing::info!(%error, %note, "eviction refused; will retry");
+                }
             }
         }
     }
@@ -201,6 +244,18 @@ mod tests {
                 ("b".to_owned(), "p-new".to_owned()),
                 ("b".to_owned(), "p-mid".to_owned())
             ]
+        );
+        // The 2-device claim would free more than the borrower owes: never below its guarantee.
+        assert_eq!(
+            victims(&claims, &ns, "a.teamgpu.io", 3),
+            [
+                ("b".to_owned(), "p-new".to_owned()),
+                ("b".to_owned(), "p-mid".to_owned())
+            ]
+        );
+        assert_eq!(
+            victims(&claims[..1], &ns, "a.teamgpu.io", 1),
+            Vec::<(String, String)>::new()
         );
         assert!(victims(&claims, &ns, "other.teamgpu.io", 2).is_empty());
         assert!(victims(&claims, &["c".to_owned()], "a.teamgpu.io", 2).is_empty());

@@ -6,8 +6,14 @@
 //!   ResourceClaimTemplates, a governed DeviceClass the team has no quota for (in `exactly` and in
 //!   every `firstAvailable` subrequest), opaque config for a teamgpu class (it would override the
 //!   sharing strategy), `adminAccess`, and `allocationMode: All` on a teamgpu class.
-//! - `teamgpu-non-team-requests`, bound to every namespace outside all teams: no teamgpu class
-//!   there at all.
+//! - `teamgpu-non-team-requests`, bound to every namespace outside all teams except those a
+//!   cluster admin exempted (label `teamgpu.io/exempt: "true"`): no governed class there at all,
+//!   neither teamgpu's nor a foreign class that selects governed devices.
+//!
+//! Both also deny Pods that ask for a governed class's devices as an extended resource (the
+//! class's `extendedResourceName`, or the `deviceclass.resource.kubernetes.io/<class>` name every
+//! class has under DRAExtendedResource): the scheduler would create the claim for them, past
+//! the policies above. In a team namespace a class the team has a quota for is allowed.
 //!
 //! Neither policy applies to the operator itself (a `matchConditions` entry on its user name):
 //! admission takes a moment to see a binding the operator just wrote, and the operator's own
@@ -40,6 +46,22 @@ pub const NON_TEAM_BINDING_NAME: &str = "teamgpu-non-team-requests";
 pub const DEFAULT_OPERATOR_USER: &str = "system:serviceaccount:teamgpu-system:teamgpu";
 /// The label Kubernetes sets on every namespace to its name (NamespaceDefaultLabelName, 1.21+).
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// A namespace outside every team with this label set to `"true"` may use governed classes
+/// directly (system workloads such as monitoring agents). Only admin groups may set it.
+pub const EXEMPT_LABEL: &str = "teamgpu.io/exempt";
+/// The extended resource name every DeviceClass has under DRAExtendedResource (KEP-5004):
+/// `deviceclass.resource.kubernetes.io/<class>`.
+pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// The DeviceClasses whose devices teamgpu governs, as admission needs them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Governed {
+    /// Foreign classes (not teamgpu's) that select governed devices; teamgpu's own classes are
+    /// recognised by their suffix.
+    pub foreign: BTreeSet<String>,
+    /// Every extended resource name that reaches a governed class, teamgpu's included.
+    pub extended: BTreeSet<String>,
+}
 
 /// The binding of a team: `teamgpu-team-<team>`.
 pub fn team_binding_name(team: &str) -> String {
@@ -79,20 +101,67 @@ fn common_variables() -> Vec<Variable> {
     ]
 }
 
+/// [`common_variables`] and the governed classes and extended resource names.
+fn governed_variables(governed: &Governed) -> Vec<Variable> {
+    let mut variables = common_variables();
+    variables.push(Variable {
+        name: "governed".into(),
+        expression: cel_list(&governed.foreign),
+    });
+    variables.push(Variable {
+        name: "extended".into(),
+        expression: cel_list(&governed.extended),
+    });
+    variables
+}
+
 fn rules() -> MatchResources {
     MatchResources {
-        resource_rules: Some(vec![NamedRuleWithOperations {
-            api_groups: Some(vec!["resource.k8s.io".into()]),
-            api_versions: Some(vec!["*".into()]),
-            operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-            resources: Some(vec![
-                "resourceclaims".into(),
-                "resourceclaimtemplates".into(),
-            ]),
-            ..NamedRuleWithOperations::default()
-        }]),
+        resource_rules: Some(vec![
+            NamedRuleWithOperations {
+                api_groups: Some(vec!["resource.k8s.io".into()]),
+                api_versions: Some(vec!["*".into()]),
+                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                resources: Some(vec![
+                    "resourceclaims".into(),
+                    "resourceclaimtemplates".into(),
+                ]),
+                ..NamedRuleWithOperations::default()
+            },
+            // A Pod's resources cannot change after creation.
+            NamedRuleWithOperations {
+                api_groups: Some(vec![String::new()]),
+                api_versions: Some(vec!["v1".into()]),
+                operations: Some(vec!["CREATE".into()]),
+                resources: Some(vec!["pods".into()]),
+                ..NamedRuleWithOperations::default()
+            },
+        ]),
         ..MatchResources::default()
     }
+}
+
+/// A CEL list literal of `items`.
+fn cel_list<'a>(items: impl IntoIterator<Item = &'a String>) -> String {
+    let items: Vec<String> = items
+        .into_iter()
+        .map(|c| super::selector::cel_string(c))
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// Whether a Pod (`object`) has a container or init container asking for an extended resource
+/// for which `pred(k)` holds (`K` stands for the resource name in `pred`).
+fn pod_asks_for(pred: &str) -> String {
+    let pred = pred.replace('K', "k");
+    let asks = format!(
+        "has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(k, {pred})) || \
+         (has(c.resources.limits) && c.resources.limits.exists(k, {pred})))"
+    );
+    format!(
+        "(object.kind == 'Pod' && (object.spec.containers.exists(c, {asks}) || \
+         (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {asks}))))"
+    )
 }
 
 /// Requests by anyone but the operator (`operator`, its user name).
@@ -129,22 +198,17 @@ fn validation(expression: String, message_expression: &str) -> Validation {
 /// The policy for team namespaces. `governed` are the foreign DeviceClass names that select
 /// devices teamgpu governs; teamgpu's own classes are recognised by their suffix. `operator` is
 /// the operator's user name, which the policy leaves alone.
-pub fn team_policy(governed: &BTreeSet<String>, operator: &str) -> ValidatingAdmissionPolicy {
-    let governed_list = governed
-        .iter()
-        .map(|c| super::selector::cel_string(c))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut variables = common_variables();
-    variables.push(Variable {
-        name: "governed".into(),
-        expression: format!("[{governed_list}]"),
-    });
+pub fn team_policy(governed: &Governed, operator: &str) -> ValidatingAdmissionPolicy {
+    let mut variables = governed_variables(governed);
     variables.push(Variable {
         name: "allowed".into(),
         expression: format!(
             "has(params.spec.quotas) ? params.spec.quotas.map(q, q.sharingPolicy + '.{GROUP}') : []"
         ),
+    });
+    variables.push(Variable {
+        name: "allowedExtended".into(),
+        expression: format!("variables.allowed.map(c, '{IMPLICIT_EXTENDED_PREFIX}' + c)"),
     });
     let denied_class = "((CLASS.endsWith('.teamgpu.io') || CLASS in variables.governed) && !(CLASS in variables.allowed))";
     let who = "' (namespace ' + request.namespace + ' belongs to TeamGpuPolicy ' + params.metadata.name + ')'";
@@ -175,6 +239,15 @@ pub fn team_policy(governed: &BTreeSet<String>, operator: &str) -> ValidatingAdm
              (has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.allocationMode) && s.allocationMode == 'All' && s.deviceClassName.endsWith('.teamgpu.io'))))".into(),
             &format!("'allocationMode All is not allowed on teamgpu DeviceClasses: request an exact count' + {who}"),
         ),
+        validation(
+            format!(
+                "!{}",
+                pod_asks_for("K in variables.extended && !(K in variables.allowedExtended)")
+            ),
+            &format!(
+                "'a container asks for a GPU extended resource outside the team\\'s quotas; use a ResourceClaimTemplate of: [' + variables.allowed.join(', ') + ']' + {who}"
+            ),
+        ),
     ];
     ValidatingAdmissionPolicy {
         metadata: meta(TEAM_POLICY_NAME),
@@ -194,23 +267,35 @@ pub fn team_policy(governed: &BTreeSet<String>, operator: &str) -> ValidatingAdm
     }
 }
 
-/// The policy for namespaces outside every team: no teamgpu DeviceClass. `operator` as for
-/// [`team_policy`].
-pub fn non_team_policy(operator: &str) -> ValidatingAdmissionPolicy {
+/// The policy for namespaces outside every team: no governed DeviceClass, by claim, template or
+/// extended resource. `governed` and `operator` as for [`team_policy`].
+pub fn non_team_policy(governed: &Governed, operator: &str) -> ValidatingAdmissionPolicy {
+    let variables = governed_variables(governed);
+    let outside = format!(
+        "'namespace ' + request.namespace + ' belongs to no TeamGpuPolicy, so it may not use GPUs that teamgpu governs (teamgpu DeviceClasses and classes selecting the same devices): label it for a team, or ask a cluster admin to exempt it with {EXEMPT_LABEL}=true'"
+    );
     ValidatingAdmissionPolicy {
         metadata: meta(NON_TEAM_POLICY_NAME),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
             match_constraints: Some(rules()),
             match_conditions: Some(not_the_operator(operator)),
-            variables: Some(common_variables()),
-            validations: Some(vec![validation(
-                format!(
-                    "!variables.requests.exists(r, {})",
-                    request_uses(TEAMGPU_CLASS)
+            variables: Some(variables),
+            validations: Some(vec![
+                validation(
+                    format!(
+                        "!variables.requests.exists(r, {})",
+                        request_uses(
+                            "(CLASS.endsWith('.teamgpu.io') || CLASS in variables.governed)"
+                        )
+                    ),
+                    &outside,
                 ),
-                "'namespace ' + request.namespace + ' belongs to no TeamGpuPolicy, so it may not request teamgpu DeviceClasses'",
-            )]),
+                validation(
+                    format!("!{}", pod_asks_for("K in variables.extended")),
+                    &outside,
+                ),
+            ]),
             ..ValidatingAdmissionPolicySpec::default()
         }),
         status: None,
@@ -260,10 +345,22 @@ pub fn team_binding(
 /// The binding of the non-team policy: every namespace not owned by a team.
 pub fn non_team_binding(team_namespaces: &BTreeSet<&str>) -> ValidatingAdmissionPolicyBinding {
     let owned: Vec<String> = team_namespaces.iter().map(|n| (*n).to_owned()).collect();
-    let namespace_selector = if owned.is_empty() {
-        LabelSelector::default()
-    } else {
-        names_selector("NotIn", &owned)
+    let mut requirements = vec![LabelSelectorRequirement {
+        key: EXEMPT_LABEL.into(),
+        operator: "NotIn".into(),
+        values: Some(vec!["true".into()]),
+    }];
+    if !owned.is_empty() {
+        requirements.extend(
+            names_selector("NotIn", &owned)
+                .match_expressions
+                .into_iter()
+                .flatten(),
+        );
+    }
+    let namespace_selector = LabelSelector {
+        match_expressions: Some(requirements),
+        ..LabelSelector::default()
     };
     ValidatingAdmissionPolicyBinding {
         metadata: meta(NON_TEAM_BINDING_NAME),
@@ -301,6 +398,19 @@ pub fn evaluate(
     request: kube_cel::AdmissionRequest,
     params: Option<&serde_json::Value>,
 ) -> Result<Vec<String>, EvaluationError> {
+    evaluate_change(policy, object, None, request, params)
+}
+
+/// [`evaluate`] for an update from `old_object` (`None`: a create). The policy's
+/// `matchConditions` are evaluated first, as the API server does: when one is false, the policy
+/// does not apply and nothing is denied.
+pub fn evaluate_change(
+    policy: &ValidatingAdmissionPolicy,
+    object: &serde_json::Value,
+    old_object: Option<&serde_json::Value>,
+    request: kube_cel::AdmissionRequest,
+    params: Option<&serde_json::Value>,
+) -> Result<Vec<String>, EvaluationError> {
     let name = policy.metadata.name.clone().unwrap_or_default();
     let spec = policy
         .spec
@@ -318,6 +428,16 @@ pub fn evaluate(
             name: expr.to_owned(),
         })
     };
+    let conditions: Vec<kube_cel::VapExpression> = spec
+        .match_conditions
+        .iter()
+        .flatten()
+        .map(|c| kube_cel::VapExpression {
+            expression: c.expression.clone(),
+            message: Some(c.name.clone()),
+            message_expression: None,
+        })
+        .collect();
     let mut expressions = Vec::new();
     for v in spec.validations.iter().flatten() {
         expressions.push(kube_cel::VapExpression {
@@ -332,8 +452,14 @@ pub fn evaluate(
     if let Some(params) = params {
         evaluator = evaluator.params(params.clone());
     }
+    if let Some(old) = old_object {
+        evaluator = evaluator.old_object(old.clone());
+    }
+    let evaluator = evaluator.build();
+    if evaluator.evaluate(&conditions).iter().any(|r| !r.passed) {
+        return Ok(Vec::new());
+    }
     Ok(evaluator
-        .build()
         .evaluate(&expressions)
         .into_iter()
         .filter(|r| !r.passed)

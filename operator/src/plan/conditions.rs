@@ -38,6 +38,7 @@ pub mod types {
     pub const CONFLICT: &str = "Conflict";
     pub const OVERCOMMITTED: &str = "Overcommitted";
     pub const SHARING_POLICIES_RESOLVED: &str = "SharingPoliciesResolved";
+    pub const USED_OUTSIDE_TEAMS: &str = "UsedOutsideTeams";
 }
 
 fn status_str(status: bool) -> &'static str {

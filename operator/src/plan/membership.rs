@@ -191,6 +191,7 @@ mod tests {
                 weight: 1,
                 quotas: vec![],
                 reclaim: None,
+                members: vec![],
             },
         )
     }

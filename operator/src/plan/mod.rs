@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod device_cel;
 pub mod inventory;
 pub mod membership;
+pub mod namespace_admission;
 pub mod objects;
 pub mod pending;
 pub mod selector;
@@ -64,6 +65,9 @@ pub struct ClusterState {
     /// The user name the operator writes as, exempt from teamgpu's own admission policies
     /// (`None`: the ServiceAccount of `config/rbac`, [`admission::DEFAULT_OPERATOR_USER`]).
     pub operator_user: Option<String>,
+    /// Groups that may move any namespace into or out of any team and exempt namespaces
+    /// (`None`: [`namespace_admission::DEFAULT_ADMIN_GROUPS`]).
+    pub admin_groups: Option<Vec<String>>,
 }
 
 /// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
@@ -90,6 +94,8 @@ pub struct SharingPolicyReport {
     pub generation: Option<i64>,
     pub device_class: String,
     pub capacity: u32,
+    /// Matching devices allocated through other DeviceClasses.
+    pub used_outside_teams: u32,
     pub conditions: Vec<DesiredCondition>,
 }
 
@@ -140,6 +146,7 @@ impl Plan {
             observed_generation: report.generation,
             device_class_name: Some(report.device_class.clone()),
             devices: report.capacity,
+            used_outside_teams: report.used_outside_teams,
             conditions: conditions::merge(
                 previous_conditions,
                 &report.conditions,
@@ -453,6 +460,13 @@ impl Planner {
             ));
         }
 
+        // 2b. Devices a policy governs that are allocated through other classes: no team's
+        // quota counts them, so the teams share what is left.
+        let outside = used_outside_teams(&self.usage, inventory, &sets);
+        let available = |name: &str| {
+            capacity(name).saturating_sub(outside.get(name).map_or(0, |o| clamp(o.len() as u64)))
+        };
+
         // 3. Governed classes: foreign DeviceClasses that can select devices teamgpu governs.
         let governed_drivers: BTreeSet<&str> = policies
             .iter()
@@ -557,7 +571,7 @@ impl Planner {
                 })
                 .collect();
             let input = PoolInput {
-                capacity: capacity(&policy.name),
+                capacity: available(&policy.name),
                 teams: pool_teams,
             };
             let entry = self
@@ -673,17 +687,41 @@ impl Planner {
         }
         self.namespaces.retain(|key, _| planned.contains(key));
         if !state.sharing_policies.is_empty() || !state.teams.is_empty() {
-            let foreign: BTreeSet<String> = governed_foreign.keys().cloned().collect();
+            let governed = admission::Governed {
+                foreign: governed_foreign.keys().cloned().collect(),
+                extended: governed_all
+                    .iter()
+                    .flat_map(|(class, extended)| {
+                        std::iter::once(format!("{}{class}", admission::IMPLICIT_EXTENDED_PREFIX))
+                            .chain(extended.iter().cloned())
+                    })
+                    .collect(),
+            };
             let operator = state
                 .operator_user
                 .as_deref()
                 .unwrap_or(admission::DEFAULT_OPERATOR_USER);
             out.objects
                 .admission_policies
-                .push(Arc::new(admission::team_policy(&foreign, operator)));
+                .push(Arc::new(admission::team_policy(&governed, operator)));
             out.objects
                 .admission_policies
-                .push(Arc::new(admission::non_team_policy(operator)));
+                .push(Arc::new(admission::non_team_policy(&governed, operator)));
+            let admin_groups = state.admin_groups.clone().unwrap_or_else(|| {
+                namespace_admission::DEFAULT_ADMIN_GROUPS
+                    .map(str::to_owned)
+                    .to_vec()
+            });
+            out.objects
+                .admission_policies
+                .push(Arc::new(namespace_admission::membership_policy(
+                    &teams,
+                    &admin_groups,
+                    operator,
+                )));
+            out.objects
+                .admission_bindings
+                .push(Arc::new(namespace_admission::membership_binding()));
             out.objects
                 .admission_bindings
                 .push(Arc::new(admission::non_team_binding(
@@ -698,6 +736,7 @@ impl Planner {
             out.sharing_policies.push(sharing_report(
                 policy,
                 capacity(&policy.name),
+                outside.get(policy.name.as_str()),
                 matches,
                 inventory,
             ));
@@ -821,9 +860,42 @@ fn stamp_content_hashes(objects: &mut DesiredObjects) {
     }
 }
 
+/// Per sharing policy, the devices it matches that are allocated outside teams, each with the
+/// claim holding it.
+fn used_outside_teams<'u>(
+    usage: &'u BTreeMap<String, (u64, usage::Usage)>,
+    inventory: &Inventory,
+    sets: &BTreeMap<String, &CompiledSelectors>,
+) -> BTreeMap<String, BTreeMap<&'u inventory::DeviceId, &'u str>> {
+    let mut outside: BTreeMap<String, BTreeMap<&inventory::DeviceId, &str>> = BTreeMap::new();
+    for allocation in usage.values().flat_map(|(_, u)| &u.outside) {
+        let key = inventory::PoolKey {
+            driver: allocation.device.driver.clone(),
+            pool: allocation.device.pool.clone(),
+        };
+        let Some(device) = inventory
+            .pools()
+            .get(&key)
+            .and_then(|pool| pool.counted().find(|d| d.id == allocation.device))
+        else {
+            continue;
+        };
+        for (name, set) in sets {
+            if set.matches(&device.env).unwrap_or(false) {
+                outside
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(&allocation.device, &allocation.claim);
+            }
+        }
+    }
+    outside
+}
+
 fn sharing_report(
     policy: &CompiledPolicy,
     capacity: u32,
+    outside: Option<&BTreeMap<&inventory::DeviceId, &str>>,
     matches: &inventory::MatchReport,
     inventory: &Inventory,
 ) -> SharingPolicyReport {
@@ -876,6 +948,31 @@ fn sharing_report(
                 }
             })
             .collect();
+        let used_outside = outside.map_or(0, |o| clamp(o.len() as u64));
+        conds.push(match outside.filter(|o| !o.is_empty()) {
+            Some(o) => {
+                let claims: BTreeSet<&str> = o.values().copied().collect();
+                let shown: Vec<&str> = claims.iter().copied().take(5).collect();
+                let more = claims.len() - shown.len();
+                DesiredCondition::new(
+                    types::USED_OUTSIDE_TEAMS,
+                    true,
+                    "AllocatedOutsideTeams",
+                    format!(
+                        "{used_outside} of {capacity} matching devices are allocated through other DeviceClasses, to {}{}: teams share the other {}",
+                        shown.join(", "),
+                        if more > 0 { format!(" and {more} more claims") } else { String::new() },
+                        capacity.saturating_sub(used_outside)
+                    ),
+                )
+            }
+            None => DesiredCondition::new(
+                types::USED_OUTSIDE_TEAMS,
+                false,
+                "NoneOutsideTeams",
+                "no matching device is allocated outside teams",
+            ),
+        });
         conds.push(if overlapping.is_empty() {
             DesiredCondition::new(
                 types::OVERLAPPING,
@@ -942,6 +1039,7 @@ fn sharing_report(
         generation: policy.policy.metadata.generation,
         device_class: class,
         capacity,
+        used_outside_teams: outside.map_or(0, |o| clamp(o.len() as u64)),
         conditions: conds,
     }
 }

@@ -24,6 +24,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
 
+use super::inventory::DeviceId;
+use super::objects::is_teamgpu_class;
+
 /// `resourceapi.AllocationResultsMaxSize`: what an `All` request is charged.
 pub const ALLOCATION_RESULTS_MAX_SIZE: u64 = 32;
 /// The object-count quota resource of ResourceClaims.
@@ -175,6 +178,16 @@ pub struct ClassUsage {
     pub claims: u64,
 }
 
+/// A device allocated through a DeviceClass that is not teamgpu's (or through a request the
+/// claim's spec does not name), so that no team's quota counts it: if a sharing policy governs
+/// the device, it is used outside teams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutsideAllocation {
+    /// `namespace/name` of the claim.
+    pub claim: String,
+    pub device: DeviceId,
+}
+
 /// Usage per namespace and DeviceClass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -182,6 +195,9 @@ pub struct Usage {
     pub by_class: BTreeMap<(String, String), ClassUsage>,
     /// `count/resourceclaims.resource.k8s.io` per namespace.
     pub claims: BTreeMap<String, u64>,
+    /// Devices allocated through classes that are not teamgpu's. Admin access is left out: it
+    /// does not take the device from anyone.
+    pub outside: Vec<OutsideAllocation>,
 }
 
 impl Usage {
@@ -199,6 +215,19 @@ impl Usage {
         let requested = quota_charge(&claim.spec);
         let mut allocated: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         for d in allocated_devices(claim) {
+            if !d.admin_access && !d.class.as_deref().is_some_and(is_teamgpu_class) {
+                self.outside.push(OutsideAllocation {
+                    claim: format!(
+                        "{ns}/{}",
+                        claim.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    device: DeviceId {
+                        driver: d.driver.clone(),
+                        pool: d.pool.clone(),
+                        device: d.device.clone(),
+                    },
+                });
+            }
             if let Some(class) = d.class {
                 let e = allocated.entry(class).or_default();
                 e.0 += 1;
