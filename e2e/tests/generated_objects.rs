@@ -180,3 +180,126 @@ async fn an_object_the_schema_rejects_is_refused() {
     let failures = refused(&cluster, &[bad]).await;
     assert_eq!(failures.len(), 1, "{failures:?}");
 }
+
+#[tokio::test]
+async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
+    let Some(cluster) = TestCluster::start_or_skip().await else {
+        return;
+    };
+    // Every team's selector and members are compiled into the namespace-membership policy:
+    // the API server must accept (type-check and cost-estimate) it at a realistic size.
+    let mut state = teamgpu::example::synthetic(teamgpu::example::Scale {
+        teams: 100,
+        namespaces_per_team: 1,
+        sharing_policies: 20,
+        nodes: 10,
+        claims: 0,
+    })
+    .unwrap();
+    for (i, team) in state.teams.iter_mut().enumerate() {
+        team.spec.members = serde_json::from_value(json!([
+            {"kind": "Group", "name": format!("team-{i}")},
+            {"kind": "User", "name": format!("lead-{i}@example.com")},
+            {"kind": "ServiceAccount", "name": "argocd-application-controller", "namespace": "argocd"}
+        ]))
+        .unwrap();
+    }
+    let policies: Vec<Value> = all_objects(&state)
+        .into_iter()
+        .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
+        .collect();
+    assert_eq!(policies.len(), 3);
+    let membership = policies
+        .iter()
+        .find(|p| p["metadata"]["name"] == "teamgpu-namespace-membership")
+        .unwrap();
+    assert!(
+        membership.to_string().contains("lead-99@example.com"),
+        "every team's members are in the policy"
+    );
+    assert_accepted(&cluster, &policies).await;
+
+    // In force (this binary's control plane has no operator), it stays within the API server's
+    // runtime cost budget: a member joins a namespace to team-099, a non-member is refused.
+    let client = cluster.client();
+    let params = PatchParams::apply("teamgpu").force();
+    let vap: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+        >(&()),
+    );
+    let binding: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+        >(&()),
+    );
+    let name = "teamgpu-namespace-membership";
+    vap.patch(name, &params, &Patch::Apply(membership))
+        .await
+        .unwrap();
+    let bound =
+        serde_json::to_value(teamgpu::plan::namespace_admission::membership_binding()).unwrap();
+    let mut bound = bound;
+    bound["apiVersion"] = json!("admissionregistration.k8s.io/v1");
+    bound["kind"] = json!("ValidatingAdmissionPolicyBinding");
+    binding
+        .patch(name, &params, &Patch::Apply(&bound))
+        .await
+        .unwrap();
+    let as_user = |user: &str| {
+        let mut config = cluster.config().clone();
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+        kube::Client::try_from(config).unwrap()
+    };
+    // Both may create namespaces (RBAC), only one is team-099's member.
+    let rbac = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "e2e-namespace-creators"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "lead-99@example.com"},
+                     {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]});
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
+        .patch("e2e-namespace-creators", &params, &Patch::Apply(&rbac))
+        .await
+        .unwrap();
+    let labelled = |name: &str| -> Namespace {
+        serde_json::from_value(json!({"metadata": {"name": name,
+            "labels": {"teamgpu.io/team": "team-099"}}}))
+        .unwrap()
+    };
+    // Dry runs: admission runs, nothing is stored.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let refusal = loop {
+        // Admission sees a new binding a moment after it is written.
+        match Api::<Namespace>::all(as_user("mallory"))
+            .create(&dry, &labelled("mallory-joins"))
+            .await
+        {
+            Err(kube::Error::Api(s)) => break s,
+            Ok(_) if started.elapsed() < std::time::Duration::from_secs(20) => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Ok(_) => panic!("mallory joined team-099"),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(refusal.code, 403, "{refusal:?}");
+    assert!(
+        refusal
+            .message
+            .contains("only members of TeamGpuPolicy team-099"),
+        "{refusal:?}"
+    );
+    Api::<Namespace>::all(as_user("lead-99@example.com"))
+        .create(&dry, &labelled("lead-joins"))
+        .await
+        .unwrap();
+    binding.delete(name, &Default::default()).await.unwrap();
+    vap.delete(name, &Default::default()).await.unwrap();
+}

@@ -1478,13 +1478,36 @@ fn rbac_calls(requests: &Counters) -> BTreeSet<(String, String, String)> {
 }
 
 /// The rules of `config/rbac`: (API groups, resources, verbs).
+/// The rules `config/rbac` grants the operator's ServiceAccount: those of the roles its bindings
+/// name (not, say, `teamgpu-viewer`, which is for people).
 fn rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
     let docs = teamgpu_e2e::fixtures::rbac_manifests().unwrap();
-    let mut rules = Vec::new();
-    for doc in docs
+    let bound: BTreeSet<(String, String)> = docs
         .iter()
-        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
-    {
+        .filter(|d| {
+            d["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount"
+                    && s["name"] == teamgpu_e2e::cluster::OPERATOR_SERVICE_ACCOUNT
+            })
+        })
+        .map(|d| {
+            let role = &d["roleRef"];
+            (
+                role["kind"].as_str().unwrap_or_default().to_owned(),
+                role["name"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let mut rules = Vec::new();
+    for doc in docs.iter().filter(|d| {
+        bound.contains(&(
+            d["kind"].as_str().unwrap_or_default().to_owned(),
+            d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        ))
+    }) {
         for rule in doc["rules"].as_array().into_iter().flatten() {
             let strings = |k: &str| -> Vec<String> {
                 rule[k]
@@ -2576,4 +2599,139 @@ async fn an_exempt_namespace_may_use_governed_devices_and_teams_see_them_used_ou
         }
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaim_waits_for_a_pod_disruption_budget_and_stops_at_the_borrowers_guarantee() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let client = world.client.clone();
+    world
+        .pcie_teams([
+            (
+                "owner",
+                json!({"guaranteed": 8, "limit": 8}),
+                json!({"enabled": true, "gracePeriodSeconds": 0}),
+            ),
+            (
+                "borrower",
+                json!({"guaranteed": 4, "limit": 16}),
+                json!({"enabled": false}),
+            ),
+        ])
+        .await;
+    let _operator = world.operator();
+    let borrower = world.ns("borrower");
+    // The borrower's Pods may not be disrupted at all.
+    let pdb: k8s_openapi::api::policy::v1::PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "no-disruption"},
+        "spec": {"maxUnavailable": 0, "selector": {}}
+    }))
+    .unwrap();
+    let pdbs = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+        client.clone(),
+        &borrower,
+    );
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    eventually("the borrower may borrow 8 more", CONVERGE, || async {
+        let q = world.quota_status("borrower", "pcie").await?;
+        if q.entitlement >= 12 {
+            Ok(())
+        } else {
+            Err(format!("{q:?}"))
+        }
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &borrower);
+    for i in 0..12 {
+        pods.create(
+            &PostParams::default(),
+            &gpu_pod(&format!("job-{i:02}"), "pcie"),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually("the borrower holds 12 devices", CONVERGE, || async {
+        let q = world.quota_status("borrower", "pcie").await?;
+        if q.allocated == 12 {
+            Ok(())
+        } else {
+            Err(format!("{q:?}"))
+        }
+    })
+    .await;
+
+    // The owner wants its 8: 4 are free, 4 must come back, but the budget refuses evictions.
+    let owner_pods: Api<Pod> = Api::namespaced(client.clone(), &world.ns("owner"));
+    for i in 0..8 {
+        owner_pods
+            .create(
+                &PostParams::default(),
+                &gpu_pod(&format!("serve-{i}"), "pcie"),
+            )
+            .await
+            .unwrap();
+    }
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &borrower);
+    let refused = eventually(
+        "a refused eviction is reported",
+        Duration::from_secs(40),
+        || async {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("EvictionRefused"))
+                .ok_or_else(|| "no EvictionRefused event".to_owned())
+        },
+    )
+    .await;
+    assert_eq!(
+        refused.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("Pod"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        pods.list(&Default::default()).await.unwrap().items.len(),
+        12
+    );
+
+    // Once the budget allows it, reclaim goes on by itself (no other change wakes it) and takes
+    // exactly what was borrowed beyond the free devices: the borrower keeps 8, above its 4.
+    pdbs.delete("no-disruption", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the owner gets all 8 guaranteed devices",
+        Duration::from_secs(60),
+        || async {
+            let q = world.quota_status("owner", "pcie").await?;
+            if q.allocated == 8 {
+                Ok(())
+            } else {
+                Err(format!("{q:?}"))
+            }
+        },
+    )
+    .await;
+    let left: Vec<String> = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(
+        left,
+        [
+            "job-00", "job-01", "job-02", "job-03", "job-04", "job-05", "job-06", "job-07"
+        ],
+        "the newest 4 go, no more"
+    );
 }

@@ -217,7 +217,7 @@ pub struct QuotaStatus {
     pub effective_guarantee: u32,
     pub limit: u32,
     pub weight: u32,
-    /// Matching devices in the pool.
+    /// Devices in the pool available to teams: matching devices less those used outside teams.
     pub capacity: u32,
     /// The team's hard quota now: effective guarantee plus what it may borrow.
     pub entitlement: u32,

@@ -302,10 +302,13 @@ pub async fn run(
         let mut leader = leader.clone();
         let mut next_resync = Instant::now() + config.resync;
         loop {
-            let wake_at = reconciler
-                .backoff
-                .next_retry()
-                .map_or(next_resync, |t| t.min(next_resync));
+            let wake_at = [
+                reconciler.backoff.next_retry(),
+                reconciler.reclaim.next_attempt(),
+            ]
+            .into_iter()
+            .flatten()
+            .fold(next_resync, Instant::min);
             tokio::select! {
                 () = notify.notified() => tokio::time::sleep(config.debounce).await,
                 _ = leader.changed() => {}
@@ -315,6 +318,7 @@ pub async fn run(
                 next_resync = Instant::now() + config.resync;
             }
             metrics.leader.set(i64::from(*leader.borrow()));
+            reconciler.reclaim.clear_due(Instant::now());
             reconciler.reconcile().await;
         }
     };

@@ -24,6 +24,7 @@ const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Default)]
 pub struct Tracker {
     waiting_since: BTreeMap<(String, String), Instant>,
+    next_attempt: Option<Instant>,
 }
 
 /// The Pods to evict so that up to `devices` devices of `class` come free in `namespaces`: the
@@ -83,7 +84,36 @@ pub fn victims<'a>(
     out
 }
 
+/// How soon a refused eviction (a PodDisruptionBudget) is tried again.
+const RETRY_REFUSED: Duration = Duration::from_secs(10);
+
+impl Tracker {
+    /// When the reconcile loop must run again for reclaim even if nothing changes: a grace
+    /// period ends, or a refused eviction is due to be retried.
+    pub fn next_attempt(&self) -> Option<Instant> {
+        self.next_attempt
+    }
+
+    /// Forgets a wake-up that is due (the pass about to run sets the next one), so a pass that
+    /// does not reach reclaim cannot leave a past instant that wakes the loop again and again.
+    pub fn clear_due(&mut self, now: Instant) {
+        if self.next_attempt.is_some_and(|t| t <= now) {
+            self.next_attempt = None;
+        }
+    }
+}
+
+/// One eviction to make: the Pod, and the reclaim it serves.
+struct Eviction<'p> {
+    namespace: String,
+    pod: String,
+    order: &'p crate::plan::ReclaimOrder,
+    borrower_namespaces: &'p [String],
+}
+
 /// Evict for every reclaim the plan names whose waiting team opted in and has waited long enough.
+/// Evictions run concurrently, each bounded by [`EVICTION_TIMEOUT`], so a PodDisruptionBudget
+/// holds up one pass by at most that long.
 pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
     let now = Instant::now();
     let owed: Vec<_> = plan
@@ -92,6 +122,8 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
         .map(|o| (o.sharing_policy.clone(), o.for_team.clone()))
         .collect();
     r.reclaim.waiting_since.retain(|k, _| owed.contains(k));
+    r.reclaim.next_attempt = None;
+    let mut evictions = Vec::new();
     for order in &plan.reclaims {
         let Some(waiting) = teams.iter().find(|t| t.name_any() == order.for_team) else {
             continue;
@@ -109,6 +141,7 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
             .entry((order.sharing_policy.clone(), order.for_team.clone()))
             .or_insert(now);
         if now.duration_since(since) < grace {
+            r.reclaim.wake_at(since + grace);
             continue;
         }
         let Some(borrower) = plan.teams.iter().find(|t| t.name == order.borrower) else {
@@ -118,93 +151,120 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
         let claims = r.stores.claims.state();
         let held = claims.iter().map(|c| &**c);
         for (namespace, pod) in victims(held, &borrower.namespaces, &class, order.devices) {
-            if !r.is_leader() {
-                return;
-            }
-            r.metrics
-                .writes
-                .get_or_create(&WriteLabels {
-                    kind: "pod",
-                    verb: "evict",
+            evictions.push(Eviction {
+                namespace,
+                pod,
+                order,
+                borrower_namespaces: &borrower.namespaces,
+            });
+        }
+    }
+    if evictions.is_empty() || !r.is_leader() {
+        return;
+    }
+    let attempts = evictions.iter().map(|e| {
+        r.metrics
+            .writes
+            .get_or_create(&WriteLabels {
+                kind: "pod",
+                verb: "evict",
+            })
+            .inc();
+        let api: Api<Pod> = Api::namespaced(r.client.clone(), &e.namespace);
+        async move {
+            // kube's client retries a 429 (what a PodDisruptionBudget answers) for minutes; the
+            // reconcile loop must not wait on it: the eviction is tried again later.
+            tokio::time::timeout(EVICTION_TIMEOUT, api.evict(&e.pod, &EvictParams::default()))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(kube::Error::Service(
+                        "not allowed yet: the API server kept answering 429 (a PodDisruptionBudget?)"
+                            .into(),
+                    ))
                 })
-                .inc();
-            let labels = EvictionLabels {
-                sharing_policy: order.sharing_policy.clone(),
-                for_team: order.for_team.clone(),
-                borrower: order.borrower.clone(),
+        }
+    });
+    let results = futures::future::join_all(attempts).await;
+    for (e, result) in evictions.iter().zip(results) {
+        let order = e.order;
+        let labels = EvictionLabels {
+            sharing_policy: order.sharing_policy.clone(),
+            for_team: order.for_team.clone(),
+            borrower: order.borrower.clone(),
+        };
+        let (event, note) = match result {
+            Ok(_) => {
+                r.metrics.evictions.get_or_create(&labels).inc();
+                let note = format!(
+                    "evicting {}/{}: {} borrowed {} devices of {} that {} needs back",
+                    e.namespace,
+                    e.pod,
+                    order.borrower,
+                    order.devices,
+                    order.sharing_policy,
+                    order.for_team
+                );
+                tracing::info!(%note, "reclaim");
+                ("Reclaimed", note)
+            }
+            Err(error) => {
+                r.metrics.evictions_refused.get_or_create(&labels).inc();
+                r.reclaim.wake_at(Instant::now() + RETRY_REFUSED);
+                let note = format!(
+                    "could not evict {}/{} to give {} devices of {} back to {}: {error}; retrying",
+                    e.namespace, e.pod, order.devices, order.sharing_policy, order.for_team
+                );
+                tracing::info!(%note, "eviction refused");
+                ("EvictionRefused", note)
+            }
+        };
+        let waiting_namespaces = plan
+            .teams
+            .iter()
+            .find(|t| t.name == order.for_team)
+            .map(|t| t.namespaces.as_slice())
+            .unwrap_or_default();
+        let pod_ref = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(e.pod.clone()),
+            namespace: Some(e.namespace.clone()),
+            ..Default::default()
+        };
+        let mut references = vec![(pod_ref, String::new())];
+        if let Some(team) = teams.iter().find(|t| t.name_any() == order.borrower) {
+            references.push((team.object_ref(&()), String::new()));
+        }
+        // Both teams' members see it in their own namespaces.
+        for (team, namespaces) in [
+            (&order.borrower, e.borrower_namespaces),
+            (&order.for_team, waiting_namespaces),
+        ] {
+            let reference = k8s_openapi::api::core::v1::ObjectReference {
+                kind: Some("TeamGpuPolicy".into()),
+                name: Some(team.clone()),
+                ..Default::default()
             };
-            let api: Api<Pod> = Api::namespaced(r.client.clone(), &namespace);
-            let note = format!(
-                "evicting {namespace}/{pod}: {} borrowed {} devices of {} that {} needs back",
-                order.borrower, order.devices, order.sharing_policy, order.for_team
-            );
-            // kube's client retries a 429 (what a PodDisruptionBudget answers) for minutes;
-            // the reconcile loop must not wait on it, the next pass tries again.
-            let params = EvictParams::default();
-            let eviction = tokio::time::timeout(EVICTION_TIMEOUT, api.evict(&pod, &params));
-            match eviction.await.unwrap_or_else(|_| {
-                Err(kube::Error::Service(
-                    "eviction not allowed yet (timed out)".into(),
-                ))
-            }) {
-                Ok(_) => {
-                    r.metrics.evictions.get_or_create(&labels).inc();
-                    tracing::info!(%note, "reclaim");
-                    let event = Event {
-                        type_: EventType::Warning,
-                        reason: "Reclaimed".into(),
-                        note: Some(note.clone()),
-                        action: "Evict".into(),
-                        secondary: None,
-                    };
-                    if let Some(team) = teams.iter().find(|t| t.name_any() == order.borrower) {
-                        let _ = r.recorder.publish(&event, &team.object_ref(&())).await;
-                    }
-                    // Both teams' members see it in their own namespaces.
-                    let waiting_namespaces = plan
-                        .teams
-                        .iter()
-                        .find(|t| t.name == order.for_team)
-                        .map(|t| t.namespaces.as_slice())
-                        .unwrap_or_default();
-                    for (team, namespaces) in [
-                        (&order.borrower, borrower.namespaces.as_slice()),
-                        (&order.for_team, waiting_namespaces),
-                    ] {
-                        let reference = k8s_openapi::api::core::v1::ObjectReference {
-                            kind: Some("TeamGpuPolicy".into()),
-                            name: Some(team.clone()),
-                            ..Default::default()
-                        };
-                        for (quota, prefix) in super::in_team_namespaces(&reference, namespaces) {
-                            let copy = Event {
-                                type_: EventType::Warning,
-                                reason: "Reclaimed".into(),
-                                note: Some(format!("{prefix}{note}")),
-                                action: "Evict".into(),
-                                secondary: None,
-                            };
-                            if let Err(error) = r.recorder.publish(&copy, &quota).await {
-                                tracing::debug!(%error, "event not recorded");
-                            }
-                        }
-                    }
-                    let pod_ref = k8s_openapi::api::core::v1::ObjectReference {
-                        api_version: Some("v1".into()),
-                        kind: Some("Pod".into()),
-                        name: Some(pod.clone()),
-                        namespace: Some(namespace.clone()),
-                        ..Default::default()
-                    };
-                    let _ = r.recorder.publish(&event, &pod_ref).await;
-                }
-                // 429: a PodDisruptionBudget does not allow it now; the next pass tries again.
-                Err(error) => {
-                    r.metrics.evictions_refused.get_or_create(&labels).inc();
-                    tracing::info!(%error, %note, "eviction refused; will retry");
-                }
+            references.extend(super::in_team_namespaces(&reference, namespaces));
+        }
+        for (reference, prefix) in references {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: event.into(),
+                note: Some(format!("{prefix}{note}").chars().take(1000).collect()),
+                action: "Evict".into(),
+                secondary: None,
+            };
+            if let Err(error) = r.recorder.publish(&event, &reference).await {
+                tracing::debug!(%error, "event not recorded");
             }
         }
+    }
+}
+
+impl Tracker {
+    fn wake_at(&mut self, at: Instant) {
+        self.next_attempt = Some(self.next_attempt.map_or(at, |t| t.min(at)));
     }
 }
 
