@@ -146,6 +146,7 @@ fn every_alert_has_an_expression_a_duration_a_severity_and_a_runbook_section() {
     // What the operator team asked to be alerted on.
     for wanted in [
         "TeamgpuOperatorDown",
+        "TeamgpuOperatorNotReady",
         "TeamgpuNoLeader",
         "TeamgpuReconcileErrors",
         "TeamgpuTeamBelowGuarantee",
