@@ -235,7 +235,11 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     let containers = pod["containers"].as_array().expect("containers");
     assert_eq!(containers.len(), 1);
     let container = &containers[0];
-    assert_eq!(container["image"], "ghcr.io/teamgpu/teamgpu:latest");
+    // A released image, never `:latest` (e2e/tests/image.rs ties the tag to Cargo.toml's version).
+    assert_eq!(
+        container["image"],
+        format!("ghcr.io/teamgpu/teamgpu:v{}", env!("CARGO_PKG_VERSION"))
+    );
     let command_line: Vec<&str> = strings(&container["command"])
         .into_iter()
         .chain(strings(&container["args"]))
@@ -411,4 +415,86 @@ fn config_samples_render_policies_the_operator_can_read() {
             );
         }
     }
+}
+
+/// The Argo CD sync wave of a rendered object (Argo CD's default is 0).
+fn sync_wave(doc: &Value) -> i64 {
+    doc["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"]
+        .as_str()
+        .map_or(0, |w| w.parse().expect("a sync wave is an integer"))
+}
+
+#[test]
+fn config_argocd_syncs_the_operator_before_the_policies_at_the_release_tag() {
+    let Some(docs) = kustomize("config/argocd") else {
+        return;
+    };
+    assert!(docs.iter().all(|d| d["kind"] == "Application"), "{docs:?}");
+    let operator = find(&docs, "Application", "teamgpu");
+    let policies = find(&docs, "Application", "teamgpu-policies");
+    assert!(
+        sync_wave(operator) < sync_wave(policies),
+        "the app-of-apps must sync the operator (and its CRDs) before the policies"
+    );
+    let release = format!("v{}", env!("CARGO_PKG_VERSION"));
+    for app in [operator, policies] {
+        assert_eq!(app["spec"]["source"]["targetRevision"], release.as_str());
+    }
+    assert_eq!(operator["spec"]["source"]["path"], "config/argocd/operator");
+
+    // The app-of-apps syncs this very folder.
+    let root: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo_root().join("config/argocd/teamgpu-apps.yaml"))
+            .expect("config/argocd/teamgpu-apps.yaml"),
+    )
+    .expect("YAML");
+    assert_eq!(root["spec"]["source"]["path"], "config/argocd");
+    assert_eq!(root["spec"]["source"]["targetRevision"], release.as_str());
+}
+
+#[test]
+fn config_argocd_operator_is_config_default_with_the_crds_in_an_earlier_wave() {
+    let (Some(wrapped), Some(default)) = (
+        kustomize("config/argocd/operator"),
+        kustomize("config/default"),
+    ) else {
+        return;
+    };
+    assert_eq!(wrapped.len(), default.len());
+    let (crds, others): (Vec<&Value>, Vec<&Value>) = wrapped
+        .iter()
+        .partition(|d| d["kind"] == "CustomResourceDefinition");
+    assert_eq!(crds.len(), 2);
+    let first_other = others.iter().map(|d| sync_wave(d)).min().expect("objects");
+    for crd in &crds {
+        assert!(
+            sync_wave(crd) < first_other,
+            "{} is not synced before the Deployment",
+            crd["metadata"]["name"]
+        );
+        let name = crd["metadata"]["name"].as_str().expect("named");
+        assert_eq!(
+            crd["spec"],
+            find(&default, "CustomResourceDefinition", name)["spec"]
+        );
+    }
+}
+
+#[test]
+fn config_monitoring_renders_a_service_monitor_alerts_and_a_dashboard_for_grafana() {
+    let Some(docs) = kustomize("config/monitoring") else {
+        return;
+    };
+    for doc in &docs {
+        assert_eq!(doc["metadata"]["namespace"], NAMESPACE);
+    }
+    find(&docs, "ServiceMonitor", "teamgpu");
+    find(&docs, "PrometheusRule", "teamgpu");
+    let dashboard = find(&docs, "ConfigMap", "teamgpu-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json = dashboard["data"]["teamgpu-dashboard.json"]
+        .as_str()
+        .expect("the dashboard is in the ConfigMap");
+    let parsed: Value = serde_json::from_str(json).expect("the dashboard is JSON");
+    assert_eq!(parsed["uid"], "teamgpu");
 }
