@@ -187,6 +187,7 @@ fn verdict(
     desired: Option<&Value>,
     live: Option<&Value>,
     retained: &BTreeSet<String>,
+    retained_owners: &BTreeSet<String>,
 ) -> Option<Write> {
     let key = key.clone();
     match (desired, live) {
@@ -210,8 +211,10 @@ fn verdict(
                 None
             }
         }
-        (None, Some(_)) => {
-            let keep = key.kind == Kind::DeviceClass && retained.contains(&key.name);
+        (None, Some(current)) => {
+            let owner = current["metadata"]["labels"][crate::plan::objects::OWNER_LABEL].as_str();
+            let keep = (key.kind == Kind::DeviceClass && retained.contains(&key.name))
+                || owner.is_some_and(|o| retained_owners.contains(o));
             (!keep).then_some(Write::Delete { key })
         }
         (None, None) => None,
@@ -233,16 +236,18 @@ fn in_safe_order(mut writes: Vec<Write>) -> Vec<Write> {
 
 /// The writes that make `live` (teamgpu-labelled objects only) equal to `desired`, in a safe
 /// order: classes and policies before what uses them, deletions last.
-/// `retained` DeviceClasses are neither applied nor deleted.
+/// `retained` DeviceClasses, and objects whose owner label is in `retained_owners`, are not
+/// deleted when they are not desired.
 pub fn writes(
     desired: &BTreeMap<ObjectKey, Value>,
     retained: &BTreeSet<String>,
+    retained_owners: &BTreeSet<String>,
     live: &BTreeMap<ObjectKey, Value>,
 ) -> Vec<Write> {
     let keys: BTreeSet<&ObjectKey> = desired.keys().chain(live.keys()).collect();
     in_safe_order(
         keys.into_iter()
-            .filter_map(|k| verdict(k, desired.get(k), live.get(k), retained))
+            .filter_map(|k| verdict(k, desired.get(k), live.get(k), retained, retained_owners))
             .collect(),
     )
 }
@@ -393,6 +398,7 @@ pub struct Differ {
     desired: HashMap<ObjectKey, DesiredObject>,
     live: HashMap<ObjectKey, LiveObject>,
     retained: BTreeSet<String>,
+    retained_owners: BTreeSet<String>,
     /// Objects to compare at the next [`Differ::writes`]: a side changed, or the last
     /// comparison asked for a write.
     dirty: BTreeSet<ObjectKey>,
@@ -441,14 +447,24 @@ impl Differ {
             });
         }
         self.retained.clone_from(&objects.retained_device_classes);
+        if self.retained_owners != objects.retained_owners {
+            // Rare (a policy became unreadable, or readable again): compare every live object.
+            self.dirty.extend(self.live.keys().cloned());
+            self.retained_owners.clone_from(&objects.retained_owners);
+        }
         let mut out = Vec::new();
         self.applying.clear();
         for key in std::mem::take(&mut self.dirty) {
             let desired = self.desired.get(&key).and_then(DesiredObject::to_json);
             let live = self.live.get(&key);
             let live_json = live.and_then(LiveObject::to_json);
-            if let Some(write) = verdict(&key, desired.as_ref(), live_json.as_ref(), &self.retained)
-            {
+            if let Some(write) = verdict(
+                &key,
+                desired.as_ref(),
+                live_json.as_ref(),
+                &self.retained,
+                &self.retained_owners,
+            ) {
                 if let (Write::Apply { .. }, Some(version)) =
                     (&write, live.and_then(|l| l.meta().resource_version.clone()))
                 {
@@ -534,7 +550,7 @@ mod tests {
         let mut live_obj = quota("h1", "4");
         live_obj["metadata"]["resourceVersion"] = json!("7");
         let live = BTreeMap::from([(k, live_obj)]);
-        assert!(writes(&desired, &BTreeSet::new(), &live).is_empty());
+        assert!(writes(&desired, &BTreeSet::new(), &BTreeSet::new(), &live).is_empty());
     }
 
     #[test]
@@ -544,7 +560,7 @@ mod tests {
         // Someone edited the value.
         let live = BTreeMap::from([(k.clone(), quota("h1", "9"))]);
         assert!(matches!(
-            &writes(&desired, &BTreeSet::new(), &live)[..],
+            &writes(&desired, &BTreeSet::new(), &BTreeSet::new(), &live)[..],
             [Write::Apply { .. }]
         ));
         // The plan dropped a field: only the hash tells (the live object still covers the plan).
@@ -552,7 +568,7 @@ mod tests {
         old["spec"]["hard"]["y.deviceclass.resource.k8s.io/devices"] = json!("0");
         let live = BTreeMap::from([(k, old)]);
         assert!(matches!(
-            &writes(&desired, &BTreeSet::new(), &live)[..],
+            &writes(&desired, &BTreeSet::new(), &BTreeSet::new(), &live)[..],
             [Write::Apply { .. }]
         ));
     }
@@ -570,10 +586,28 @@ mod tests {
             (kept_class, json!({})),
         ]);
         let retained = BTreeSet::from(["broken.teamgpu.io".to_owned()]);
-        let out = writes(&desired, &retained, &live);
+        let out = writes(&desired, &retained, &BTreeSet::new(), &live);
         assert_eq!(out.len(), 2, "{out:?}");
         assert!(matches!(&out[0], Write::Recreate { key, .. } if key == &t));
         assert!(matches!(&out[1], Write::Delete { key } if key == &stale));
+    }
+
+    #[test]
+    fn the_objects_of_an_unreadable_policy_are_kept() {
+        let q = key(Kind::ResourceQuota, Some("robotics"), "teamgpu");
+        let mut owned = quota("h", "4");
+        owned["metadata"]["labels"] = json!({"teamgpu.io/owner": "TeamGpuPolicy.robotics"});
+        let live = BTreeMap::from([(q.clone(), owned)]);
+        let unreadable = BTreeSet::from(["TeamGpuPolicy.robotics".to_owned()]);
+        assert_eq!(
+            writes(&BTreeMap::new(), &BTreeSet::new(), &unreadable, &live),
+            []
+        );
+        // Once the policy is gone for good (or readable and wanting less), the quota goes.
+        assert!(matches!(
+            &writes(&BTreeMap::new(), &BTreeSet::new(), &BTreeSet::new(), &live)[..],
+            [Write::Delete { key }] if key == &q
+        ));
     }
 
     #[test]
@@ -581,7 +615,12 @@ mod tests {
         let class = key(Kind::DeviceClass, None, "a.teamgpu.io");
         let tmpl = key(Kind::ResourceClaimTemplate, Some("ns"), "a");
         let desired = BTreeMap::from([(tmpl.clone(), json!({})), (class.clone(), json!({}))]);
-        let out = writes(&desired, &BTreeSet::new(), &BTreeMap::new());
+        let out = writes(
+            &desired,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &BTreeMap::new(),
+        );
         assert_eq!(
             out.iter().map(|w| w.key().clone()).collect::<Vec<_>>(),
             [class, tmpl]
@@ -790,6 +829,7 @@ mod tests {
                     let expected = writes(
                         &desired(&objects),
                         &objects.retained_device_classes,
+                        &objects.retained_owners,
                         &full_live,
                     );
                     // As the operator does: a kind is passed again only when its watch saw an

@@ -377,6 +377,14 @@ fn an_invalid_raw_cel_keeps_the_last_class_and_says_why() {
         condition(&report.conditions, "Ready").reason,
         "InvalidSelector"
     );
+    // Its class stays closed in every team namespace: a hard of 0, not no entry (no limit).
+    for ns in ["data-science", "ml-research-dev"] {
+        assert_eq!(
+            hard(&plan, ns)["a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices"],
+            "0",
+            "{ns}"
+        );
+    }
     // Teams still get their other quotas; the broken policy's templates are not offered.
     let data_science = plan
         .teams
@@ -871,4 +879,41 @@ fn devices_allocated_outside_teams_are_taken_from_the_teams_capacity_and_reporte
     let a100 = report_of(&planned, "a100-80gb");
     assert_eq!(a100.used_outside_teams, 0);
     assert!(!condition(&a100.conditions, "UsedOutsideTeams").status);
+}
+
+#[test]
+fn an_unreadable_sharing_policy_keeps_its_class_and_closes_it_to_new_claims() {
+    let mut state = example();
+    state
+        .sharing_policies
+        .retain(|p| p.metadata.name.as_deref() != Some("a100-shared"));
+    state.unreadable_sharing_policies = vec!["a100-shared".into()];
+    let plan = plan(&state);
+    assert!(
+        plan.objects
+            .retained_device_classes
+            .contains("a100-shared.teamgpu.io")
+    );
+    assert_eq!(
+        hard(&plan, "data-science")["a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices"],
+        "0"
+    );
+    assert_eq!(
+        hard(&plan, "data-science")["a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices"],
+        "4"
+    );
+}
+
+#[test]
+fn an_unreadable_team_keeps_what_it_had() {
+    let mut state = example();
+    state
+        .teams
+        .retain(|t| t.metadata.name.as_deref() != Some("inference"));
+    state.unreadable_teams = vec!["inference".into()];
+    let plan = plan(&state);
+    assert_eq!(
+        plan.objects.retained_owners,
+        ["TeamGpuPolicy.inference".to_owned()].into()
+    );
 }

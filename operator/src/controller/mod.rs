@@ -457,6 +457,13 @@ impl Reconciler {
                 &templates.iter().collect::<Vec<_>>(),
             )
         };
+        let unreadable = |kind: &str| -> Vec<String> {
+            malformed
+                .iter()
+                .filter(|m| m.resource.kind == kind)
+                .map(|m| m.object.name_any())
+                .collect()
+        };
         let state = ClusterState {
             sharing_policies: sharing.clone(),
             teams: teams.clone(),
@@ -483,6 +490,8 @@ impl Reconciler {
             pending,
             operator_user: Some(self.operator_user.clone()),
             admin_groups: self.config.admin_groups.clone(),
+            unreadable_sharing_policies: unreadable("GpuSharingPolicy"),
+            unreadable_teams: unreadable("TeamGpuPolicy"),
         };
         (state, sharing, teams, malformed)
     }

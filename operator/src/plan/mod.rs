@@ -68,6 +68,12 @@ pub struct ClusterState {
     /// Groups that may move any namespace into or out of any team and exempt namespaces
     /// (`None`: [`namespace_admission::DEFAULT_ADMIN_GROUPS`]).
     pub admin_groups: Option<Vec<String>>,
+    /// GpuSharingPolicies that exist but could not be read (they do not fit the type): their
+    /// DeviceClasses are kept and closed to new claims, as for an invalid selector.
+    pub unreadable_sharing_policies: Vec<String>,
+    /// TeamGpuPolicies that exist but could not be read: their quotas, templates and binding
+    /// are kept as they are until the policy can be read again.
+    pub unreadable_teams: Vec<String>,
 }
 
 /// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
@@ -85,6 +91,9 @@ pub struct DesiredObjects {
     /// DeviceClasses of policies whose spec is invalid now: kept as they are rather than applied
     /// or pruned, so a typo never takes a class away from running workloads.
     pub retained_device_classes: BTreeSet<String>,
+    /// Owners (`teamgpu.io/owner` values) whose objects are kept as they are: the policy exists
+    /// but cannot be read, so what it had is neither changed nor pruned.
+    pub retained_owners: BTreeSet<String>,
 }
 
 /// What the planner concluded about one GpuSharingPolicy.
@@ -620,11 +629,36 @@ impl Planner {
                 (_, true) => {}
             }
         }
-        // Every class a team without a quota for it must get a hard of 0 for.
+        out.objects.retained_owners = state
+            .unreadable_teams
+            .iter()
+            .map(|t| format!("TeamGpuPolicy.{t}"))
+            .collect();
+        // A policy that cannot be read keeps its class as it is (as one whose selector is
+        // invalid), so a typo never takes a class away from running workloads.
+        for name in &state.unreadable_sharing_policies {
+            if !live_classes
+                .get(&device_class_name(name))
+                .is_some_and(|c| !is_managed(c))
+            {
+                out.objects
+                    .retained_device_classes
+                    .insert(device_class_name(name));
+            }
+        }
+        // Every class a team without a quota for it must get a hard of 0 for. A retained class
+        // gets 0 in every team namespace: what runs keeps running, nothing new is admitted
+        // until its policy is fixed (no quota entry would mean no limit at all).
         let governed_all: BTreeMap<String, Option<String>> = policies
             .iter()
             .filter(|p| p.usable())
             .map(|p| (device_class_name(&p.name), None))
+            .chain(
+                out.objects
+                    .retained_device_classes
+                    .iter()
+                    .map(|c| (c.clone(), None)),
+            )
             .chain(governed_foreign.clone())
             .collect();
         let zero_hard: Vec<String> = governed_all
