@@ -637,9 +637,9 @@ impl Planner {
         // A policy that cannot be read keeps its class as it is (as one whose selector is
         // invalid), so a typo never takes a class away from running workloads.
         for name in &state.unreadable_sharing_policies {
-            if !live_classes
+            if live_classes
                 .get(&device_class_name(name))
-                .is_some_and(|c| !is_managed(c))
+                .is_none_or(|c| is_managed(c))
             {
                 out.objects
                     .retained_device_classes
