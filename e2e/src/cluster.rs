@@ -153,6 +153,31 @@ impl TestCluster {
         Ok(config)
     }
 
+    /// A kubeconfig file in `dir` for the operator's ServiceAccount (the admin's cluster with a
+    /// fresh token), for the `teamgpu` binary.
+    pub async fn operator_kubeconfig(&self, dir: &Path) -> Result<PathBuf, ClusterError> {
+        use secrecy::ExposeSecret;
+        let token = self
+            .operator_config()
+            .await?
+            .auth_info
+            .token
+            .map(|t| t.expose_secret().to_owned())
+            .ok_or_else(|| ClusterError::Prepare("no token".into()))?;
+        let admin = std::fs::read_to_string(&self.kubeconfig)
+            .map_err(|e| ClusterError::Prepare(format!("{}: {e}", self.kubeconfig.display())))?;
+        let mut config: serde_json::Value = serde_saphyr::from_str(&admin)
+            .map_err(|e| ClusterError::Prepare(format!("{}: {e}", self.kubeconfig.display())))?;
+        config["users"] = serde_json::json!([{"name": "teamgpu", "user": {"token": token}}]);
+        for context in config["contexts"].as_array_mut().into_iter().flatten() {
+            context["context"]["user"] = serde_json::json!("teamgpu");
+        }
+        let path = dir.join("teamgpu-operator.kubeconfig");
+        std::fs::write(&path, config.to_string())
+            .map_err(|e| ClusterError::Prepare(format!("{}: {e}", path.display())))?;
+        Ok(path)
+    }
+
     /// A client that is the operator's ServiceAccount (see [`TestCluster::operator_config`]),
     /// its requests counted in the returned [`Counters`].
     pub async fn operator_client(&self) -> Result<(kube::Client, Arc<Counters>), ClusterError> {

@@ -112,3 +112,54 @@ pub fn fresh<K: kube::Resource + Clone>(obj: &K) -> K {
     };
     obj
 }
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e/ lives in the workspace root")
+        .to_path_buf()
+}
+
+/// The `teamgpu` binary of the running test's profile (`target/<profile>/teamgpu`), which
+/// `cargo test --workspace` builds for operator/tests. Cargo builds no binary of another package
+/// for an integration test, so a stale or missing one is reported, not used.
+pub fn teamgpu_binary() -> PathBuf {
+    let test = std::env::current_exe().expect("the test's own path");
+    let profile_dir = test
+        .parent()
+        .and_then(Path::parent)
+        .expect("tests live in target/<profile>/deps");
+    let binary = profile_dir.join("teamgpu");
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: run `cargo build -p teamgpu` (or `cargo test --workspace`) first",
+                binary.display()
+            )
+        });
+    let newest_source = newest_modification(&repo_root().join("operator/src"));
+    assert!(
+        built >= newest_source,
+        "{} is older than operator/src: run `cargo build -p teamgpu` first",
+        binary.display()
+    );
+    binary
+}
+
+fn newest_modification(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).expect("readable") {
+        let path = entry.expect("readable").path();
+        let modified = if path.is_dir() {
+            newest_modification(&path)
+        } else {
+            std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .expect("mtime")
+        };
+        newest = newest.max(modified);
+    }
+    newest
+}

@@ -4,15 +4,10 @@
 //! base that has the libc the binary needs, config/manager runs the released tag, and the
 //! binary runs `plan` with no HOME and nothing to write.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("e2e/ lives in the workspace root")
-        .to_path_buf()
-}
+use teamgpu_e2e::fixtures::{repo_root, teamgpu_binary};
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(repo_root().join(path))
@@ -355,50 +350,6 @@ fn config_manager_runs_the_image_of_this_version_the_way_the_image_starts() {
     assert_eq!(entrypoint, format!("[\"{installed}\"]"));
 }
 
-/// The `teamgpu` binary next to this test's folder (`target/<profile>/teamgpu`), built by
-/// `cargo test --workspace` for operator/tests. Cargo builds no binary of another package for
-/// an integration test, so a stale or missing one is reported, not used.
-fn teamgpu_binary() -> PathBuf {
-    let test = std::env::current_exe().expect("the test's own path");
-    let profile_dir = test
-        .parent()
-        .and_then(Path::parent)
-        .expect("tests live in target/<profile>/deps");
-    let binary = profile_dir.join("teamgpu");
-    let built = std::fs::metadata(&binary)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: run `cargo build -p teamgpu` (or `cargo test --workspace`) first",
-                binary.display()
-            )
-        });
-    let newest_source = newest_modification(&repo_root().join("operator/src"));
-    assert!(
-        built >= newest_source,
-        "{} is older than operator/src: run `cargo build -p teamgpu` first",
-        binary.display()
-    );
-    binary
-}
-
-fn newest_modification(dir: &Path) -> std::time::SystemTime {
-    let mut newest = std::time::UNIX_EPOCH;
-    for entry in std::fs::read_dir(dir).expect("readable") {
-        let path = entry.expect("readable").path();
-        let modified = if path.is_dir() {
-            newest_modification(&path)
-        } else {
-            std::fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .expect("mtime")
-        };
-        newest = newest.max(modified);
-    }
-    newest
-}
-
-/// Whether an ELF file asks for a dynamic loader (PT_INTERP), i.e. needs a libc in the image.
 fn dynamically_linked(binary: &Path) -> bool {
     let bytes = std::fs::read(binary).expect("the binary is readable");
     assert_eq!(&bytes[..4], b"\x7fELF", "not an ELF file");

@@ -1,0 +1,459 @@
+//! The operator at scale on a real control plane, measured against the API server's write floor:
+//!
+//! ```sh
+//! cargo build --release -p teamgpu            # the operator runs as its own process
+//! TEAMGPU_E2E_ASSETS=/path/to/bin cargo run --release -p teamgpu-e2e --example scale -- \
+//!     [teams] [namespaces-per-team] [sharing-policies] [nodes] [claims]
+//! ```
+//!
+//! Defaults 10 2 5 20 200 (20 team namespaces, 160 devices); the benchmark of `docs/operator.md`
+//! is `100 10 20 5000 10000` (1,000 namespaces, 40,000 devices, 10,000 claims). It prints:
+//! - the write floor: a plain client with 16 requests in flight creating the same quotas and
+//!   templates (in namespaces of their own);
+//! - the operator's time from an empty cluster to every quota and template in place, and the
+//!   ratio to the floor; its writes as the API server counted them, per object;
+//! - its resident memory (peak and settled, from /proc);
+//! - the reaction time, claim created to the team's status counting it, p50 and p99 of 100;
+//! - its writes during an idle minute (`TEAMGPU_SCALE_IDLE_SECONDS`, default 60).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu::example::{Scale, synthetic};
+use teamgpu_e2e::TestCluster;
+use teamgpu_e2e::fixtures::fresh;
+
+/// Requests in flight, for the floor and for filling the cluster.
+const PARALLEL: usize = 16;
+
+/// Resources the operator writes, as `apiserver_request_total` names them.
+const OPERATOR_RESOURCES: [&str; 7] = [
+    "deviceclasses.resource.k8s.io",
+    "resourceclaimtemplates.resource.k8s.io",
+    "resourcequotas",
+    "validatingadmissionpolicies.admissionregistration.k8s.io",
+    "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+    "gpusharingpolicies.teamgpu.io/status",
+    "teamgpupolicies.teamgpu.io/status",
+];
+
+/// Writes (create, patch, delete) the API server counted on the operator's resources. Nobody
+/// else writes them here, except the quota controller's status updates, which are `update`s of
+/// `resourcequotas/status` and so not counted.
+async fn operator_writes(cluster: &TestCluster) -> u64 {
+    cluster
+        .server_request_counts()
+        .await
+        .expect("API server metrics")
+        .iter()
+        .filter(|((verb, resource), _)| {
+            ["create", "patch", "delete"].contains(&verb.as_str())
+                && OPERATOR_RESOURCES.contains(&resource.as_str())
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
+async fn count<K>(client: &kube::Client, lp: &ListParams) -> usize
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::all(client.clone())
+        .list_metadata(lp)
+        .await
+        .map(|l| l.items.len())
+        .unwrap_or(0)
+}
+
+/// Creates `objects` with [`PARALLEL`] requests in flight.
+async fn create_all<K>(client: &kube::Client, objects: Vec<K>)
+where
+    K: kube::Resource<DynamicType = ()> + serde::Serialize,
+{
+    let resource = kube::api::ApiResource::erase::<K>(&());
+    futures::stream::iter(objects)
+        .map(|o| {
+            let mut object: kube::api::DynamicObject =
+                serde_json::from_value(serde_json::to_value(&o).expect("serializable"))
+                    .expect("an object");
+            object.types = Some(kube::api::TypeMeta {
+                api_version: K::api_version(&()).into_owned(),
+                kind: K::kind(&()).into_owned(),
+            });
+            let api: Api<kube::api::DynamicObject> = match o.meta().namespace.clone() {
+                Some(ns) => Api::namespaced_with(client.clone(), &ns, &resource),
+                None => Api::all_with(client.clone(), &resource),
+            };
+            async move { api.create(&PostParams::default(), &object).await.map(drop) }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await
+        .expect("create");
+}
+
+fn namespace(name: &str, labels: BTreeMap<String, String>) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The `teamgpu` binary next to this example's (`target/release/teamgpu`).
+fn operator_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("own path");
+    let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
+    let bin = dir.join("teamgpu");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release -p teamgpu` first",
+        bin.display()
+    );
+    bin
+}
+
+/// (peak, current) resident memory of `pid` in MiB, from /proc.
+fn memory_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let arg = |i: usize, default: usize| args.get(i).copied().unwrap_or(default);
+    let scale = Scale {
+        teams: arg(0, 10),
+        namespaces_per_team: arg(1, 2),
+        sharing_policies: arg(2, 5),
+        nodes: arg(3, 20),
+        claims: arg(4, 200),
+    };
+    let idle = Duration::from_secs(
+        std::env::var("TEAMGPU_SCALE_IDLE_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60),
+    );
+    let binary = operator_binary();
+    let state = synthetic(scale).expect("synthetic cluster");
+    let planned = teamgpu::plan::plan(&state);
+    let cluster = TestCluster::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = cluster.client();
+    println!(
+        "cluster: {} teams, {} team namespaces, {} sharing policies, {} ResourceSlices ({} devices), {} claims",
+        state.teams.len(),
+        state.namespaces.len(),
+        state.sharing_policies.len(),
+        state.slices.len(),
+        state.slices.len() * 8,
+        state.claims.len()
+    );
+
+    // Fill the cluster (the NVIDIA driver's classes, nodes' slices, namespaces, claims).
+    let t = Instant::now();
+    create_all(
+        &client,
+        state
+            .device_classes
+            .iter()
+            .map(fresh)
+            .collect::<Vec<DeviceClass>>(),
+    )
+    .await;
+    create_all(
+        &client,
+        state
+            .slices
+            .iter()
+            .map(fresh)
+            .collect::<Vec<ResourceSlice>>(),
+    )
+    .await;
+    create_all(
+        &client,
+        state
+            .namespaces
+            .iter()
+            .map(|n| namespace(&n.name, n.labels.clone()))
+            .collect(),
+    )
+    .await;
+    create_all(
+        &client,
+        state
+            .claims
+            .iter()
+            .map(fresh)
+            .collect::<Vec<ResourceClaim>>(),
+    )
+    .await;
+    futures::stream::iter(state.claims.iter().filter(|c| c.status.is_some()))
+        .map(|c| {
+            let api: Api<ResourceClaim> =
+                Api::namespaced(client.clone(), c.metadata.namespace.as_deref().unwrap());
+            let status = json!({"status": c.status});
+            async move {
+                api.patch_status(
+                    c.metadata.name.as_deref().unwrap(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&status),
+                )
+                .await
+                .map(drop)
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await
+        .expect("allocate claims");
+    println!("filled in {:.1?}", t.elapsed());
+
+    // The write floor: the same quotas and templates, created by a plain client, in namespaces
+    // of their own (`f-<namespace>`), without owner references.
+    let floor_ns = |ns: &str| format!("f-{ns}");
+    create_all(
+        &client,
+        state
+            .namespaces
+            .iter()
+            .map(|n| namespace(&floor_ns(&n.name), BTreeMap::new()))
+            .collect(),
+    )
+    .await;
+    let strip = |meta: &mut ObjectMeta| {
+        meta.namespace = meta.namespace.as_deref().map(floor_ns);
+        meta.owner_references = None;
+    };
+    let quotas: Vec<ResourceQuota> = planned
+        .objects
+        .resource_quotas
+        .iter()
+        .map(|q| {
+            let mut q = (**q).clone();
+            strip(&mut q.metadata);
+            q
+        })
+        .collect();
+    let templates: Vec<ResourceClaimTemplate> = planned
+        .objects
+        .claim_templates
+        .iter()
+        .map(|t| {
+            let mut t = (**t).clone();
+            strip(&mut t.metadata);
+            t
+        })
+        .collect();
+    let objects = quotas.len() + templates.len();
+    let t = Instant::now();
+    create_all(&client, quotas).await;
+    create_all(&client, templates).await;
+    let floor = t.elapsed();
+    println!(
+        "write floor: {objects} quotas and templates in {floor:.1?} ({:.0}/s, {PARALLEL} in flight)",
+        objects as f64 / floor.as_secs_f64()
+    );
+
+    // The policies, then the operator as its own process, as its ServiceAccount.
+    create_all(
+        &client,
+        state
+            .sharing_policies
+            .iter()
+            .map(fresh)
+            .collect::<Vec<GpuSharingPolicy>>(),
+    )
+    .await;
+    create_all(
+        &client,
+        state
+            .teams
+            .iter()
+            .map(fresh)
+            .collect::<Vec<TeamGpuPolicy>>(),
+    )
+    .await;
+    let dir = std::env::temp_dir().join(format!("teamgpu-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = cluster
+        .operator_kubeconfig(&dir)
+        .await
+        .expect("operator kubeconfig");
+    let writes_before = operator_writes(&cluster).await;
+    let started = Instant::now();
+    let operator = Operator(
+        Command::new(&binary)
+            .args([
+                "run",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--health-addr",
+                "127.0.0.1:0",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the operator"),
+    );
+    let pid = operator.0.id();
+    let managed = ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
+    let (want_quotas, want_templates) = (
+        planned.objects.resource_quotas.len(),
+        planned.objects.claim_templates.len(),
+    );
+    loop {
+        let q = count::<ResourceQuota>(&client, &managed).await;
+        let t = count::<ResourceClaimTemplate>(&client, &managed).await;
+        if q >= want_quotas && t >= want_templates {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let in_place = started.elapsed();
+    // Converged: no write for 3 s.
+    let (mut last, mut last_change) = (operator_writes(&cluster).await, Instant::now());
+    while last_change.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = operator_writes(&cluster).await;
+        if now != last {
+            (last, last_change) = (now, Instant::now());
+        }
+    }
+    let converged = last_change.duration_since(started);
+    let writes = last - writes_before;
+    let statuses = state.teams.len() + state.sharing_policies.len();
+    let wanted = want_quotas
+        + want_templates
+        + planned.objects.device_classes.len()
+        + planned.objects.admission_policies.len()
+        + planned.objects.admission_bindings.len();
+    println!(
+        "operator: every quota and template in place after {in_place:.1?} ({:.2}x the floor); last write after {converged:.1?}",
+        in_place.as_secs_f64() / floor.as_secs_f64()
+    );
+    println!(
+        "writes: {writes} for {wanted} objects and {statuses} statuses ({:.2} per object)",
+        writes as f64 / (wanted + statuses) as f64
+    );
+    let (peak, now) = memory_mib(pid);
+    println!("memory after converging: peak {peak:.0} MiB, now {now:.0} MiB");
+
+    // Reaction: a claim created in a team namespace until the team's status counts it.
+    let mut reactions = Vec::new();
+    let teams: Api<TeamGpuPolicy> = Api::all(client.clone());
+    for i in 0..100 {
+        let ns = &state.namespaces[i % state.namespaces.len()];
+        let team = state
+            .teams
+            .iter()
+            .find(|t| {
+                t.spec
+                    .namespace_selector
+                    .as_ref()
+                    .and_then(|s| s.match_labels.as_ref())
+                    .is_some_and(|l| l.iter().all(|(k, v)| ns.labels.get(k) == Some(v)))
+            })
+            .expect("the namespace's team");
+        let team_name = team.metadata.name.clone().unwrap();
+        let policy = &team.spec.quotas[i % team.spec.quotas.len()].sharing_policy;
+        let requested = |t: &TeamGpuPolicy| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.quotas.iter().find(|q| &q.sharing_policy == policy))
+                .map_or(0, |q| q.requested)
+        };
+        let before = requested(&teams.get(&team_name).await.unwrap());
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": format!("reaction-{i}")},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": format!("{policy}.teamgpu.io"), "count": 1}}]}}
+        }))
+        .unwrap();
+        let t = Instant::now();
+        if Api::<ResourceClaim>::namespaced(client.clone(), &ns.name)
+            .create(&PostParams::default(), &claim)
+            .await
+            .is_err()
+        {
+            continue; // the namespace's quota is used up
+        }
+        loop {
+            if requested(&teams.get(&team_name).await.unwrap()) > before {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                panic!("{team_name} never counted claim reaction-{i}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        reactions.push(t.elapsed());
+    }
+    reactions.sort();
+    if !reactions.is_empty() {
+        println!(
+            "reaction, claim created to status counting it, {} claims: p50 {:.0?}, p99 {:.0?}",
+            reactions.len(),
+            percentile(&reactions, 0.5),
+            percentile(&reactions, 0.99)
+        );
+    }
+
+    // Idle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = operator_writes(&cluster).await;
+    tokio::time::sleep(idle).await;
+    let idle_writes = operator_writes(&cluster).await - before;
+    let (peak, settled) = memory_mib(pid);
+    println!(
+        "idle {idle:?}: {idle_writes} writes; memory peak {peak:.0} MiB, settled {settled:.0} MiB"
+    );
+    drop(operator);
+    let _ = std::fs::remove_dir_all(dir);
+}
