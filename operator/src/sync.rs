@@ -455,7 +455,15 @@ impl Differ {
         let mut out = Vec::new();
         self.applying.clear();
         for key in std::mem::take(&mut self.dirty) {
-            let desired = self.desired.get(&key).and_then(DesiredObject::to_json);
+            let desired = match self.desired.get(&key).map(DesiredObject::to_json) {
+                Some(Some(value)) => Some(value),
+                // Wanted but not serializable (a bug, never seen): neither applied nor deleted.
+                Some(None) => {
+                    tracing::error!(object = %key, "a desired object could not be serialized; left as it is");
+                    continue;
+                }
+                None => None,
+            };
             let live = self.live.get(&key);
             let live_json = live.and_then(LiveObject::to_json);
             if let Some(write) = verdict(
