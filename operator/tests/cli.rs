@@ -486,3 +486,20 @@ fn sigterm_stops_run_within_the_grace_period_while_the_api_server_does_not_answe
     drop(black_hole);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_unknown_output_format_is_refused_with_the_ones_there_are() {
+    for args in [
+        &["plan", "-o", "xml"][..],
+        &["top", "-o", "xml"],
+        &["plan", "--live", "-o", "xml"],
+    ] {
+        let (ok, stdout, stderr) = teamgpu(args);
+        assert!(!ok, "{args:?}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(
+            stderr.contains("invalid value 'xml'") && stderr.contains("table, yaml, json"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
