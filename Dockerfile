@@ -21,9 +21,14 @@ RUN mkdir -p operator/src e2e/src \
     && cargo build --release --locked -p teamgpu \
     && rm -rf operator/src target/release/.fingerprint/teamgpu-* target/release/deps/teamgpu-* target/release/deps/libteamgpu-*
 
-# The operator itself; its built-in example includes the samples of config/samples.
+# The operator itself; its built-in example includes the samples of config/samples, and
+# `teamgpu manifests` the kustomizations of config/default and what they name.
 COPY operator/src operator/src
 COPY config/samples config/samples
+COPY config/default config/default
+COPY config/crd config/crd
+COPY config/rbac config/rbac
+COPY config/manager config/manager
 RUN cargo build --release --locked -p teamgpu \
     && cp target/release/teamgpu /teamgpu
 

@@ -48,7 +48,7 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
         path: path.to_owned(),
         source,
     };
-    if !path.is_dir() {
+    if path == Path::new(STDIN) || !path.is_dir() {
         out.push(path.to_owned());
         return Ok(());
     }
@@ -67,15 +67,30 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
     Ok(())
 }
 
-/// Read every file into one cluster state.
+/// The path that stands for standard input.
+pub const STDIN: &str = "-";
+
+/// Read every file into one cluster state; `-` is standard input.
 pub fn load(paths: &[PathBuf]) -> Result<Loaded, InputError> {
+    load_from(paths, &mut std::io::stdin().lock())
+}
+
+/// [`load`], with `stdin` for `-`.
+pub fn load_from(paths: &[PathBuf], stdin: &mut dyn std::io::Read) -> Result<Loaded, InputError> {
     let mut loaded = Loaded::default();
     for path in files(paths)? {
-        let text = std::fs::read_to_string(&path).map_err(|source| InputError::Read {
+        let read_err = |source| InputError::Read {
             path: path.clone(),
             source,
-        })?;
-        add_documents(&mut loaded, &path, &text)?;
+        };
+        if path == Path::new(STDIN) {
+            let mut text = String::new();
+            stdin.read_to_string(&mut text).map_err(read_err)?;
+            add_documents(&mut loaded, Path::new("<stdin>"), &text)?;
+        } else {
+            let text = std::fs::read_to_string(&path).map_err(read_err)?;
+            add_documents(&mut loaded, &path, &text)?;
+        }
     }
     Ok(loaded)
 }
@@ -198,6 +213,15 @@ mod tests {
             add_documents(&mut Loaded::default(), Path::new("x.yaml"), "a: [b\n").unwrap_err();
         assert!(
             err.to_string().starts_with("x.yaml: not valid YAML"),
+            "{err}"
+        );
+
+        let stdin = "apiVersion: v1\nkind: Namespace\nmetadata: {name: from-stdin}\n";
+        let loaded = load_from(&[PathBuf::from("-")], &mut stdin.as_bytes()).unwrap();
+        assert_eq!(loaded.state.namespaces[0].name, "from-stdin");
+        let err = load_from(&[PathBuf::from("-")], &mut "a: [b\n".as_bytes()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("<stdin>: not valid YAML"),
             "{err}"
         );
     }

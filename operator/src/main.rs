@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// teamgpu: fair multi-team GPU sharing on Kubernetes DRA.
 #[derive(Parser, Debug)]
@@ -13,14 +13,34 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Show what teamgpu would do with the objects in YAML files, with no cluster: a table per
-    /// team and sharing policy, or every object it would apply (`-o yaml`). Without `-f`, plans a
-    /// built-in example (the config/samples policies on six 8-GPU nodes).
+    /// Show what teamgpu would do: with no cluster, from YAML files (a table per team and sharing
+    /// policy, or every object it would apply with `-o yaml|json`); without `-f`, a built-in
+    /// example (the config/samples policies on six 8-GPU nodes). With `--live`, the what-if of a
+    /// change on the cluster of the kubeconfig: the objects the operator would write and each
+    /// team's numbers before and after.
     Plan {
-        /// YAML files or folders: GpuSharingPolicies, TeamGpuPolicies, Namespaces, DeviceClasses,
-        /// ResourceSlices, ResourceClaims (other kinds are skipped with a note).
+        /// YAML files or folders (`-` is standard input): GpuSharingPolicies, TeamGpuPolicies,
+        /// Namespaces, DeviceClasses, ResourceSlices, ResourceClaims (other kinds are skipped
+        /// with a note). With `--live`, they replace the live objects of the same name.
         #[arg(short = 'f', long = "filename")]
         files: Vec<std::path::PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+        /// Read the cluster of the current kubeconfig context and plan the change against it.
+        #[arg(long)]
+        live: bool,
+        /// With `--live`: the user the operator writes as (exempt from its own admission
+        /// policies), as `teamgpu run` finds it. Default: the ServiceAccount of config/rbac.
+        #[arg(long, requires = "live")]
+        operator_user: Option<String>,
+        /// With `--live`: the operator's `--admin-group`s (repeat, or comma-separated).
+        #[arg(long = "admin-group", requires = "live", value_delimiter = ',')]
+        admin_groups: Vec<String>,
+    },
+    /// Show each team's devices now, as the operator reports them in the policies' status, on the
+    /// cluster of the current kubeconfig context.
+    Top {
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
@@ -32,6 +52,20 @@ enum Command {
         /// Write one file per CRD and a kustomization.yaml into this folder instead (e.g. `crds`).
         #[arg(long)]
         output_dir: Option<std::path::PathBuf>,
+    },
+    /// Print the whole install as one YAML stream (CRDs, RBAC, namespace, Deployment): the
+    /// objects of `kubectl kustomize config/default`. Apply it with
+    /// `teamgpu manifests | kubectl apply --server-side -f -`.
+    #[command(visible_alias = "install")]
+    Manifests {
+        /// The operator's image.
+        #[arg(long, default_value_t = teamgpu::manifests::default_image())]
+        image: String,
+    },
+    /// Print a shell completion script (e.g. `source <(teamgpu completion bash)`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
@@ -87,13 +121,40 @@ enum LogFormat {
 enum Format {
     Table,
     Yaml,
+    Json,
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let name = teamgpu::plugin::program_name(std::env::args_os().next().as_deref());
+    let mut command = Cli::command().bin_name(name);
+    let cli = Cli::from_arg_matches_mut(&mut command.get_matches_mut())
+        .unwrap_or_else(|e| e.format(&mut command).exit());
     match cli.command {
         Command::Run(args) => run(args)?,
-        Command::Plan { files, output } => plan(&files, output)?,
+        Command::Plan {
+            files,
+            output,
+            live: false,
+            ..
+        } => plan(&files, output)?,
+        Command::Plan {
+            files,
+            output,
+            live: true,
+            operator_user,
+            admin_groups,
+        } => {
+            let admin_groups = (!admin_groups.is_empty()).then_some(admin_groups);
+            block_on(plan_live(&files, output, operator_user, admin_groups))?
+        }
+        Command::Top { output } => block_on(top(output))?,
+        Command::Manifests { image } => {
+            let yaml = teamgpu::manifests::to_yaml(&image)?;
+            std::io::stdout().write_all(yaml.as_bytes())?;
+        }
+        Command::Completion { shell } => {
+            clap_complete::generate(shell, &mut command, name, &mut std::io::stdout());
+        }
         Command::Crd { output_dir: None } => {
             let yaml = teamgpu::crd::to_yaml().context("serializing the CRDs")?;
             std::io::stdout().write_all(yaml.as_bytes())?;
@@ -126,6 +187,69 @@ fn plan(files: &[std::path::PathBuf], format: Format) -> anyhow::Result<()> {
     let text = match format {
         Format::Table => teamgpu::output::table(&plan),
         Format::Yaml => teamgpu::output::yaml(&plan).context("serializing the plan")?,
+        Format::Json => teamgpu::output::json(&plan).context("serializing the plan")?,
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// A runtime for one command that reads the cluster.
+fn block_on<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(work)
+}
+
+async fn client() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default()
+        .await
+        .context("connecting to the cluster of the current kubeconfig context")
+}
+
+/// `value` in `format` (not a table).
+fn serialized(value: &impl serde::Serialize, format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Yaml => serde_saphyr::to_string(value)?,
+        _ => serde_json::to_string_pretty(value)? + "\n",
+    })
+}
+
+async fn plan_live(
+    files: &[std::path::PathBuf],
+    format: Format,
+    operator_user: Option<String>,
+    admin_groups: Option<Vec<String>>,
+) -> anyhow::Result<()> {
+    // The files first: a typo fails before the cluster is asked.
+    let changes = teamgpu::input::load(files)?;
+    for note in &changes.notes {
+        eprintln!("note: {note}");
+    }
+    let live = teamgpu::live::read(&client().await?, operator_user, admin_groups).await?;
+    for note in &live.notes {
+        eprintln!("note: {note}");
+    }
+    let before = teamgpu::plan::plan(&live.state);
+    let after = teamgpu::plan::plan(&teamgpu::whatif::overlay(&live.state, changes.state));
+    let what_if = teamgpu::whatif::what_if(&before, &after, &live.managed);
+    let text = match format {
+        Format::Table => teamgpu::whatif::table(&what_if),
+        _ => serialized(&what_if, format)?,
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+async fn top(format: Format) -> anyhow::Result<()> {
+    let policies = teamgpu::live::policies(&client().await?).await?;
+    for note in &policies.notes {
+        eprintln!("note: {note}");
+    }
+    let top = teamgpu::top::top(&policies.teams, &policies.sharing_policies);
+    let text = match format {
+        Format::Table => teamgpu::top::table(&top),
+        _ => serialized(&top, format)?,
     };
     std::io::stdout().write_all(text.as_bytes())?;
     Ok(())

@@ -59,18 +59,7 @@ pub fn table(plan: &Plan) -> String {
             ]);
         }
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
+    let mut out = align(&rows);
     let explained: Vec<String> = plan
         .teams
         .iter()
@@ -111,6 +100,56 @@ pub fn table(plan: &Plan) -> String {
         }
     }
     out
+}
+
+/// Rows as columns two spaces apart, each as wide as its widest cell; no trailing blanks.
+pub fn align(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
+
+/// Every object the operator would apply, as a `List` (what `kubectl apply -f` takes), in the
+/// order of [`yaml`].
+pub fn json(plan: &Plan) -> Result<String, serde_json::Error> {
+    let o = &plan.objects;
+    let mut items = Vec::new();
+    for x in &o.device_classes {
+        items.push(serde_json::to_value(x)?);
+    }
+    for x in &o.admission_policies {
+        items.push(serde_json::to_value(x)?);
+    }
+    for x in &o.admission_bindings {
+        items.push(serde_json::to_value(x)?);
+    }
+    for x in &o.resource_quotas {
+        items.push(serde_json::to_value(x)?);
+    }
+    for x in &o.claim_templates {
+        items.push(serde_json::to_value(x)?);
+    }
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let mut text = serde_json::to_string_pretty(&list)?;
+    text.push('\n');
+    Ok(text)
 }
 
 /// Every object the operator would apply, as one multi-document YAML stream.

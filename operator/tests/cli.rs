@@ -1,6 +1,8 @@
 //! The `teamgpu` binary as a user runs it.
 
-use std::process::Command;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 fn teamgpu(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_teamgpu"))
@@ -12,6 +14,310 @@ fn teamgpu(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
     )
+}
+
+/// `teamgpu args` with `input` on its standard input.
+fn teamgpu_with_stdin(args: &[&str], input: &str) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_teamgpu"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("teamgpu runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// A fresh temporary folder for one test.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("teamgpu-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Whether kubectl is on the PATH; without it a test that needs it is skipped with a note,
+/// unless CI=true, where it fails.
+fn kubectl_available(test: &str) -> bool {
+    let found = Command::new("kubectl")
+        .args(["version", "--client"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{test}: kubectl is not installed (CI=true)"
+        );
+        eprintln!("skipped {test}: kubectl is not installed");
+    }
+    found
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `kind namespace/name` of each object, in order.
+fn keys(docs: &[serde_json::Value]) -> Vec<String> {
+    docs.iter()
+        .map(|d| {
+            format!(
+                "{} {}/{}",
+                d["kind"].as_str().unwrap_or_default(),
+                d["metadata"]["namespace"].as_str().unwrap_or_default(),
+                d["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+fn documents(yaml: &str) -> Vec<serde_json::Value> {
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+#[test]
+fn manifests_are_the_objects_of_kubectl_kustomize_config_default() {
+    if !kubectl_available("manifests_are_the_objects_of_kubectl_kustomize_config_default") {
+        return;
+    }
+    let out = Command::new("kubectl")
+        .args(["kustomize", "config/default"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = documents(&String::from_utf8_lossy(&out.stdout));
+    let (ok, stdout, stderr) = teamgpu(&["manifests"]);
+    assert!(ok, "{stderr}");
+    let actual = documents(&stdout);
+    assert_eq!(
+        keys(&actual),
+        keys(&expected),
+        "the same objects in the same order"
+    );
+    for (a, e) in actual.iter().zip(&expected) {
+        // Objects as large as a CRD: name the object, and show the two on a failure only.
+        if a != e {
+            panic!(
+                "{} differs:\nteamgpu manifests: {a}\nkubectl kustomize: {e}",
+                keys(std::slice::from_ref(e))[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn manifests_hold_the_install_and_run_the_image_asked_for() {
+    let (ok, stdout, stderr) = teamgpu(&["manifests"]);
+    assert!(ok, "{stderr}");
+    let docs = documents(&stdout);
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "Role",
+            "ClusterRole",
+            "ClusterRole",
+            "RoleBinding",
+            "ClusterRoleBinding",
+            "Service",
+            "Deployment"
+        ]
+    );
+    let image = |docs: &[serde_json::Value]| {
+        docs.iter()
+            .find(|d| d["kind"] == "Deployment")
+            .map(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].clone())
+            .unwrap()
+    };
+    assert_eq!(image(&docs), "ghcr.io/teamgpu/teamgpu:v0.1.0");
+    let (ok, stdout, _) = teamgpu(&[
+        "install",
+        "--image",
+        "registry.local:5000/teamgpu@sha256:0a",
+    ]);
+    assert!(ok);
+    assert_eq!(
+        image(&documents(&stdout)),
+        "registry.local:5000/teamgpu@sha256:0a"
+    );
+}
+
+#[test]
+fn completion_scripts_know_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (ok, stdout, stderr) = teamgpu(&["completion", shell]);
+        assert!(ok, "{shell}: {stderr}");
+        for sub in ["plan", "top", "manifests", "completion", "run", "crd"] {
+            assert!(stdout.contains(sub), "{shell} completion lacks {sub}");
+        }
+        assert!(
+            stdout.contains("--live"),
+            "{shell} completion lacks plan --live"
+        );
+    }
+    let (ok, _, stderr) = teamgpu(&["completion", "tcsh"]);
+    assert!(!ok);
+    assert!(stderr.contains("invalid value 'tcsh'"), "{stderr}");
+}
+
+#[test]
+fn installed_as_kubectl_teamgpu_it_is_a_kubectl_plugin() {
+    if !kubectl_available("installed_as_kubectl_teamgpu_it_is_a_kubectl_plugin") {
+        return;
+    }
+    let dir = temp_dir("plugin");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_teamgpu"), dir.join("kubectl-teamgpu")).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .args(args)
+            .env("PATH", &path)
+            // kubectl finds the plugin before it reads any kubeconfig.
+            .env("KUBECONFIG", dir.join("none"))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = kubectl(&["teamgpu", "--help"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("Usage: kubectl teamgpu <COMMAND>"),
+        "{stdout}"
+    );
+    let (ok, stdout, stderr) = kubectl(&["teamgpu", "plan"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("ml-research   a100-80gb"), "{stdout}");
+    let (ok, _, stderr) = kubectl(&["teamgpu", "plan", "--bogus"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("Usage: kubectl teamgpu plan [OPTIONS]"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn plan_reads_stdin_for_dash() {
+    let team = "apiVersion: teamgpu.io/v1alpha1\nkind: TeamGpuPolicy\nmetadata: {name: piped}\n\
+                spec: {namespaces: [piped-ns], quotas: [{sharingPolicy: a100-80gb, guaranteed: 3}]}\n";
+    let samples = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/samples");
+    let (ok, stdout, stderr) = teamgpu_with_stdin(&["plan", "-f", samples, "-f", "-"], team);
+    assert!(ok, "{stderr}");
+    let row: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.starts_with("piped "))
+        .unwrap_or_else(|| panic!("no row of the piped team: {stdout}"))
+        .split_whitespace()
+        .collect();
+    // Team, sharing policy, guarantee and limit as piped in.
+    assert_eq!(row[..4], ["piped", "a100-80gb", "3", "3"], "{stdout}");
+    let (ok, _, stderr) = teamgpu_with_stdin(&["plan", "-f", "-"], "kind: [\n");
+    assert!(!ok);
+    assert!(stderr.contains("<stdin>: not valid YAML"), "{stderr}");
+}
+
+#[test]
+fn plan_json_is_a_list_of_every_object_to_apply() {
+    let (ok, stdout, _) = teamgpu(&["plan", "-o", "json"]);
+    assert!(ok);
+    let list: serde_json::Value = serde_json::from_str(&stdout).expect("valid JSON");
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().unwrap();
+    let (_, yaml, _) = teamgpu(&["plan", "-o", "yaml"]);
+    assert!(
+        items == &documents(&yaml),
+        "-o json lists other objects than -o yaml"
+    );
+}
+
+#[test]
+fn commands_that_need_a_cluster_say_so_without_one() {
+    let dir = temp_dir("no-cluster");
+    for args in [&["top"][..], &["plan", "--live"], &["top", "-o", "json"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_teamgpu"))
+            .args(args)
+            .env("KUBECONFIG", dir.join("missing-kubeconfig"))
+            .env("HOME", &dir)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr
+                .starts_with("Error: connecting to the cluster of the current kubeconfig context"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
+    // Refused connections: the request that failed is named.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_teamgpu"))
+        .args(["top"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("Error: listing GpuSharingPolicies"),
+        "{stderr}"
+    );
+    // A file that cannot be read fails before the cluster is asked.
+    let (ok, _, stderr) = teamgpu(&["plan", "--live", "-f", "/nonexistent/policy.yaml"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("reading /nonexistent/policy.yaml"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = teamgpu(&["plan", "--operator-user", "x"]);
+    assert!(!ok, "--operator-user needs --live");
+    assert!(stderr.contains("--live"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -179,4 +485,21 @@ fn sigterm_stops_run_within_the_grace_period_while_the_api_server_does_not_answe
     );
     drop(black_hole);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unknown_output_format_is_refused_with_the_ones_there_are() {
+    for args in [
+        &["plan", "-o", "xml"][..],
+        &["top", "-o", "xml"],
+        &["plan", "--live", "-o", "xml"],
+    ] {
+        let (ok, stdout, stderr) = teamgpu(args);
+        assert!(!ok, "{args:?}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(
+            stderr.contains("invalid value 'xml'") && stderr.contains("table, yaml, json"),
+            "{args:?}: {stderr}"
+        );
+    }
 }

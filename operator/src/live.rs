@@ -1,0 +1,255 @@
+//! Reading a cluster for the command line (`teamgpu plan --live`, `teamgpu top`). Needs a
+//! client; only lists, never writes. What the operator reads from its watch caches
+//! (`controller::Reconciler::snapshot`), read here with one list per kind.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::api::{DynamicObject, ListParams};
+use kube::core::ApiResource;
+use kube::{Api, Client, ResourceExt};
+use serde_json::Value;
+
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::plan::{ClusterState, NamespaceInfo, pending};
+use crate::sync::{Kind, ObjectKey};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error(
+        "the teamgpu CRDs are not installed in this cluster ({0}); install teamgpu with \
+         `teamgpu manifests | kubectl apply --server-side -f -`"
+    )]
+    CrdsMissing(String),
+    #[error("listing {what}: {source}")]
+    List {
+        what: &'static str,
+        source: kube::Error,
+    },
+}
+
+/// The policies as the cluster has them, with their status.
+#[derive(Debug, Default)]
+pub struct Policies {
+    pub sharing_policies: Vec<GpuSharingPolicy>,
+    pub teams: Vec<TeamGpuPolicy>,
+    /// Policies skipped: being deleted, or not readable as their type.
+    pub notes: Vec<String>,
+}
+
+/// What `plan --live` reads.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// The planner's input, as the operator would see it.
+    pub state: ClusterState,
+    /// Every object labelled `app.kubernetes.io/managed-by=teamgpu`, as listed (with
+    /// `apiVersion` and `kind`, without `managedFields`).
+    pub managed: BTreeMap<ObjectKey, Value>,
+    pub notes: Vec<String>,
+}
+
+async fn list<K>(api: Api<K>, lp: &ListParams, what: &'static str) -> Result<Vec<K>, LiveError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(lp)
+        .await
+        .map(|l| l.items)
+        .map_err(|source| LiveError::List { what, source })
+}
+
+/// A policy kind, read leniently: a policy that does not fit its type (written by a newer
+/// version, say) is noted and skipped, as the operator does.
+async fn policies_of<K>(
+    client: &Client,
+    what: &'static str,
+    notes: &mut Vec<String>,
+) -> Result<Vec<K>, LiveError>
+where
+    K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+{
+    let resource = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let items = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Err(LiveError::CrdsMissing(status.message));
+        }
+        Err(source) => return Err(LiveError::List { what, source }),
+    };
+    let mut out = Vec::new();
+    for object in items {
+        let name = object.name_any();
+        if object.metadata.deletion_timestamp.is_some() {
+            notes.push(format!(
+                "{} {name} is being deleted: left out",
+                resource.kind
+            ));
+            continue;
+        }
+        match object.try_parse::<K>() {
+            Ok(policy) => out.push(policy),
+            Err(error) => notes.push(format!(
+                "{} {name} cannot be read as a {}: left out ({error})",
+                resource.kind, resource.kind
+            )),
+        }
+    }
+    Ok(out)
+}
+
+/// Both kinds of policy, with their status.
+pub async fn policies(client: &Client) -> Result<Policies, LiveError> {
+    let mut notes = Vec::new();
+    let sharing_policies = policies_of(client, "GpuSharingPolicies", &mut notes).await?;
+    let teams = policies_of(client, "TeamGpuPolicies", &mut notes).await?;
+    Ok(Policies {
+        sharing_policies,
+        teams,
+        notes,
+    })
+}
+
+/// The object as listed, as [`crate::sync::writes`] compares it: items of a list carry no
+/// `apiVersion` and `kind`, and `managedFields` says nothing the plan does.
+fn listed_json(kind: Kind, object: &impl serde::Serialize) -> Option<Value> {
+    let mut value = serde_json::to_value(object).ok()?;
+    let resource = kind.api_resource();
+    let fields = value.as_object_mut()?;
+    fields.insert("apiVersion".into(), resource.api_version.into());
+    fields.insert("kind".into(), resource.kind.into());
+    if let Some(Value::Object(meta)) = fields.get_mut("metadata") {
+        meta.remove("managedFields");
+    }
+    Some(value)
+}
+
+/// Everything the planner reads, and the objects teamgpu manages. `operator_user` and
+/// `admin_groups` are the operator's (`None`: its defaults), as `teamgpu run` is started.
+pub async fn read(
+    client: &Client,
+    operator_user: Option<String>,
+    admin_groups: Option<Vec<String>>,
+) -> Result<Live, LiveError> {
+    let Policies {
+        sharing_policies,
+        teams,
+        mut notes,
+    } = policies(client).await?;
+    let all = ListParams::default();
+    let managed_lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+
+    let namespaces = list(Api::<Namespace>::all(client.clone()), &all, "Namespaces")
+        .await?
+        .into_iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .map(|n| NamespaceInfo {
+            name: n.name_any(),
+            labels: n.labels().clone(),
+        })
+        .collect();
+    let device_classes: Vec<DeviceClass> =
+        list(Api::all(client.clone()), &all, "DeviceClasses").await?;
+    let slices: Vec<ResourceSlice> = list(Api::all(client.clone()), &all, "ResourceSlices").await?;
+    let claims: Vec<ResourceClaim> = list(Api::all(client.clone()), &all, "ResourceClaims").await?;
+
+    let mut managed = BTreeMap::new();
+    let mut keep = |kind: Kind, value: Option<Value>| {
+        if let Some(value) = value {
+            let meta = &value["metadata"];
+            let key = ObjectKey {
+                kind,
+                namespace: meta["namespace"].as_str().map(str::to_owned),
+                name: meta["name"].as_str().unwrap_or_default().to_owned(),
+            };
+            managed.insert(key, value);
+        }
+    };
+    for class in &device_classes {
+        if class.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY) {
+            keep(Kind::DeviceClass, listed_json(Kind::DeviceClass, class));
+        }
+    }
+    let mut templates: Vec<ResourceClaimTemplate> = Vec::new();
+    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
+        let what = match kind {
+            Kind::ValidatingAdmissionPolicy => "ValidatingAdmissionPolicies",
+            Kind::ValidatingAdmissionPolicyBinding => "ValidatingAdmissionPolicyBindings",
+            Kind::ResourceQuota => "ResourceQuotas",
+            _ => "ResourceClaimTemplates",
+        };
+        for object in list(api, &managed_lp, what).await? {
+            keep(kind, listed_json(kind, &object));
+            if kind == Kind::ResourceClaimTemplate
+                && let Ok(template) = object.try_parse::<ResourceClaimTemplate>()
+            {
+                templates.push(template);
+            }
+        }
+    }
+
+    // Pending demand, as the operator counts it: Pods waiting, their claims, and the templates
+    // teamgpu made in their namespaces.
+    let pods: Vec<Pod> = list(
+        Api::all(client.clone()),
+        &ListParams::default().fields("status.phase=Pending"),
+        "pending Pods",
+    )
+    .await?;
+    let waiting: BTreeSet<String> = pods.iter().filter_map(|p| p.namespace()).collect();
+    let templates: Vec<&ResourceClaimTemplate> = templates
+        .iter()
+        .filter(|t| t.namespace().is_some_and(|ns| waiting.contains(&ns)))
+        .collect();
+    let pending = pending::pending_demand(
+        &pods.iter().collect::<Vec<_>>(),
+        &claims.iter().collect::<Vec<_>>(),
+        &templates,
+    );
+    if sharing_policies.is_empty() && teams.is_empty() {
+        notes.push("the cluster has no GpuSharingPolicy and no TeamGpuPolicy".into());
+    }
+    Ok(Live {
+        state: ClusterState {
+            sharing_policies,
+            teams,
+            namespaces,
+            device_classes,
+            slices,
+            claims,
+            pending,
+            operator_user,
+            admin_groups,
+            // Listed as their types: a policy that does not fit fails the read with its error.
+            unreadable_sharing_policies: Vec::new(),
+            unreadable_teams: Vec::new(),
+        },
+        managed,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_object_gets_its_type_and_loses_managed_fields() {
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "teamgpu", "namespace": "a",
+                         "managedFields": [{"manager": "teamgpu"}]},
+            "spec": {"hard": {"x": "1"}}
+        }))
+        .unwrap();
+        let value = listed_json(Kind::ResourceQuota, &object).unwrap();
+        assert_eq!(value["apiVersion"], "v1");
+        assert_eq!(value["kind"], "ResourceQuota");
+        assert_eq!(value["spec"]["hard"]["x"], "1");
+        assert!(value["metadata"].get("managedFields").is_none());
+    }
+}

@@ -1,0 +1,207 @@
+//! `teamgpu top`: each team's devices now, as the operator last reported them in the policies'
+//! status. Pure; the policies are read by [`crate::live::policies`].
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::output::align;
+
+/// One team's devices of one sharing policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TeamRow {
+    pub team: String,
+    pub sharing_policy: String,
+    pub guaranteed: u32,
+    pub effective_guarantee: u32,
+    pub entitlement: u32,
+    pub allocated: u32,
+    pub borrowed: u32,
+    pub pending: u32,
+    pub capacity: u32,
+}
+
+/// One sharing policy's devices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SharingRow {
+    pub name: String,
+    pub device_class: Option<String>,
+    pub devices: u32,
+    pub used_outside_teams: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Top {
+    pub teams: Vec<TeamRow>,
+    pub sharing_policies: Vec<SharingRow>,
+    /// Policies the operator has not reported on yet (no status), or not since their last
+    /// change (`observedGeneration` behind `generation`).
+    pub not_reported: Vec<String>,
+}
+
+fn stale(generation: Option<i64>, observed: Option<i64>) -> bool {
+    generation.is_some() && observed != generation
+}
+
+/// The rows of the policies' status, sorted by team and sharing policy.
+pub fn top(teams: &[TeamGpuPolicy], sharing_policies: &[GpuSharingPolicy]) -> Top {
+    let mut out = Top::default();
+    for team in teams {
+        let name = team.metadata.name.clone().unwrap_or_default();
+        let status = team.status.as_ref();
+        if stale(
+            team.metadata.generation,
+            status.and_then(|s| s.observed_generation),
+        ) {
+            out.not_reported.push(format!("TeamGpuPolicy {name}"));
+        }
+        for q in status.map(|s| s.quotas.as_slice()).unwrap_or_default() {
+            out.teams.push(TeamRow {
+                team: name.clone(),
+                sharing_policy: q.sharing_policy.clone(),
+                guaranteed: q.guaranteed,
+                effective_guarantee: q.effective_guarantee,
+                entitlement: q.entitlement,
+                allocated: q.allocated,
+                borrowed: q.borrowed,
+                pending: q.pending,
+                capacity: q.capacity,
+            });
+        }
+    }
+    for policy in sharing_policies {
+        let name = policy.metadata.name.clone().unwrap_or_default();
+        let status = policy.status.as_ref();
+        if stale(
+            policy.metadata.generation,
+            status.and_then(|s| s.observed_generation),
+        ) {
+            out.not_reported.push(format!("GpuSharingPolicy {name}"));
+        }
+        out.sharing_policies.push(SharingRow {
+            name,
+            device_class: status.and_then(|s| s.device_class_name.clone()),
+            devices: status.map_or(0, |s| s.devices),
+            // Absent when zero.
+            used_outside_teams: status.map_or(0, |s| s.used_outside_teams),
+        });
+    }
+    out.teams
+        .sort_by(|a, b| (&a.team, &a.sharing_policy).cmp(&(&b.team, &b.sharing_policy)));
+    out.sharing_policies.sort_by(|a, b| a.name.cmp(&b.name));
+    out.not_reported.sort();
+    out
+}
+
+/// A table per team and sharing policy, then one per sharing policy.
+pub fn table(top: &Top) -> String {
+    let mut rows = vec![
+        [
+            "TEAM",
+            "SHARING POLICY",
+            "GUARANTEED",
+            "ENTITLEMENT",
+            "ALLOCATED",
+            "BORROWED",
+            "PENDING",
+            "CAPACITY",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for r in &top.teams {
+        let guaranteed = if r.effective_guarantee < r.guaranteed && r.capacity > 0 {
+            format!("{} (of {})", r.effective_guarantee, r.guaranteed)
+        } else {
+            r.guaranteed.to_string()
+        };
+        rows.push(vec![
+            r.team.clone(),
+            r.sharing_policy.clone(),
+            guaranteed,
+            r.entitlement.to_string(),
+            r.allocated.to_string(),
+            r.borrowed.to_string(),
+            r.pending.to_string(),
+            r.capacity.to_string(),
+        ]);
+    }
+    let mut out = align(&rows);
+    let _ = writeln!(out);
+    let mut rows = vec![
+        [
+            "SHARING POLICY",
+            "DEVICE CLASS",
+            "DEVICES",
+            "USED OUTSIDE TEAMS",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for r in &top.sharing_policies {
+        rows.push(vec![
+            r.name.clone(),
+            r.device_class.clone().unwrap_or_else(|| "-".into()),
+            r.devices.to_string(),
+            r.used_outside_teams.to_string(),
+        ]);
+    }
+    out.push_str(&align(&rows));
+    if !top.not_reported.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNot reported by the operator yet (status missing or older than the spec):"
+        );
+        for p in &top.not_reported {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rows_come_from_the_status_and_a_policy_without_one_is_named() {
+        let team: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": "ml", "generation": 2},
+            "spec": {"namespaces": ["ml"]},
+            "status": {"observedGeneration": 2, "quotas": [{"sharingPolicy": "a100",
+                "guaranteed": 8, "effectiveGuarantee": 6, "limit": 16, "weight": 1, "capacity": 32,
+                "entitlement": 10, "borrowed": 4, "requested": 9, "allocated": 9, "pending": 1}]}
+        }))
+        .unwrap();
+        let new: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": "new", "generation": 1}, "spec": {"namespaces": ["n"]}
+        }))
+        .unwrap();
+        let sharing: GpuSharingPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+            "metadata": {"name": "a100", "generation": 1}, "spec": {},
+            "status": {"observedGeneration": 1, "deviceClassName": "a100.teamgpu.io", "devices": 32}
+        }))
+        .unwrap();
+        let top = top(&[new, team], &[sharing]);
+        assert_eq!(top.not_reported, ["TeamGpuPolicy new"]);
+        let text = table(&top);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["ml", "a100", "6", "(of", "8)", "10", "9", "4", "1", "32"]
+        );
+        assert_eq!(
+            lines[4].split_whitespace().collect::<Vec<_>>(),
+            ["a100", "a100.teamgpu.io", "32", "0"]
+        );
+        assert!(text.contains("\n  TeamGpuPolicy new\n"), "{text}");
+    }
+}
