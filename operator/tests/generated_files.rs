@@ -333,10 +333,19 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
             get["port"]
         );
     }
-    assert_eq!(container["resources"]["requests"]["cpu"], "50m");
-    assert_eq!(container["resources"]["requests"]["memory"], "64Mi");
-    assert_eq!(container["resources"]["limits"]["cpu"], "500m");
-    assert_eq!(container["resources"]["limits"]["memory"], "256Mi");
+    // What docs/sizing.md recommends for the scale it documents, and says is in the Deployment.
+    assert_eq!(container["resources"]["requests"]["cpu"], "100m");
+    assert_eq!(container["resources"]["requests"]["memory"], "384Mi");
+    assert_eq!(container["resources"]["limits"]["cpu"], "1");
+    assert_eq!(container["resources"]["limits"]["memory"], "768Mi");
+    let sizing =
+        std::fs::read_to_string(repo_root().join("docs/sizing.md")).expect("docs/sizing.md");
+    assert!(
+        sizing.contains(
+            "  requests: {cpu: 100m, memory: 384Mi}\n  limits: {cpu: \"1\", memory: 768Mi}\n"
+        ),
+        "docs/sizing.md must show the Deployment's resources"
+    );
     let pod_namespace = container["env"]
         .as_array()
         .and_then(|env| env.iter().find(|e| e["name"] == "POD_NAMESPACE"))
