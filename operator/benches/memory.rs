@@ -4,7 +4,8 @@
 //! the differ (which shares the planner's objects and the caches' objects rather than copying
 //! them). Measured as the growth of the resident set (Linux), so figures are approximate.
 //!
-//! `cargo bench -p teamgpu --bench memory`
+//! `cargo bench -p teamgpu --bench memory` (docs/sizing.md); another scale with
+//! `cargo bench -p teamgpu --bench memory -- TEAMS NAMESPACES-PER-TEAM SHARING-POLICIES NODES CLAIMS`.
 
 use std::sync::Arc;
 
@@ -25,9 +26,50 @@ fn mib(bytes: isize) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+/// The peak resident set of this process so far (Linux `VmHWM`), 0 where it cannot be read.
+fn peak() -> isize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<isize>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The benchmark scale, or the one given as five numbers (cargo adds `--bench`, which is skipped).
+fn scale() -> Scale {
+    let numbers: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    match numbers[..] {
+        [teams, namespaces_per_team, sharing_policies, nodes, claims] => Scale {
+            teams,
+            namespaces_per_team,
+            sharing_policies,
+            nodes,
+            claims,
+        },
+        [] => Scale::BENCHMARK,
+        _ => panic!(
+            "give no scale or all of TEAMS NAMESPACES-PER-TEAM SHARING-POLICIES NODES CLAIMS"
+        ),
+    }
+}
+
 fn main() {
+    let scale = scale();
+    println!(
+        "scale: {} teams, {} namespaces, {} sharing policies, {} nodes, {} claims",
+        scale.teams,
+        scale.teams * scale.namespaces_per_team,
+        scale.sharing_policies,
+        scale.nodes,
+        scale.claims
+    );
     let before = held();
-    let mut state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
+    let mut state = synthetic(scale).expect("synthetic cluster");
     for s in &mut state.slices {
         s.metadata.resource_version = Some("1".into());
     }
@@ -89,4 +131,5 @@ fn main() {
         live.len(),
         mib(differ_held)
     );
+    println!("peak resident set of the whole process: {}", mib(peak()));
 }

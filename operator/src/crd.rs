@@ -8,6 +8,9 @@ use kube::CustomResourceExt;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 
+pub mod reference;
+pub use reference::{ReferenceError, reference_markdown};
+
 /// Every CRD teamgpu serves, in a stable order, with the file name each has under `crds/`.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![

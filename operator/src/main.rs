@@ -52,6 +52,9 @@ enum Command {
         /// Write one file per CRD and a kustomization.yaml into this folder instead (e.g. `crds`).
         #[arg(long)]
         output_dir: Option<std::path::PathBuf>,
+        /// Print the API reference of the CRDs as Markdown instead (`docs/api.md`).
+        #[arg(long, conflicts_with = "output_dir")]
+        reference: bool,
     },
     /// Print the whole install as one YAML stream (CRDs, RBAC, namespace, Deployment): the
     /// objects of `kubectl kustomize config/default`. Apply it with
@@ -155,12 +158,21 @@ fn main() -> anyhow::Result<()> {
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut command, name, &mut std::io::stdout());
         }
-        Command::Crd { output_dir: None } => {
+        Command::Crd {
+            reference: true, ..
+        } => {
+            let markdown = teamgpu::crd::reference_markdown()?;
+            std::io::stdout().write_all(markdown.as_bytes())?;
+        }
+        Command::Crd {
+            output_dir: None, ..
+        } => {
             let yaml = teamgpu::crd::to_yaml().context("serializing the CRDs")?;
             std::io::stdout().write_all(yaml.as_bytes())?;
         }
         Command::Crd {
             output_dir: Some(dir),
+            ..
         } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for (name, content) in teamgpu::crd::files().context("serializing the CRDs")? {

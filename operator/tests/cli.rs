@@ -425,6 +425,20 @@ fn crd_prints_both_crds() {
     );
 }
 
+#[test]
+fn crd_reference_prints_the_api_reference_as_markdown() {
+    let (ok, stdout, _) = teamgpu(&["crd", "--reference"]);
+    assert!(ok);
+    assert!(stdout.contains("\n# API reference\n"), "{stdout}");
+    assert!(
+        stdout.contains("| `spec.quotas[].guaranteed` |"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = teamgpu(&["crd", "--reference", "--output-dir", "crds"]);
+    assert!(!ok, "--reference and --output-dir cannot be combined");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
 /// `teamgpu run` stops within the Deployment's grace period (10 s) when it gets SIGTERM, even
 /// while its API server never answers (here: a listener that accepts connections and says
 /// nothing, as a hung or partitioned API server does).

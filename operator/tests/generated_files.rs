@@ -1,6 +1,7 @@
 //! The checked-in generated files and the kustomize trees stay what the code and the docs promise:
-//! `crds/` is exactly what `teamgpu crd --output-dir crds` writes, `config/default` installs the
-//! operator into teamgpu-system, and `config/samples` holds policies the operator can read.
+//! `crds/` is exactly what `teamgpu crd --output-dir crds` writes, `docs/api.md` what `teamgpu crd
+//! --reference` prints, `config/default` installs the operator into teamgpu-system, and
+//! `config/samples` holds policies the operator can read.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 
 const NAMESPACE: &str = "teamgpu-system";
 const REGENERATE: &str = "cargo run -- crd --output-dir crds";
+const REGENERATE_REFERENCE: &str = "cargo run -- crd --reference > docs/api.md";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -21,6 +23,10 @@ fn repo_root() -> PathBuf {
 
 /// The first line where `actual` and `expected` differ, for a readable failure.
 fn first_difference(actual: &str, expected: &str) -> String {
+    first_difference_in("crds/", actual, expected)
+}
+
+fn first_difference_in(file: &str, actual: &str, expected: &str) -> String {
     let mut actual_lines = actual.lines();
     let mut expected_lines = expected.lines();
     for line in 1.. {
@@ -28,9 +34,12 @@ fn first_difference(actual: &str, expected: &str) -> String {
             (Some(a), Some(e)) if a == e => continue,
             (None, None) => return "only line endings differ".to_owned(),
             (a, e) => {
+                let here = format!("in {file}:");
+                let width = here.len().max("generated:".len()) + 2;
                 return format!(
-                    "line {line}:\n  in crds/:   {}\n  generated:  {}",
+                    "line {line}:\n  {here:<width$}{}\n  {:<width$}{}",
                     a.unwrap_or("<end of file>"),
+                    "generated:",
                     e.unwrap_or("<end of file>")
                 );
             }
@@ -70,6 +79,60 @@ fn crds_folder_matches_the_generated_crds() {
          (and delete files it does not write):\n{}",
         problems.join("\n")
     );
+}
+
+#[test]
+fn docs_api_md_matches_the_generated_api_reference() {
+    let expected = teamgpu::crd::reference_markdown().expect("the CRDs render");
+    let actual = std::fs::read_to_string(repo_root().join("docs/api.md")).unwrap_or_else(|err| {
+        panic!("docs/api.md cannot be read ({err}); create it with `{REGENERATE_REFERENCE}`")
+    });
+    assert!(
+        actual == expected,
+        "docs/api.md differs from the reference generated from operator/src/api; regenerate it \
+         with `{REGENERATE_REFERENCE}`; first difference at {}",
+        first_difference_in("docs/api.md", &actual, &expected)
+    );
+}
+
+/// What a reader of docs/api.md looks up: a field's default and allowed values, its bounds, and
+/// the message `kubectl apply` prints when a rule fails.
+#[test]
+fn api_reference_shows_defaults_enums_bounds_and_rule_messages() {
+    let reference = teamgpu::crd::reference_markdown().expect("the CRDs render");
+    let row = |field: &str| {
+        reference
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{field}` |")))
+            .unwrap_or_else(|| panic!("docs/api.md has no row for {field}"))
+            .to_owned()
+    };
+    assert_eq!(
+        row("spec.sharing.strategy"),
+        "| `spec.sharing.strategy` | string | no | default `Exclusive`; one of `Exclusive`, \
+         `TimeSlicing`, `MPS` |  |"
+    );
+    assert!(
+        row("spec.weight").contains("| integer | no | default `1`; 1–1000 |"),
+        "{}",
+        row("spec.weight")
+    );
+    assert!(row("spec.quotas[].sharingPolicy").contains("| string | yes |"));
+    assert!(row("status.quotas[].entitlement").contains("| integer | yes |"));
+    for message in [
+        "limit must be at least guaranteed",
+        "claimTemplates.counts must not repeat a count",
+        "namespaceSelector must not be empty: an empty selector would claim every namespace",
+        "metadata.name must be at most 46 characters",
+    ] {
+        assert!(
+            reference.contains(message),
+            "no rule with message {message:?}"
+        );
+    }
+    for kind in ["\n## GpuSharingPolicy\n", "\n## TeamGpuPolicy\n"] {
+        assert!(reference.contains(kind), "no section {kind:?}");
+    }
 }
 
 #[test]
@@ -270,10 +333,19 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
             get["port"]
         );
     }
-    assert_eq!(container["resources"]["requests"]["cpu"], "50m");
-    assert_eq!(container["resources"]["requests"]["memory"], "64Mi");
-    assert_eq!(container["resources"]["limits"]["cpu"], "500m");
-    assert_eq!(container["resources"]["limits"]["memory"], "256Mi");
+    // What docs/sizing.md recommends for the scale it documents, and says is in the Deployment.
+    assert_eq!(container["resources"]["requests"]["cpu"], "100m");
+    assert_eq!(container["resources"]["requests"]["memory"], "384Mi");
+    assert_eq!(container["resources"]["limits"]["cpu"], "1");
+    assert_eq!(container["resources"]["limits"]["memory"], "768Mi");
+    let sizing =
+        std::fs::read_to_string(repo_root().join("docs/sizing.md")).expect("docs/sizing.md");
+    assert!(
+        sizing.contains(
+            "  requests: {cpu: 100m, memory: 384Mi}\n  limits: {cpu: \"1\", memory: 768Mi}\n"
+        ),
+        "docs/sizing.md must show the Deployment's resources"
+    );
     let pod_namespace = container["env"]
         .as_array()
         .and_then(|env| env.iter().find(|e| e["name"] == "POD_NAMESPACE"))
