@@ -8,8 +8,9 @@
 //!
 //! Defaults 10 2 5 20 200 (20 team namespaces, 160 devices); the benchmark of `docs/operator.md`
 //! is `100 10 20 5000 10000` (1,000 namespaces, 40,000 devices, 10,000 claims). It prints:
-//! - the write floor: a plain client with 16 requests in flight creating the same quotas and
-//!   templates (in namespaces of their own);
+//! - the write floor: a plain client (the operator's ServiceAccount, so the same API priority
+//!   and fairness) with 16 requests in flight creating the same quotas and templates (in
+//!   namespaces of their own);
 //! - the operator's time from an empty cluster to every quota and template in place, and the
 //!   ratio to the floor; its writes as the API server counted them, per object;
 //! - its resident memory (peak and settled, from /proc);
@@ -51,17 +52,39 @@ const OPERATOR_RESOURCES: [&str; 7] = [
 /// else writes them here, except the quota controller's status updates, which are `update`s of
 /// `resourcequotas/status` and so not counted.
 async fn operator_writes(cluster: &TestCluster) -> u64 {
+    writes_by_resource(cluster).await.values().sum()
+}
+
+/// [`operator_writes`] by (verb, resource).
+async fn writes_by_resource(cluster: &TestCluster) -> BTreeMap<(String, String), u64> {
     cluster
         .server_request_counts()
         .await
         .expect("API server metrics")
-        .iter()
+        .into_iter()
         .filter(|((verb, resource), _)| {
             ["create", "patch", "delete"].contains(&verb.as_str())
                 && OPERATOR_RESOURCES.contains(&resource.as_str())
         })
-        .map(|(_, n)| n)
-        .sum()
+        .collect()
+}
+
+fn minus(
+    a: &BTreeMap<(String, String), u64>,
+    b: &BTreeMap<(String, String), u64>,
+) -> BTreeMap<String, u64> {
+    a.iter()
+        .map(|((verb, resource), n)| {
+            (
+                format!("{verb} {resource}"),
+                n - b
+                    .get(&(verb.clone(), resource.clone()))
+                    .copied()
+                    .unwrap_or(0),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 async fn count<K>(client: &kube::Client, lp: &ListParams) -> usize
@@ -265,9 +288,11 @@ async fn main() {
             .collect(),
     )
     .await;
+    // Not teamgpu's: no owner references, no labels (so no one takes them for the operator's).
     let strip = |meta: &mut ObjectMeta| {
         meta.namespace = meta.namespace.as_deref().map(floor_ns);
         meta.owner_references = None;
+        meta.labels = None;
     };
     let quotas: Vec<ResourceQuota> = planned
         .objects
@@ -290,9 +315,13 @@ async fn main() {
         })
         .collect();
     let objects = quotas.len() + templates.len();
+    // As the operator's ServiceAccount: the same API priority and fairness as the operator (the
+    // admin is exempt from it).
+    let as_operator =
+        kube::Client::try_from(cluster.operator_config().await.expect("operator token")).unwrap();
     let t = Instant::now();
-    create_all(&client, quotas).await;
-    create_all(&client, templates).await;
+    create_all(&as_operator, quotas).await;
+    create_all(&as_operator, templates).await;
     let floor = t.elapsed();
     println!(
         "write floor: {objects} quotas and templates in {floor:.1?} ({:.0}/s, {PARALLEL} in flight)",
@@ -324,7 +353,8 @@ async fn main() {
         .operator_kubeconfig(&dir)
         .await
         .expect("operator kubeconfig");
-    let writes_before = operator_writes(&cluster).await;
+    let by_resource_before = writes_by_resource(&cluster).await;
+    let writes_before = by_resource_before.values().sum::<u64>();
     let started = Instant::now();
     let operator = Operator(
         Command::new(&binary)
@@ -382,15 +412,43 @@ async fn main() {
         "writes: {writes} for {wanted} objects and {statuses} statuses ({:.2} per object)",
         writes as f64 / (wanted + statuses) as f64
     );
+    println!(
+        "  by verb and resource: {:?}",
+        minus(&writes_by_resource(&cluster).await, &by_resource_before)
+    );
     let (peak, now) = memory_mib(pid);
     println!("memory after converging: peak {peak:.0} MiB, now {now:.0} MiB");
 
-    // Reaction: a claim created in a team namespace until the team's status counts it.
-    let mut reactions = Vec::new();
+    // Reaction: a claim deleted, then one created in its place, until the team's status counts
+    // each (the synthetic claims fill their quotas, so a new claim needs the room first).
+    let mut created = Vec::new();
+    let mut deleted = Vec::new();
+    let mut refused = BTreeMap::<String, usize>::new();
     let teams: Api<TeamGpuPolicy> = Api::all(client.clone());
-    for i in 0..100 {
-        let ns = &state.namespaces[i % state.namespaces.len()];
-        let team = state
+    let step = (state.claims.len() / 100).max(1);
+    for (i, old) in state.claims.iter().step_by(step).take(100).enumerate() {
+        let ns = old.metadata.namespace.clone().unwrap();
+        let class = old
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()[0]
+            .exactly
+            .as_ref()
+            .unwrap()
+            .device_class_name
+            .clone();
+        let policy = class.trim_end_matches(".teamgpu.io").to_owned();
+        let labels = &state
+            .namespaces
+            .iter()
+            .find(|n| n.name == ns)
+            .expect("the claim's namespace")
+            .labels;
+        let team_name = state
             .teams
             .iter()
             .find(|t| {
@@ -398,51 +456,82 @@ async fn main() {
                     .namespace_selector
                     .as_ref()
                     .and_then(|s| s.match_labels.as_ref())
-                    .is_some_and(|l| l.iter().all(|(k, v)| ns.labels.get(k) == Some(v)))
+                    .is_some_and(|l| l.iter().all(|(k, v)| labels.get(k) == Some(v)))
             })
+            .and_then(|t| t.metadata.name.clone())
             .expect("the namespace's team");
-        let team_name = team.metadata.name.clone().unwrap();
-        let policy = &team.spec.quotas[i % team.spec.quotas.len()].sharing_policy;
-        let requested = |t: &TeamGpuPolicy| {
-            t.status
-                .as_ref()
-                .and_then(|s| s.quotas.iter().find(|q| &q.sharing_policy == policy))
-                .map_or(0, |q| q.requested)
+        let requested = || {
+            let (teams, team_name, policy) = (teams.clone(), team_name.clone(), policy.clone());
+            async move {
+                teams
+                    .get(&team_name)
+                    .await
+                    .ok()
+                    .and_then(|t| t.status)
+                    .and_then(|s| s.quotas.into_iter().find(|q| q.sharing_policy == policy))
+                    .map_or(0, |q| q.requested)
+            }
         };
-        let before = requested(&teams.get(&team_name).await.unwrap());
+        let wait = |until: u32, what: String| {
+            let requested = requested.clone();
+            async move {
+                let t = Instant::now();
+                while requested().await != until {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(30),
+                        "{what} never counted"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);
+        let before = requested().await;
+        let t = Instant::now();
+        claims
+            .delete(old.metadata.name.as_deref().unwrap(), &Default::default())
+            .await
+            .expect("delete a claim");
+        wait(
+            before - 1,
+            format!("deleting {ns}/{}", old.metadata.name.as_deref().unwrap()),
+        )
+        .await;
+        deleted.push(t.elapsed());
         let claim: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"name": format!("reaction-{i}")},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": format!("{policy}.teamgpu.io"), "count": 1}}]}}
+                "deviceClassName": class, "count": 1}}]}}
         }))
         .unwrap();
         let t = Instant::now();
-        if Api::<ResourceClaim>::namespaced(client.clone(), &ns.name)
-            .create(&PostParams::default(), &claim)
-            .await
-            .is_err()
-        {
-            continue; // the namespace's quota is used up
-        }
-        loop {
-            if requested(&teams.get(&team_name).await.unwrap()) > before {
-                break;
+        match claims.create(&PostParams::default(), &claim).await {
+            Ok(_) => {
+                wait(before, format!("creating {ns}/reaction-{i}")).await;
+                created.push(t.elapsed());
             }
-            if t.elapsed() > Duration::from_secs(30) {
-                panic!("{team_name} never counted claim reaction-{i}");
+            Err(error) => {
+                let reason = match error {
+                    kube::Error::Api(s) => s.reason,
+                    other => other.to_string(),
+                };
+                *refused.entry(reason).or_default() += 1;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        reactions.push(t.elapsed());
     }
-    reactions.sort();
-    if !reactions.is_empty() {
-        println!(
-            "reaction, claim created to status counting it, {} claims: p50 {:.0?}, p99 {:.0?}",
-            reactions.len(),
-            percentile(&reactions, 0.5),
-            percentile(&reactions, 0.99)
-        );
+    if !refused.is_empty() {
+        println!("claims refused while measuring reactions: {refused:?}");
+    }
+    for (what, mut times) in [("created", created), ("deleted", deleted)] {
+        times.sort();
+        if !times.is_empty() {
+            println!(
+                "reaction, claim {what} to the team's status counting it, {} claims: p50 {:.0?}, p99 {:.0?}",
+                times.len(),
+                percentile(&times, 0.5),
+                percentile(&times, 0.99)
+            );
+        }
     }
 
     // Idle.

@@ -131,7 +131,8 @@ async fn perform(
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
 /// at a time, a first converge of thousands of templates would hold up every later event.
-const WRITE_CONCURRENCY: usize = 8;
+/// Kept full (a new write starts as soon as one ends), as a plain client would.
+const WRITE_CONCURRENCY: usize = 16;
 
 /// The phase of a write: writes of one kind (applies in dependency order, then deletions in
 /// reverse) may run concurrently; phases run one after another.
@@ -140,20 +141,24 @@ fn phase(write: &Write) -> (bool, crate::sync::Kind) {
 }
 
 /// Perform `writes` (in the order `sync::writes` gives), skipping objects still backing off.
-/// Stops at once when this replica loses the lease.
+/// Stops starting writes at once when this replica loses the lease.
 pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
+    use futures::StreamExt;
     let ready: Vec<Write> = writes
         .into_iter()
         .filter(|w| r.backoff.ready(&w.key().to_string()))
         .collect();
     for batch in ready.chunk_by(|a, b| phase(a) == phase(b)) {
-        for group in batch.chunks(WRITE_CONCURRENCY) {
-            // Checked before every group: a replica that lost the lease stops writing at once.
-            if !r.is_leader() {
-                return;
-            }
-            let results = futures::future::join_all(group.iter().cloned().map(|write| {
-                let (client, metrics) = (r.client.clone(), r.metrics.clone());
+        if !r.is_leader() {
+            return;
+        }
+        let leader = r.leader.clone();
+        let (client, metrics) = (r.client.clone(), r.metrics.clone());
+        let results: Vec<_> = futures::stream::iter(batch.iter().cloned())
+            // Checked before every write: a replica that lost the lease starts no more.
+            .take_while(|_| std::future::ready(*leader.borrow()))
+            .map(|write| {
+                let (client, metrics) = (client.clone(), metrics.clone());
                 async move {
                     let key = write.key().clone();
                     let verb = write.verb();
@@ -163,27 +168,28 @@ pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
                     }
                     (key, result)
                 }
-            }))
+            })
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .collect()
             .await;
-            for (key, result) in results {
-                let id = key.to_string();
-                match result {
-                    Ok(version) => {
-                        r.backoff.succeeded(&id);
-                        r.differ.applied(&key, version.as_deref());
-                    }
-                    Err(error) => {
-                        let label = error_label(&error);
-                        r.metrics
-                            .errors
-                            .get_or_create(&ErrorLabels {
-                                controller: "teamgpu",
-                                error: label,
-                            })
-                            .inc();
-                        tracing::warn!(object = %id, %error, "write failed; retrying with backoff");
-                        r.backoff.failed(&id);
-                    }
+        for (key, result) in results {
+            let id = key.to_string();
+            match result {
+                Ok(version) => {
+                    r.backoff.succeeded(&id);
+                    r.differ.applied(&key, version.as_deref());
+                }
+                Err(error) => {
+                    let label = error_label(&error);
+                    r.metrics
+                        .errors
+                        .get_or_create(&ErrorLabels {
+                            controller: "teamgpu",
+                            error: label,
+                        })
+                        .inc();
+                    tracing::warn!(object = %id, %error, "write failed; retrying with backoff");
+                    r.backoff.failed(&id);
                 }
             }
         }
