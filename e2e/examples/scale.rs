@@ -472,17 +472,14 @@ async fn main() {
                     .map_or(0, |q| q.requested)
             }
         };
-        let wait = |until: u32, what: String| {
-            let requested = requested.clone();
-            async move {
-                let t = Instant::now();
-                while requested().await != until {
-                    assert!(
-                        t.elapsed() < Duration::from_secs(30),
-                        "{what} never counted"
-                    );
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
+        let wait = |until: u32, what: String| async move {
+            let t = Instant::now();
+            while requested().await != until {
+                assert!(
+                    t.elapsed() < Duration::from_secs(30),
+                    "{what} never counted"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         };
         let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);
