@@ -2357,7 +2357,21 @@ async fn only_members_move_namespaces_into_and_out_of_their_team() {
     let (ml_alice, ml_bob) = (world.ns("ml-alice"), world.ns("ml-bob"));
     let pp = PatchParams::default();
 
-    // bob is no member: refused, once admission has the policy with the new members.
+    // Admission has the policy with the new members once alice's dry run passes (the samples'
+    // members did not name her, so until then she is refused too).
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually("admission knows alice is a member", CONVERGE, || async {
+        namespaces(&alice)
+            .patch(&ml_alice, &dry, &label(Some("ml-research")))
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    // bob is no member: refused.
     let refused = eventually("bob is refused", CONVERGE, || async {
         match outcome(
             namespaces(&bob)
