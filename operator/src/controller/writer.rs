@@ -231,19 +231,34 @@ pub async fn write_statuses(
             ));
         }
     }
-    for (api_version, kind, name, status) in updates {
-        if !r.is_leader() {
-            return;
-        }
-        let id = format!("{kind} {name} status");
-        if !r.backoff.ready(&id) {
-            continue;
-        }
-        let result = if kind == "GpuSharingPolicy" {
-            patch_status::<GpuSharingPolicy>(r, &api_version, &kind, &name, status).await
-        } else {
-            patch_status::<TeamGpuPolicy>(r, &api_version, &kind, &name, status).await
-        };
+    // Concurrently, as the objects: one claim can move several teams' entitlements, and a status
+    // written one after another would wait for every status before it.
+    use futures::StreamExt;
+    let ready: Vec<_> = updates
+        .into_iter()
+        .map(|(api_version, kind, name, status)| {
+            let id = format!("{kind} {name} status");
+            (id, api_version, kind, name, status)
+        })
+        .filter(|(id, ..)| r.backoff.ready(id))
+        .collect();
+    let shared: &Reconciler = r;
+    let leader = shared.leader.clone();
+    let results: Vec<_> = futures::stream::iter(ready)
+        // Checked before every write: a replica that lost the lease starts no more.
+        .take_while(|_| std::future::ready(*leader.borrow()))
+        .map(|(id, api_version, kind, name, status)| async move {
+            let result = if kind == "GpuSharingPolicy" {
+                patch_status::<GpuSharingPolicy>(shared, &api_version, &kind, &name, status).await
+            } else {
+                patch_status::<TeamGpuPolicy>(shared, &api_version, &kind, &name, status).await
+            };
+            (id, result)
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    for (id, result) in results {
         match result {
             Ok(()) => r.backoff.succeeded(&id),
             Err(error) => {
