@@ -8,11 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use teamgpu::example::{Scale, synthetic};
-use teamgpu_e2e::fixtures::fresh;
 
 async fn quotas(client: &kube::Client) -> usize {
     let lp = ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
@@ -56,38 +53,9 @@ async fn main() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let client = cluster.client();
-    for ns in &state.namespaces {
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.name.clone()),
-                labels: Some(ns.labels.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap();
-    }
-    for slice in &state.slices {
-        Api::<ResourceSlice>::all(client.clone())
-            .create(&PostParams::default(), &fresh(slice))
-            .await
-            .unwrap();
-    }
-    for p in &state.sharing_policies {
-        Api::<GpuSharingPolicy>::all(client.clone())
-            .create(&PostParams::default(), &fresh(p))
-            .await
-            .unwrap();
-    }
-    for t in &state.teams {
-        Api::<TeamGpuPolicy>::all(client.clone())
-            .create(&PostParams::default(), &fresh(t))
-            .await
-            .unwrap();
-    }
+    teamgpu_e2e::operator::fill(&client, &state)
+        .await
+        .expect("fill the cluster");
     // The operator runs as its ServiceAccount; only its own requests are counted.
     let (operator_client, counters) = cluster.operator_client().await.expect("operator token");
     let before = by_verb(&counters.snapshot());

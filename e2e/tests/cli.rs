@@ -15,49 +15,12 @@ use serde_json::{Value, json};
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::sandbox::Sandbox;
-use tokio::sync::oneshot;
 
 /// The quota key of the `pcie` sharing policy's DeviceClass.
 const PCIE_DEVICES: &str = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
 
 use teamgpu_e2e::fixtures::teamgpu_binary;
-
-/// The operator running in-process until stopped.
-struct Operator {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), teamgpu::controller::Error>>,
-}
-
-impl Operator {
-    fn start(client: kube::Client) -> Operator {
-        let config = teamgpu::controller::Config {
-            metrics_addr: ([127, 0, 0, 1], 0).into(),
-            debounce: Duration::from_millis(20),
-            ..Default::default()
-        };
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(teamgpu::controller::run(client, config, async {
-            let _ = stopped.await;
-        }));
-        Operator {
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use teamgpu_e2e::operator::Operator;
 
 /// Runs the binary with the admin's kubeconfig; `stdin` is piped in when given.
 struct Cli {
@@ -181,7 +144,7 @@ async fn plan_live_and_top_read_the_cluster() {
         .await
         .unwrap();
 
-    let operator = Operator::start(operator_client);
+    let operator = Operator::start(operator_client, Operator::test_config());
     // The only team of 16 idle GPUs: its guarantee of 4, and 4 borrowed up to its limit of 8.
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
     eventually("the quota of the team namespace", || async {

@@ -19,50 +19,9 @@ use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::cluster::OPERATOR_NAMESPACE;
 use teamgpu_e2e::fixtures::fresh;
+use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::recording::Counters;
 use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
-use tokio::sync::oneshot;
-
-/// The operator running in-process until dropped.
-struct Operator {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), teamgpu::controller::Error>>,
-}
-
-impl Operator {
-    fn start(client: Client, config: teamgpu::controller::Config) -> Operator {
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(teamgpu::controller::run(client, config, async {
-            let _ = stopped.await;
-        }));
-        Operator {
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    fn default_config() -> teamgpu::controller::Config {
-        teamgpu::controller::Config {
-            metrics_addr: ([127, 0, 0, 1], 0).into(),
-            debounce: Duration::from_millis(20),
-            ..Default::default()
-        }
-    }
-
-    /// Graceful stop (as on SIGTERM).
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 /// Poll `check` until it returns `Some`, or fail after `timeout` with the last state.
 async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
@@ -199,7 +158,7 @@ impl World {
         teamgpu::controller::Config {
             lease_namespace: OPERATOR_NAMESPACE.into(),
             lease_name: self.ns("teamgpu-leader"),
-            ..Operator::default_config()
+            ..Operator::test_config()
         }
     }
 

@@ -6,13 +6,11 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
-use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::api::{Api, ListParams};
 use teamgpu::example::{Scale, synthetic};
 use teamgpu_e2e::TestCluster;
-use teamgpu_e2e::fixtures::{fresh, teamgpu_binary};
+use teamgpu_e2e::fixtures::teamgpu_binary;
 
 /// terminationGracePeriodSeconds of config/manager: the kubelet's SIGKILL comes after it.
 const GRACE: Duration = Duration::from_secs(10);
@@ -32,38 +30,7 @@ async fn sigterm_mid_pass_stops_the_operator_within_the_grace_period() {
         claims: 0,
     })
     .unwrap();
-    for ns in &state.namespaces {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.name.clone()),
-                labels: Some(ns.labels.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &namespace)
-            .await
-            .unwrap();
-    }
-    for slice in &state.slices {
-        Api::<ResourceSlice>::all(client.clone())
-            .create(&PostParams::default(), &fresh(slice))
-            .await
-            .unwrap();
-    }
-    for p in &state.sharing_policies {
-        Api::<GpuSharingPolicy>::all(client.clone())
-            .create(&PostParams::default(), &fresh(p))
-            .await
-            .unwrap();
-    }
-    for t in &state.teams {
-        Api::<TeamGpuPolicy>::all(client.clone())
-            .create(&PostParams::default(), &fresh(t))
-            .await
-            .unwrap();
-    }
+    teamgpu_e2e::operator::fill(&client, &state).await.unwrap();
 
     let dir = std::env::temp_dir().join(format!("teamgpu-shutdown-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
