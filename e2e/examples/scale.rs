@@ -421,15 +421,7 @@ async fn main() {
     let writes_before = by_resource_before.values().sum::<u64>();
     let started = Instant::now();
     let operator = Operator(
-        Command::new(&binary)
-            .args([
-                "run",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--health-addr",
-                "127.0.0.1:0",
-            ])
-            .env("KUBECONFIG", &kubeconfig)
+        teamgpu_e2e::fixtures::operator_process(&binary, &kubeconfig)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -163,3 +163,19 @@ fn newest_modification(dir: &Path) -> std::time::SystemTime {
     }
     newest
 }
+
+/// `teamgpu run` of `binary` as `kubeconfig`'s user, its metrics and probes on free local ports
+/// (stdio and the log level are the caller's).
+pub fn operator_process(binary: &Path, kubeconfig: &Path) -> std::process::Command {
+    let mut command = std::process::Command::new(binary);
+    command
+        .args([
+            "run",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", kubeconfig);
+    command
+}

@@ -363,6 +363,24 @@ impl World {
         }
     }
 
+    /// The reclaim scenarios' teams on the 16 PCIe GPUs: "owner" is guaranteed 8 (limit 8) and
+    /// reclaims at once; "borrower" is guaranteed 4 and may borrow up to 16.
+    async fn owner_and_borrower(&self) {
+        self.pcie_teams([
+            (
+                "owner",
+                json!({"guaranteed": 8, "limit": 8}),
+                json!({"enabled": true, "gracePeriodSeconds": 0}),
+            ),
+            (
+                "borrower",
+                json!({"guaranteed": 4, "limit": 16}),
+                json!({"enabled": false}),
+            ),
+        ])
+        .await;
+    }
+
     async fn team_status(&self, name: &str) -> Result<teamgpu::api::TeamGpuPolicyStatus, String> {
         let t = Api::<TeamGpuPolicy>::all(self.client.clone())
             .get(name)
@@ -1218,20 +1236,7 @@ async fn idle_devices_are_lent_and_taken_back_when_their_owner_returns() {
     };
     let client = world.client.clone();
     // 16 PCIe GPUs; "owner" is guaranteed 8, "borrower" 4 and may borrow up to 16.
-    world
-        .pcie_teams([
-            (
-                "owner",
-                json!({"guaranteed": 8, "limit": 8}),
-                json!({"enabled": true, "gracePeriodSeconds": 0}),
-            ),
-            (
-                "borrower",
-                json!({"guaranteed": 4, "limit": 16}),
-                json!({"enabled": false}),
-            ),
-        ])
-        .await;
+    world.owner_and_borrower().await;
     let _operator = world.operator();
     let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
     let hard = |ns: &'static str| {
@@ -2580,20 +2585,7 @@ async fn reclaim_waits_for_a_pod_disruption_budget_and_stops_at_the_borrowers_gu
         return;
     };
     let client = world.client.clone();
-    world
-        .pcie_teams([
-            (
-                "owner",
-                json!({"guaranteed": 8, "limit": 8}),
-                json!({"enabled": true, "gracePeriodSeconds": 0}),
-            ),
-            (
-                "borrower",
-                json!({"guaranteed": 4, "limit": 16}),
-                json!({"enabled": false}),
-            ),
-        ])
-        .await;
+    world.owner_and_borrower().await;
     let _operator = world.operator();
     let borrower = world.ns("borrower");
     // The borrower's Pods may not be disrupted at all.

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, ListParams};
 use teamgpu::example::{Scale, synthetic};
 use teamgpu_e2e::TestCluster;
-use teamgpu_e2e::fixtures::teamgpu_binary;
+use teamgpu_e2e::fixtures::{operator_process, teamgpu_binary};
 
 /// terminationGracePeriodSeconds of config/manager: the kubelet's SIGKILL comes after it.
 const GRACE: Duration = Duration::from_secs(10);
@@ -35,15 +35,7 @@ async fn sigterm_mid_pass_stops_the_operator_within_the_grace_period() {
     let dir = std::env::temp_dir().join(format!("teamgpu-shutdown-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = cluster.operator_kubeconfig(&dir).await.unwrap();
-    let mut operator = Command::new(teamgpu_binary())
-        .args([
-            "run",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--health-addr",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
+    let mut operator = operator_process(&teamgpu_binary(), &kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

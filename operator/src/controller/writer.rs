@@ -179,21 +179,23 @@ pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
                     r.backoff.succeeded(&id);
                     r.differ.applied(&key, version.as_deref());
                 }
-                Err(error) => {
-                    let label = error_label(&error);
-                    r.metrics
-                        .errors
-                        .get_or_create(&ErrorLabels {
-                            controller: "teamgpu",
-                            error: label,
-                        })
-                        .inc();
-                    tracing::warn!(object = %id, %error, "write failed; retrying with backoff");
-                    r.backoff.failed(&id);
-                }
+                Err(error) => failed(r, &id, &error),
             }
         }
     }
+}
+
+/// A write of `id` (an object, or a policy's status) failed: counted, logged, and backed off.
+fn failed(r: &mut Reconciler, id: &str, error: &kube::Error) {
+    r.metrics
+        .errors
+        .get_or_create(&ErrorLabels {
+            controller: "teamgpu",
+            error: error_label(error),
+        })
+        .inc();
+    tracing::warn!(object = %id, %error, "write failed; retrying with backoff");
+    r.backoff.failed(id);
 }
 
 /// Write the status of every policy whose computed status differs from the live one.
@@ -261,17 +263,7 @@ pub async fn write_statuses(
     for (id, result) in results {
         match result {
             Ok(()) => r.backoff.succeeded(&id),
-            Err(error) => {
-                r.metrics
-                    .errors
-                    .get_or_create(&ErrorLabels {
-                        controller: "teamgpu",
-                        error: error_label(&error),
-                    })
-                    .inc();
-                tracing::warn!(object = %id, %error, "status write failed; retrying with backoff");
-                r.backoff.failed(&id);
-            }
+            Err(error) => failed(r, &id, &error),
         }
     }
 }
@@ -351,10 +343,7 @@ pub(crate) async fn report_malformed(
             .await
         {
             Ok(_) => r.backoff.succeeded(&id),
-            Err(error) => {
-                tracing::warn!(object = %id, %error, "status write failed; retrying with backoff");
-                r.backoff.failed(&id);
-            }
+            Err(error) => failed(r, &id, &error),
         }
     }
 }
