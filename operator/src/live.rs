@@ -206,9 +206,14 @@ pub async fn read(
         .iter()
         .filter(|t| t.namespace().is_some_and(|ns| waiting.contains(&ns)))
         .collect();
+    let mut names = crate::plan::usage::Names::default();
+    let claim_views: Vec<crate::plan::usage::ClaimView> = claims
+        .iter()
+        .map(|c| crate::plan::usage::ClaimView::project(c, &mut names))
+        .collect();
     let pending = pending::pending_demand(
         &pods.iter().collect::<Vec<_>>(),
-        &claims.iter().collect::<Vec<_>>(),
+        &claim_views.iter().collect::<Vec<_>>(),
         &templates,
     );
     if sharing_policies.is_empty() && teams.is_empty() {

@@ -751,11 +751,37 @@ proptest::proptest! {
         let mut state = example();
         let mut version = 0;
         let mut planner = teamgpu::plan::Planner::default();
+        // As `teamgpu run` keeps them: slices reduced to what the selectors read, listed again
+        // when a selector reads more; claims projected.
+        let mut projected = teamgpu::plan::Planner::default();
+        let mut reads = teamgpu::plan::device_cel::DeviceReads::default();
+        let mut envs = teamgpu::plan::device_cel::DeviceEnvs::default();
+        let mut names = teamgpu::plan::usage::Names::default();
         for change in &changes {
             apply(&mut state, change, &mut version, versioned);
             planner.update_slices(&state.slices);
             planner.update_claims(&state.claims);
-            proptest::prop_assert_eq!(planner.plan(&state), plan(&state), "after {:?}", change);
+            let fresh = plan(&state);
+            proptest::prop_assert_eq!(planner.plan(&state), fresh.clone(), "after {:?}", change);
+
+            let wanted = teamgpu::plan::device_reads(&state);
+            if !reads.covers(&wanted) {
+                reads = wanted;
+            }
+            let views: Vec<std::sync::Arc<teamgpu::plan::inventory::SliceView>> = state
+                .slices
+                .iter()
+                .map(|s| std::sync::Arc::new(teamgpu::plan::inventory::SliceView::project(s, &reads, &mut envs)))
+                .collect();
+            projected.update_slice_views(&views, &reads);
+            let claims: Vec<teamgpu::plan::usage::ClaimView> = state
+                .claims
+                .iter()
+                .map(|c| teamgpu::plan::usage::ClaimView::project(c, &mut names))
+                .collect();
+            projected.update_claim_views(&claims);
+            proptest::prop_assert!(projected.reads_cover(&teamgpu::plan::device_reads(&state)));
+            proptest::prop_assert_eq!(projected.plan(&state), fresh, "projected, after {:?}", change);
         }
     }
 }
@@ -776,7 +802,7 @@ fn a_claim_change_recounts_one_namespace_and_a_slice_change_one_pool() {
     apply(&mut state, &Change::TaintDevice(2, 0), &mut version, true);
     let pools = planner.update_slices(&state.slices);
     assert_eq!(pools.len(), 1);
-    assert_eq!(pools[0].pool, state.slices[2].spec.pool.name);
+    assert_eq!(&*pools[0].pool, state.slices[2].spec.pool.name);
     assert!(planner.update_claims(&state.claims).is_empty());
     assert_eq!(planner.plan(&state), plan(&state));
 }

@@ -8,6 +8,7 @@
 mod http;
 pub mod metrics;
 mod observe;
+mod projected;
 mod reclaim;
 mod writer;
 
@@ -450,7 +451,12 @@ impl Reconciler {
         let pending = if pods.is_empty() {
             Vec::new()
         } else {
-            let claims = self.stores.claims.state();
+            let claims = self
+                .stores
+                .claims
+                .state()
+                .map(|(_, c)| c)
+                .unwrap_or_default();
             plan::pending::pending_demand(
                 &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
                 &claims.iter().map(|c| &**c).collect::<Vec<_>>(),
@@ -500,14 +506,16 @@ impl Reconciler {
     /// the caches that changed.
     fn take_changes(&mut self) {
         let changed = self.changes.take();
-        if changed.contains(Watch::Slices) {
-            let slices = self.stores.slices.state();
-            let pools = self.planner.update_slices(slices.iter().map(|s| &**s));
+        if changed.contains(Watch::Slices)
+            && let Some((reads, slices)) = self.stores.slices.state()
+        {
+            let pools = self.planner.update_slice_views(&slices, &reads);
             tracing::debug!(pools = pools.len(), "ResourceSlices changed");
         }
-        if changed.contains(Watch::Claims) {
-            let claims = self.stores.claims.state();
-            let namespaces = self.planner.update_claims(claims.iter().map(|c| &**c));
+        if changed.contains(Watch::Claims)
+            && let Some(((), claims)) = self.stores.claims.state()
+        {
+            let namespaces = self.planner.update_claim_views(&claims);
             tracing::debug!(namespaces = namespaces.len(), "ResourceClaims changed");
         }
         if changed.contains(Watch::DeviceClasses) {
@@ -553,6 +561,17 @@ impl Reconciler {
         self.metrics.reconciles.get_or_create(&labels).inc();
         self.take_changes();
         let (state, sharing, teams, malformed) = self.snapshot();
+        // Devices are kept only as far as selectors read them: a selector that reads more
+        // (a new policy, a changed class) needs the slices listed again before counting.
+        let reads = plan::device_reads(&state);
+        if !self.planner.reads_cover(&reads) {
+            let wanted = self.stores.slice_reads.borrow().clone();
+            if wanted.as_deref().is_none_or(|w| !w.covers(&reads)) {
+                tracing::info!(keep = %reads.describe(), "listing ResourceSlices");
+                self.stores.slice_reads.send_replace(Some(Arc::new(reads)));
+            }
+            return;
+        }
         let plan = self.planner.plan(&state);
         self.metrics.observe_plan(&plan);
         for m in &malformed {

@@ -12,11 +12,15 @@ use kube::core::ApiResource;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
+use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::plan::device_cel::{DeviceEnvs, DeviceReads};
+use crate::plan::inventory::SliceView;
 use crate::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::plan::usage::{ClaimView, Names};
 use crate::sync::Kind;
 
 /// One watch, for [`Changes`].
@@ -91,8 +95,12 @@ pub struct Stores {
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
     /// All DeviceClasses: foreign ones decide what is governed; teamgpu's are its own.
     pub device_classes: Store<DeviceClass>,
-    pub slices: Store<ResourceSlice>,
-    pub claims: Store<ResourceClaim>,
+    /// Projected to what the selectors read (see [`super::projected`]); empty until the
+    /// reconciler says what that is through `slice_reads`.
+    pub slices: Projected<SliceView, Arc<DeviceReads>>,
+    /// What the slices are to be projected to; a new value lists them again.
+    pub slice_reads: Arc<watch::Sender<Option<Arc<DeviceReads>>>>,
+    pub claims: Projected<ClaimView, ()>,
     /// Pending Pods only (field selector), for pending demand.
     pub pending_pods: Store<Pod>,
     /// Objects carrying teamgpu's managed-by label, per kind (DeviceClasses come from
@@ -107,19 +115,25 @@ impl std::fmt::Debug for Stores {
 }
 
 impl Stores {
-    /// Wait until every cache holds a complete first list; false if a watch task ended.
+    /// Wait until every cache but the slices' holds a complete first list; false if a watch task
+    /// ended. (The slices are listed once the reconciler knows what to keep of them.)
     pub async fn wait_until_ready(&self) -> bool {
-        let (a, b, c, d, e, f, g, owned) = futures::join!(
+        let claims = async {
+            while !self.claims.is_ready() {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Ok::<(), reflector::store::WriterDropped>(())
+        };
+        let (a, b, c, d, f, g, owned) = futures::join!(
             self.sharing_policies.wait_until_ready(),
             self.teams.wait_until_ready(),
             self.namespaces.wait_until_ready(),
             self.device_classes.wait_until_ready(),
-            self.slices.wait_until_ready(),
-            self.claims.wait_until_ready(),
+            claims,
             self.pending_pods.wait_until_ready(),
             futures::future::join_all(self.owned.iter().map(|(_, s)| s.wait_until_ready())),
         );
-        [a, b, c, d, e, f, g].iter().all(Result::is_ok) && owned.iter().all(Result::is_ok)
+        [a, b, c, d, f, g].iter().all(Result::is_ok) && owned.iter().all(Result::is_ok)
     }
 }
 
@@ -137,6 +151,14 @@ fn slim<K: Resource>(obj: &mut K) {
 pub struct Wake {
     pub notify: Arc<Notify>,
     pub changes: Arc<Changes>,
+}
+
+impl Wake {
+    /// `watch`'s cache took an event in.
+    pub fn mark(&self, watch: Watch) {
+        self.changes.mark(watch);
+        self.notify.notify_one();
+    }
 }
 
 fn spawn<K, S>(
@@ -223,23 +245,25 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         Watch::DeviceClasses,
         "deviceclasses",
     );
-    let (slices, writer) = reflector::store();
-    spawn(
+    let (slice_reads, reads) = watch::channel(None);
+    let slices = projected::spawn(
         tasks,
-        writer,
-        watcher(Api::<ResourceSlice>::all(client.clone()), cfg()),
+        Api::<ResourceSlice>::all(client.clone()),
+        cfg(),
+        reads,
+        SliceProjector::default(),
         wake.clone(),
         Watch::Slices,
-        "resourceslices",
     );
-    let (claims, writer) = reflector::store();
-    spawn(
+    // Never changed: the sender is dropped, and the claims are listed once.
+    let claims = projected::spawn(
         tasks,
-        writer,
-        watcher(Api::<ResourceClaim>::all(client.clone()), cfg()),
+        Api::<ResourceClaim>::all(client.clone()),
+        cfg(),
+        watch::channel(Some(())).1,
+        ClaimProjector::default(),
         wake.clone(),
         Watch::Claims,
-        "resourceclaims",
     );
     let (pending_pods, writer) = reflector::store();
     let pods = watcher(
@@ -275,8 +299,51 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         namespaces,
         device_classes,
         slices,
+        slice_reads: Arc::new(slice_reads),
         claims,
         pending_pods,
         owned,
+    }
+}
+
+/// ResourceSlices as [`SliceView`]s, their devices' CEL input shared.
+#[derive(Debug, Default)]
+struct SliceProjector {
+    envs: DeviceEnvs,
+}
+
+impl Projector<ResourceSlice> for SliceProjector {
+    type View = SliceView;
+    type Params = Arc<DeviceReads>;
+
+    fn project(&mut self, slice: &ResourceSlice, reads: &Arc<DeviceReads>) -> SliceView {
+        SliceView::project(slice, reads, &mut self.envs)
+    }
+
+    fn relisted(&mut self) {
+        self.envs.prune();
+        tracing::debug!(
+            distinct = self.envs.len(),
+            "device environments after a list"
+        );
+    }
+}
+
+/// ResourceClaims as [`ClaimView`]s, their names shared.
+#[derive(Debug, Default)]
+struct ClaimProjector {
+    names: Names,
+}
+
+impl Projector<ResourceClaim> for ClaimProjector {
+    type View = ClaimView;
+    type Params = ();
+
+    fn project(&mut self, claim: &ResourceClaim, (): &()) -> ClaimView {
+        ClaimView::project(claim, &mut self.names)
+    }
+
+    fn relisted(&mut self) {
+        self.names.prune();
     }
 }

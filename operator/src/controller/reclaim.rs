@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, EvictParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
@@ -15,7 +14,7 @@ use super::Reconciler;
 use super::metrics::{EvictionLabels, WriteLabels};
 use crate::api::TeamGpuPolicy;
 use crate::plan::Plan;
-use crate::plan::usage::allocated_by_class;
+use crate::plan::usage::ClaimView;
 
 /// How long one eviction may take (the client retries a PodDisruptionBudget's 429 meanwhile).
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -32,28 +31,18 @@ pub struct Tracker {
 /// than what is still to free is passed over: `devices` is what the borrower holds above its
 /// own fair entitlement, and evicting more would take it below its guarantee. Pure.
 pub fn victims<'a>(
-    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    claims: impl IntoIterator<Item = &'a ClaimView>,
     namespaces: &[String],
     class: &str,
     devices: u32,
 ) -> Vec<(String, String)> {
-    let mut held: Vec<(&ResourceClaim, u64)> = claims
+    let mut held: Vec<(&ClaimView, u64)> = claims
         .into_iter()
-        .filter(|c| {
-            c.metadata
-                .namespace
-                .as_ref()
-                .is_some_and(|ns| namespaces.contains(ns))
-        })
-        .filter_map(|c| Some((c, *allocated_by_class(c).get(class)?)))
+        .filter(|c| namespaces.iter().any(|ns| **ns == *c.namespace))
+        .filter_map(|c| Some((c, *c.allocated_by_class().get(class)?)))
         .filter(|(_, n)| *n > 0)
         .collect();
-    held.sort_by(|(a, _), (b, _)| {
-        b.metadata
-            .creation_timestamp
-            .cmp(&a.metadata.creation_timestamp)
-            .then_with(|| b.metadata.name.cmp(&a.metadata.name))
-    });
+    held.sort_by(|(a, _), (b, _)| b.created.cmp(&a.created).then_with(|| b.name.cmp(&a.name)));
     let mut freed = 0u64;
     let mut out = Vec::new();
     for (claim, n) in held {
@@ -63,13 +52,10 @@ pub fn victims<'a>(
         if freed + n > u64::from(devices) {
             continue;
         }
-        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-        let pods: Vec<_> = claim
-            .status
+        let pods: Vec<(String, String)> = claim
+            .reserved_for_pods
             .iter()
-            .flat_map(|s| s.reserved_for.iter().flatten())
-            .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
-            .map(|r| (namespace.clone(), r.name.clone()))
+            .map(|pod| (claim.namespace.to_string(), pod.to_string()))
             .collect();
         if pods.is_empty() {
             continue;
@@ -148,7 +134,7 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
             continue;
         };
         let class = crate::plan::objects::device_class_name(&order.sharing_policy);
-        let claims = r.stores.claims.state();
+        let claims = r.stores.claims.state().map(|(_, c)| c).unwrap_or_default();
         let held = claims.iter().map(|c| &**c);
         for (namespace, pod) in victims(held, &borrower.namespaces, &class, order.devices) {
             evictions.push(Eviction {
@@ -273,17 +259,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn claim(name: &str, created: &str, devices: usize, pod: &str) -> ResourceClaim {
+    fn claim(name: &str, created: &str, devices: usize, pod: &str) -> ClaimView {
         let results: Vec<_> = (0..devices)
             .map(|i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": format!("{name}-{i}")}))
             .collect();
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "b", "creationTimestamp": created},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a.teamgpu.io", "count": devices}}]}},
-            "status": {"allocation": {"devices": {"results": results}},
-                       "reservedFor": [{"resource": "pods", "name": pod, "uid": "u"}]}
-        }))
-        .unwrap()
+        let claim: Result<k8s_openapi::api::resource::v1::ResourceClaim, _> =
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "b", "creationTimestamp": created},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a.teamgpu.io", "count": devices}}]}},
+                "status": {"allocation": {"devices": {"results": results}},
+                           "reservedFor": [{"resource": "pods", "name": pod, "uid": "u"}]}
+            }));
+        ClaimView::project(&claim.unwrap(), &mut Default::default())
     }
 
     #[test]

@@ -42,7 +42,9 @@
 //! evaluated against the full device every time.
 
 use std::collections::{BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{Hash, Hasher};
+
+use rustc_hash::{FxBuildHasher, FxHasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
@@ -162,6 +164,170 @@ pub struct DeviceEnv {
     invalid: Option<SelectorError>,
 }
 
+impl PartialEq for DeviceEnv {
+    fn eq(&self, other: &Self) -> bool {
+        let entries_eq = |a: &Entries<AttrValue>, b: &Entries<AttrValue>| {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(x, y)| same(&x.0, &y.0) && same(&x.1, &y.1) && x.2 == y.2)
+        };
+        let caps_eq = |a: &Entries<CapValue>, b: &Entries<CapValue>| {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(x, y)| same(&x.0, &y.0) && same(&x.1, &y.1) && x.2 == y.2)
+        };
+        same(&self.driver, &other.driver)
+            && self.allow_multiple_allocations == other.allow_multiple_allocations
+            && self.invalid == other.invalid
+            && entries_eq(&self.attributes, &other.attributes)
+            && caps_eq(&self.capacity, &other.capacity)
+    }
+}
+
+impl Eq for DeviceEnv {}
+
+impl Hash for DeviceEnv {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        (&*self.driver, self.allow_multiple_allocations).hash(h);
+        for (d, i, v) in &self.attributes {
+            (&**d, &**i).hash(h);
+            v.hash_into(h);
+        }
+        for (d, i, c) in &self.capacity {
+            (&**d, &**i, &*c.raw).hash(h);
+        }
+        self.invalid.as_ref().map(ToString::to_string).hash(h);
+    }
+}
+
+/// Shares one [`DeviceEnv`] between the devices whose CEL input is equal: once projected to
+/// what selectors read, the devices of one model are (the 8 GPUs of a node, the nodes of a
+/// pool), so a cluster of 40,000 devices holds a few dozen.
+#[derive(Debug, Default)]
+pub struct DeviceEnvs {
+    envs: std::collections::HashSet<Arc<DeviceEnv>, FxBuildHasher>,
+}
+
+impl DeviceEnvs {
+    /// The shared copy of `env`.
+    pub fn share(&mut self, env: DeviceEnv) -> Arc<DeviceEnv> {
+        if let Some(shared) = self.envs.get(&env) {
+            return shared.clone();
+        }
+        let shared = Arc::new(env);
+        self.envs.insert(shared.clone());
+        shared
+    }
+
+    /// Forgets the environments no device holds any more.
+    pub fn prune(&mut self) {
+        self.envs.retain(|e| Arc::strong_count(e) > 1);
+        self.envs.shrink_to_fit();
+    }
+
+    pub fn len(&self) -> usize {
+        self.envs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.envs.is_empty()
+    }
+}
+
+/// Which parts of a device some selector reads, so that a device projected to them evaluates
+/// every such selector as the whole device would. `device.driver` and
+/// `device.allowMultipleAllocations` are always kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct DeviceReads {
+    /// Some selector reads the device in a way that may touch any attribute (`device` itself,
+    /// all domains, a computed key): nothing is left out.
+    pub everything: bool,
+    /// Domains read as a whole: every attribute (capacity) of them is kept.
+    pub attribute_domains: BTreeSet<String>,
+    pub capacity_domains: BTreeSet<String>,
+    /// Single attributes and capacities read, as (domain, id).
+    pub attributes: BTreeSet<(String, String)>,
+    pub capacities: BTreeSet<(String, String)>,
+}
+
+impl DeviceReads {
+    /// Keeps everything (a whole device).
+    pub fn everything() -> Self {
+        Self {
+            everything: true,
+            ..Self::default()
+        }
+    }
+
+    /// Adds what `other` reads.
+    pub fn extend(&mut self, other: &DeviceReads) {
+        self.everything |= other.everything;
+        self.attribute_domains
+            .extend(other.attribute_domains.iter().cloned());
+        self.capacity_domains
+            .extend(other.capacity_domains.iter().cloned());
+        self.attributes.extend(other.attributes.iter().cloned());
+        self.capacities.extend(other.capacities.iter().cloned());
+    }
+
+    /// Whether a device projected to `self` holds everything `other` reads.
+    pub fn covers(&self, other: &DeviceReads) -> bool {
+        if self.everything {
+            return true;
+        }
+        if other.everything {
+            return false;
+        }
+        other.attribute_domains.is_subset(&self.attribute_domains)
+            && other.capacity_domains.is_subset(&self.capacity_domains)
+            && other
+                .attributes
+                .iter()
+                .all(|(d, i)| self.keeps(Kind::Attributes, d, i))
+            && other
+                .capacities
+                .iter()
+                .all(|(d, i)| self.keeps(Kind::Capacity, d, i))
+    }
+
+    fn keeps(&self, kind: Kind, domain: &str, id: &str) -> bool {
+        let (domains, leaves) = match kind {
+            Kind::Attributes => (&self.attribute_domains, &self.attributes),
+            Kind::Capacity => (&self.capacity_domains, &self.capacities),
+        };
+        self.everything
+            || domains.contains(domain)
+            || leaves.contains(&(domain.to_owned(), id.to_owned()))
+    }
+
+    /// A short description for logs, e.g. `gpu.nvidia.com/productName, capacity gpu.nvidia.com/memory`.
+    pub fn describe(&self) -> String {
+        if self.everything {
+            return "every attribute and capacity".to_owned();
+        }
+        let mut parts: Vec<String> = Vec::new();
+        parts.extend(self.attribute_domains.iter().map(|d| format!("{d}/*")));
+        parts.extend(self.attributes.iter().map(|(d, i)| format!("{d}/{i}")));
+        parts.extend(
+            self.capacity_domains
+                .iter()
+                .map(|d| format!("capacity {d}/*")),
+        );
+        parts.extend(
+            self.capacities
+                .iter()
+                .map(|(d, i)| format!("capacity {d}/{i}")),
+        );
+        if parts.is_empty() {
+            "no attribute".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
 /// Splits a qualified name at its first `/`; a name without one is in `default_domain`
 /// (upstream `parseQualifiedName`).
 pub fn parse_qualified_name<'a>(name: &'a str, default_domain: &'a str) -> (&'a str, &'a str) {
@@ -208,16 +374,25 @@ impl DeviceEnv {
     /// `spec.driver`). When two names denote the same domain and id (`memory` and
     /// `<driver>/memory`; API validation should prevent it), the later one in name order wins.
     pub fn new(driver: &str, device: &Device) -> Self {
+        Self::projected(driver, device, &DeviceReads::everything())
+    }
+
+    /// [`DeviceEnv::new`] keeping only the attributes and capacities `reads` names. Whether the
+    /// device can be evaluated at all is decided on all of them, as upstream builds the whole
+    /// map before evaluating.
+    pub fn projected(driver: &str, device: &Device, reads: &DeviceReads) -> Self {
         let mut invalid = None;
         // Names come in name order (the API's maps are sorted); a stable sort by (domain, id)
         // followed by keeping the last of equal keys gives the same result as a map insert,
         // without a map's allocations (this runs once per device of the cluster).
-        let mut attributes: Entries<AttrValue> =
-            Vec::with_capacity(device.attributes.as_ref().map_or(0, |a| a.len()));
+        let mut attributes: Entries<AttrValue> = Vec::new();
         for (name, attr) in device.attributes.iter().flatten() {
             let (domain, id) = parse_qualified_name(name, driver);
             match attr_value(attr) {
-                Ok(v) => attributes.push((intern(domain), intern(id), v)),
+                Ok(v) if reads.keeps(Kind::Attributes, domain, id) => {
+                    attributes.push((intern(domain), intern(id), v));
+                }
+                Ok(_) => {}
                 Err(message) => {
                     invalid.get_or_insert(SelectorError::Device {
                         name: name.clone(),
@@ -226,15 +401,15 @@ impl DeviceEnv {
                 }
             }
         }
-        let mut capacity: Entries<CapValue> =
-            Vec::with_capacity(device.capacity.as_ref().map_or(0, |c| c.len()));
+        let mut capacity: Entries<CapValue> = Vec::new();
         for (name, cap) in device.capacity.iter().flatten() {
             let (domain, id) = parse_qualified_name(name, driver);
             match parse_with_kube_cel(ParseKind::Quantity, &cap.value.0) {
-                Ok(value) => {
+                Ok(value) if reads.keeps(Kind::Capacity, domain, id) => {
                     let raw = intern(cap.value.0.as_str());
                     capacity.push((intern(domain), intern(id), CapValue { raw, value }));
                 }
+                Ok(_) => {}
                 Err(message) => {
                     invalid.get_or_insert(SelectorError::Device {
                         name: name.clone(),
@@ -243,10 +418,14 @@ impl DeviceEnv {
                 }
             }
         }
+        let mut attributes = last_of_each_key(attributes);
+        let mut capacity = last_of_each_key(capacity);
+        attributes.shrink_to_fit();
+        capacity.shrink_to_fit();
         Self {
             driver: intern(driver),
-            attributes: last_of_each_key(attributes),
-            capacity: last_of_each_key(capacity),
+            attributes,
+            capacity,
             allow_multiple_allocations: device.allow_multiple_allocations.unwrap_or(false),
             invalid,
         }
@@ -529,6 +708,11 @@ struct Footprint {
     capacity_domains: BTreeSet<Arc<str>>,
     /// `device` is used in some other way: the whole device is needed.
     full: bool,
+    /// Domains read as a whole (iterated, sized, bound to a variable).
+    whole_domains: BTreeSet<(Kind, Arc<str>)>,
+    /// `device` itself, a field this module does not know, or all domains are read: nothing
+    /// may be left out of the device.
+    everything: bool,
 }
 
 impl Footprint {
@@ -545,6 +729,9 @@ impl Footprint {
         self.capacity_domains
             .extend(other.capacity_domains.iter().cloned());
         self.full |= other.full;
+        self.whole_domains
+            .extend(other.whole_domains.iter().cloned());
+        self.everything |= other.everything;
     }
 
     fn add_domain(&mut self, kind: Kind, domain: &str) {
@@ -574,9 +761,13 @@ impl Footprint {
                 }
                 Path::Domain(kind, domain) => {
                     self.add_domain(kind, domain);
+                    self.whole_domains.insert((kind, intern(domain)));
                     self.full = true;
                 }
-                Path::Device | Path::Field(_) | Path::Kind(_) => self.full = true,
+                Path::Device | Path::Field(_) | Path::Kind(_) => {
+                    self.full = true;
+                    self.everything = true;
+                }
             }
             return;
         }
@@ -631,7 +822,7 @@ fn visit_entries(fp: &mut Footprint, entries: &[kube_cel::cel::common::ast::Ided
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Attributes,
     Capacity,
@@ -706,48 +897,7 @@ struct CompiledExpr {
     expr: Expression,
 }
 
-type Memo =
-    HashMap<u64, Vec<(Vec<LeafKey>, Result<bool, SelectorError>)>, BuildHasherDefault<FxHasher>>;
-
-/// The FxHash function (rustc's): fast for short keys; the memo verifies hits by value.
-#[derive(Debug, Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(c);
-            self.add(u64::from_le_bytes(b));
-        }
-        for &b in chunks.remainder() {
-            self.add(u64::from(b));
-        }
-    }
-
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl FxHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
+type Memo = HashMap<u64, Vec<(Vec<LeafKey>, Result<bool, SelectorError>)>, FxBuildHasher>;
 
 /// A list of selector expressions that must all be true (DeviceClass or request selectors).
 #[derive(Debug)]
@@ -786,6 +936,29 @@ impl CompiledSelectors {
 
     pub fn is_empty(&self) -> bool {
         self.exprs.is_empty()
+    }
+
+    /// What these selectors read of a device.
+    pub fn reads(&self) -> DeviceReads {
+        let fp = &self.footprint;
+        let mut reads = DeviceReads {
+            everything: fp.everything,
+            ..DeviceReads::default()
+        };
+        for (kind, domain) in &fp.whole_domains {
+            match kind {
+                Kind::Attributes => reads.attribute_domains.insert(domain.to_string()),
+                Kind::Capacity => reads.capacity_domains.insert(domain.to_string()),
+            };
+        }
+        for leaf in &fp.leaves {
+            match leaf {
+                Leaf::Attribute(d, i) => reads.attributes.insert((d.to_string(), i.to_string())),
+                Leaf::Capacity(d, i) => reads.capacities.insert((d.to_string(), i.to_string())),
+                Leaf::Driver | Leaf::AllowMultipleAllocations => false,
+            };
+        }
+        reads
     }
 
     pub fn expressions(&self) -> impl Iterator<Item = &str> {
@@ -1073,6 +1246,42 @@ pub(crate) mod tests {
     const GPU: &str = "nvidia-dra-driver-gpu/resourceslice/device-entry-gpu.from-docs.yaml";
     const MIG: &str = "nvidia-dra-driver-gpu/resourceslice/device-entry-mig.from-docs.yaml";
     const VFIO: &str = "nvidia-dra-driver-gpu/resourceslice/device-entry-vfio.from-docs.yaml";
+
+    #[test]
+    fn reads_name_exactly_what_a_selector_reads_of_a_device() {
+        let reads = |e: &str| sel(&[e]).reads();
+        let leaves = reads(
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'A100' \
+             && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+        );
+        assert!(!leaves.everything);
+        assert_eq!(
+            leaves.attributes,
+            BTreeSet::from([("gpu.nvidia.com".to_owned(), "productName".to_owned())])
+        );
+        assert_eq!(
+            leaves.capacities,
+            BTreeSet::from([("gpu.nvidia.com".to_owned(), "memory".to_owned())])
+        );
+        let domain = reads("device.attributes['gpu.nvidia.com'].exists(k, k == 'mig')");
+        assert_eq!(
+            domain.attribute_domains,
+            BTreeSet::from(["gpu.nvidia.com".to_owned()])
+        );
+        assert!(!domain.everything);
+        assert!(reads("device.attributes.exists(d, d == 'x')").everything);
+        assert!(reads("cel.bind(d, device, d.driver == 'x')").everything);
+
+        assert!(domain.covers(&reads("device.attributes['gpu.nvidia.com'].uuid == 'x'")));
+        assert!(!leaves.covers(&reads("device.attributes['gpu.nvidia.com'].uuid == 'x'")));
+        assert!(!leaves.covers(&domain));
+        assert!(DeviceReads::everything().covers(&domain));
+        assert!(!domain.covers(&DeviceReads::everything()));
+        let mut both = leaves.clone();
+        both.extend(&domain);
+        assert!(both.covers(&leaves) && both.covers(&domain));
+        assert!(DeviceReads::default().covers(&reads("device.driver == 'x'")));
+    }
 
     #[test]
     fn nvidia_classes_select_their_device_kind() {

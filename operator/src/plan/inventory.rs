@@ -22,17 +22,18 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
-use super::device_cel::{CompiledSelectors, DeviceEnv, SelectorError};
+use super::device_cel::{CompiledSelectors, DeviceEnv, DeviceEnvs, DeviceReads, SelectorError};
 
 /// A device's identity (`<driver>/<pool>/<device>` in allocation results).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DeviceId {
-    pub driver: String,
-    pub pool: String,
-    pub device: String,
+    pub driver: Arc<str>,
+    pub pool: Arc<str>,
+    pub device: Arc<str>,
 }
 
 impl std::fmt::Display for DeviceId {
@@ -43,8 +44,8 @@ impl std::fmt::Display for DeviceId {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PoolKey {
-    pub driver: String,
-    pub pool: String,
+    pub driver: Arc<str>,
+    pub pool: Arc<str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,11 +72,76 @@ impl PoolStatus {
 #[derive(Debug, Clone)]
 pub struct InventoryDevice {
     pub id: DeviceId,
-    pub slice: String,
-    pub node: Option<String>,
+    pub slice: Arc<str>,
+    pub node: Option<Arc<str>>,
     /// A taint with effect NoSchedule or NoExecute.
     pub tainted: bool,
-    pub env: DeviceEnv,
+    /// Shared by the devices with equal CEL input (see [`DeviceEnvs`]).
+    pub env: Arc<DeviceEnv>,
+}
+
+/// What the inventory keeps of a ResourceSlice: its pool, node and generation, and per device
+/// its name, whether a taint keeps it from claims, and its CEL input reduced to what selectors
+/// read ([`DeviceReads`]), shared between devices with equal input. A slice of 8 GPUs of one
+/// model is a few hundred bytes instead of tens of KiB.
+#[derive(Debug, Clone)]
+pub struct SliceView {
+    pub name: Arc<str>,
+    /// The slice's identity (uid and resourceVersion, or its content) and the reads it was
+    /// projected to: equal identities, equal views.
+    identity: u64,
+    pub driver: Arc<str>,
+    pub pool: Arc<str>,
+    pub generation: i64,
+    pub resource_slice_count: i64,
+    pub node: Option<Arc<str>>,
+    devices: Box<[SliceDevice]>,
+}
+
+#[derive(Debug, Clone)]
+struct SliceDevice {
+    name: Arc<str>,
+    tainted: bool,
+    env: Arc<DeviceEnv>,
+}
+
+impl SliceView {
+    /// `slice` reduced to what the inventory and selectors reading `reads` need.
+    pub fn project(slice: &ResourceSlice, reads: &DeviceReads, envs: &mut DeviceEnvs) -> Self {
+        let mut hasher = std::hash::DefaultHasher::new();
+        super::identity(slice, &mut hasher);
+        reads.hash(&mut hasher);
+        let spec = &slice.spec;
+        let devices = spec
+            .devices
+            .iter()
+            .flatten()
+            .map(|d| SliceDevice {
+                name: Arc::from(d.name.as_str()),
+                tainted: d
+                    .taints
+                    .iter()
+                    .flatten()
+                    .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"),
+                env: envs.share(DeviceEnv::projected(&spec.driver, d, reads)),
+            })
+            .collect();
+        SliceView {
+            name: Arc::from(slice.metadata.name.as_deref().unwrap_or_default()),
+            identity: hasher.finish(),
+            driver: Arc::from(spec.driver.as_str()),
+            pool: Arc::from(spec.pool.name.as_str()),
+            generation: spec.pool.generation,
+            resource_slice_count: spec.pool.resource_slice_count,
+            node: spec.node_name.as_deref().map(Arc::from),
+            devices,
+        }
+    }
+
+    /// How many devices the slice publishes.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
 }
 
 /// One pool at its newest generation.
@@ -158,33 +224,27 @@ impl MatchReport {
 }
 
 impl Inventory {
+    /// The inventory of whole slices (every attribute kept), e.g. for a plan made once.
     pub fn from_slices(slices: &[ResourceSlice]) -> Self {
+        let mut envs = DeviceEnvs::default();
+        let views: Vec<SliceView> = slices
+            .iter()
+            .map(|s| SliceView::project(s, &DeviceReads::everything(), &mut envs))
+            .collect();
         let mut inventory = Inventory::default();
-        inventory.take_in(slices, false);
+        inventory.update(&views);
         inventory
     }
 
     /// Brings the inventory up to date with `slices` (all of the cluster's), rebuilding only
     /// the pools whose slices changed. Returns the pools rebuilt or removed.
-    pub fn update<'a>(
-        &mut self,
-        slices: impl IntoIterator<Item = &'a ResourceSlice>,
-    ) -> Vec<PoolKey> {
-        self.take_in(slices, true)
-    }
-
-    /// [`Inventory::update`]; without `identify`, every pool is built and none is fingerprinted
-    /// (for an inventory built once).
-    pub(crate) fn take_in<'a>(
-        &mut self,
-        slices: impl IntoIterator<Item = &'a ResourceSlice>,
-        identify: bool,
-    ) -> Vec<PoolKey> {
-        let mut by_pool: BTreeMap<PoolKey, Vec<&ResourceSlice>> = BTreeMap::new();
+    pub fn update<S: Borrow<SliceView>>(&mut self, slices: &[S]) -> Vec<PoolKey> {
+        let mut by_pool: BTreeMap<PoolKey, Vec<&SliceView>> = BTreeMap::new();
         for s in slices {
+            let s = s.borrow();
             let key = PoolKey {
-                driver: s.spec.driver.clone(),
-                pool: s.spec.pool.name.clone(),
+                driver: s.driver.clone(),
+                pool: s.pool.clone(),
             };
             by_pool.entry(key).or_default().push(s);
         }
@@ -197,19 +257,16 @@ impl Inventory {
         self.pools.retain(|k, _| by_pool.contains_key(k));
         for (key, mut slices) in by_pool {
             // Sorted by name, so that "the pool's first slice" is deterministic.
-            slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            slices.sort_by(|a, b| a.name.cmp(&b.name));
             let mut hasher = std::hash::DefaultHasher::new();
-            if identify {
-                for s in &slices {
-                    super::identity(*s, &mut hasher);
-                }
+            for s in &slices {
+                s.identity.hash(&mut hasher);
             }
             let fingerprint = hasher.finish();
-            if identify
-                && self
-                    .pools
-                    .get(&key)
-                    .is_some_and(|p| p.fingerprint == fingerprint)
+            if self
+                .pools
+                .get(&key)
+                .is_some_and(|p| p.fingerprint == fingerprint)
             {
                 continue;
             }
@@ -331,43 +388,36 @@ pub fn match_pool<S: Borrow<CompiledSelectors>>(
 }
 
 /// One pool from its slices (all generations, sorted by name): only the newest generation counts.
-fn build_pool(key: &PoolKey, slices: &[&ResourceSlice], fingerprint: u64) -> Pool {
+fn build_pool(key: &PoolKey, slices: &[&SliceView], fingerprint: u64) -> Pool {
     let generation = slices
         .iter()
-        .map(|s| s.spec.pool.generation)
+        .map(|s| s.generation)
         .max()
         .unwrap_or_default();
-    let newest: Vec<&ResourceSlice> = slices
+    let newest: Vec<&SliceView> = slices
         .iter()
         .copied()
-        .filter(|s| s.spec.pool.generation == generation)
+        .filter(|s| s.generation == generation)
         .collect();
-    let resource_slice_count = newest
-        .first()
-        .map_or(0, |s| s.spec.pool.resource_slice_count);
+    let resource_slice_count = newest.first().map_or(0, |s| s.resource_slice_count);
     let mut names = BTreeSet::new();
     let mut invalid = None;
-    let mut devices = Vec::new();
+    let mut devices = Vec::with_capacity(newest.iter().map(|s| s.devices.len()).sum());
     for s in &newest {
-        for d in s.spec.devices.iter().flatten() {
-            if !names.insert(d.name.as_str()) && invalid.is_none() {
+        for d in &s.devices {
+            if !names.insert(&*d.name) && invalid.is_none() {
                 invalid = Some(format!("duplicate device name {}", d.name));
             }
-            let tainted = d
-                .taints
-                .iter()
-                .flatten()
-                .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
             devices.push(InventoryDevice {
                 id: DeviceId {
                     driver: key.driver.clone(),
                     pool: key.pool.clone(),
                     device: d.name.clone(),
                 },
-                slice: s.metadata.name.clone().unwrap_or_default(),
-                node: s.spec.node_name.clone(),
-                tainted,
-                env: DeviceEnv::new(&s.spec.driver, d),
+                slice: s.name.clone(),
+                node: s.node.clone(),
+                tainted: d.tainted,
+                env: d.env.clone(),
             });
         }
     }
@@ -455,6 +505,42 @@ mod tests {
         s.spec.devices =
             Some(serde_saphyr::from_str::<Vec<Device>>(&fixture(rel)).expect("devices"));
         s
+    }
+
+    #[test]
+    fn a_projected_slice_keeps_what_selectors_read_and_shares_one_env_per_model() {
+        let slice = node_slice();
+        let product = CompiledSelectors::compile(&[
+            "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-PCIE-40GB'".into(),
+        ])
+        .unwrap();
+        let mut envs = DeviceEnvs::default();
+        let view = SliceView::project(&slice, &product.reads(), &mut envs);
+        assert_eq!(view.device_count(), 8);
+        // The 8 GPUs differ only in attributes no selector reads (uuid, index, ...).
+        assert_eq!(envs.len(), 1);
+        let env = &view.devices[0].env;
+        assert!(env.attribute("gpu.nvidia.com", "productName").is_some());
+        assert!(env.attribute("gpu.nvidia.com", "uuid").is_none());
+        assert!(env.capacity("gpu.nvidia.com", "memory").is_none());
+
+        let mut whole = DeviceEnvs::default();
+        let full = SliceView::project(&slice, &DeviceReads::everything(), &mut whole);
+        assert_eq!(whole.len(), 8);
+        assert!(
+            full.devices[0]
+                .env
+                .attribute("gpu.nvidia.com", "uuid")
+                .is_some()
+        );
+        // Counted alike either way.
+        let sets = BTreeMap::from([("a100".to_owned(), product)]);
+        let mut projected = Inventory::default();
+        projected.update(&[view]);
+        let mut unprojected = Inventory::default();
+        unprojected.update(&[full]);
+        assert_eq!(projected.match_sets(&sets), unprojected.match_sets(&sets));
+        assert_eq!(projected.match_sets(&sets).counts["a100"], 8);
     }
 
     #[test]

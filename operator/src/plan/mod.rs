@@ -237,6 +237,28 @@ pub fn plan(state: &ClusterState) -> Plan {
     planner.plan(state)
 }
 
+/// What the selectors of `state` read of a device: those of every sharing policy and of every
+/// DeviceClass not teamgpu's (which decide what is governed). The slices the planner counts
+/// must keep at least this ([`inventory::SliceView::project`]). Selectors that do not compile
+/// read nothing.
+pub fn device_reads(state: &ClusterState) -> device_cel::DeviceReads {
+    let mut reads = device_cel::DeviceReads::default();
+    for policy in &state.sharing_policies {
+        let selectors = selector::device_class_selectors(&policy.spec);
+        if let Ok(compiled) = CompiledSelectors::compile(&selectors) {
+            reads.extend(&compiled.reads());
+        }
+    }
+    for class in &state.device_classes {
+        if !is_teamgpu_class(&name_of(class))
+            && let Ok(compiled) = inventory::class_selectors(class)
+        {
+            reads.extend(&compiled.reads());
+        }
+    }
+    reads
+}
+
 /// The planner the operator keeps between events. It gives the same plan as [`plan`], but
 /// recomputes only what changed inputs feed: a changed ResourceSlice rebuilds and rematches its
 /// pool's devices only, a changed claim recounts its namespace's usage, the fair shares of a
@@ -258,6 +280,8 @@ pub struct Planner {
             Result<CompiledSelectors, device_cel::SelectorError>,
         ),
     >,
+    /// What the slices of the inventory were projected to.
+    slice_reads: Option<device_cel::DeviceReads>,
     /// Which devices each policy matches.
     matching: Matching,
     /// Per foreign DeviceClass: whether it selects devices a policy governs, with the identity
@@ -338,13 +362,37 @@ fn identity<K: kube::Resource + serde::Serialize>(obj: &K, hasher: &mut impl Has
 }
 
 impl Planner {
-    /// Brings the device inventory up to date with the cluster's ResourceSlices; returns the
-    /// pools that changed.
+    /// Brings the device inventory up to date with the cluster's ResourceSlices, kept whole;
+    /// returns the pools that changed.
     pub fn update_slices<'a>(
         &mut self,
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
     ) -> Vec<inventory::PoolKey> {
-        self.inventory.take_in(slices, !self.single)
+        let mut envs = device_cel::DeviceEnvs::default();
+        let everything = device_cel::DeviceReads::everything();
+        let views: Vec<inventory::SliceView> = slices
+            .into_iter()
+            .map(|s| inventory::SliceView::project(s, &everything, &mut envs))
+            .collect();
+        self.slice_reads = Some(everything);
+        self.inventory.update(&views)
+    }
+
+    /// Brings the device inventory up to date with the cluster's ResourceSlices as projected to
+    /// `reads` (see [`device_reads`]); returns the pools that changed. The plan is only right
+    /// when `reads` covers what its selectors read: see [`Planner::reads_cover`].
+    pub fn update_slice_views(
+        &mut self,
+        slices: &[Arc<inventory::SliceView>],
+        reads: &device_cel::DeviceReads,
+    ) -> Vec<inventory::PoolKey> {
+        self.slice_reads = Some(reads.clone());
+        self.inventory.update(slices)
+    }
+
+    /// Whether the slices of the last update hold every attribute `state`'s selectors read.
+    pub fn reads_cover(&self, reads: &device_cel::DeviceReads) -> bool {
+        self.slice_reads.as_ref().is_some_and(|r| r.covers(reads))
     }
 
     /// Brings the usage up to date with the cluster's ResourceClaims; returns the namespaces
@@ -353,12 +401,23 @@ impl Planner {
         &mut self,
         claims: impl IntoIterator<Item = &'a ResourceClaim>,
     ) -> Vec<String> {
-        let mut by_namespace: BTreeMap<&str, Vec<&ResourceClaim>> = BTreeMap::new();
+        let mut names = usage::Names::default();
+        let views: Vec<usage::ClaimView> = claims
+            .into_iter()
+            .map(|c| usage::ClaimView::project(c, &mut names))
+            .collect();
+        self.update_claim_views(&views)
+    }
+
+    /// [`Planner::update_claims`] from claims already projected.
+    pub fn update_claim_views<C: std::borrow::Borrow<usage::ClaimView>>(
+        &mut self,
+        claims: &[C],
+    ) -> Vec<String> {
+        let mut by_namespace: BTreeMap<&str, Vec<&usage::ClaimView>> = BTreeMap::new();
         for c in claims {
-            by_namespace
-                .entry(c.metadata.namespace.as_deref().unwrap_or_default())
-                .or_default()
-                .push(c);
+            let c = c.borrow();
+            by_namespace.entry(&c.namespace).or_default().push(c);
         }
         let mut changed: Vec<String> = self
             .usage
@@ -369,11 +428,11 @@ impl Planner {
         self.usage
             .retain(|ns, _| by_namespace.contains_key(ns.as_str()));
         for (namespace, mut claims) in by_namespace {
-            claims.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            claims.sort_by(|a, b| a.name.cmp(&b.name));
             let mut hasher = std::hash::DefaultHasher::new();
             if !self.single {
                 for c in &claims {
-                    identity(*c, &mut hasher);
+                    (&*c.name, c.identity).hash(&mut hasher);
                 }
             }
             let fingerprint = hasher.finish();
@@ -386,7 +445,7 @@ impl Planner {
             }
             self.usage.insert(
                 namespace.to_owned(),
-                (fingerprint, usage::Usage::from_claims(claims)),
+                (fingerprint, usage::Usage::from_views(claims)),
             );
             changed.push(namespace.to_owned());
         }

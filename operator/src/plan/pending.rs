@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 
 use super::PendingDemand;
-use super::usage::quota_charge;
+use super::usage::{ClaimView, quota_charge};
 
 /// The devices pending Pods wait for, per namespace and DeviceClass.
 ///
@@ -16,20 +16,12 @@ use super::usage::quota_charge;
 /// create it, typically because quota refused) counts what the template would be charged.
 pub fn pending_demand(
     pods: &[&Pod],
-    claims: &[&ResourceClaim],
+    claims: &[&ClaimView],
     templates: &[&ResourceClaimTemplate],
 ) -> Vec<PendingDemand> {
-    let claim_by_name: BTreeMap<(&str, &str), &ResourceClaim> = claims
+    let claim_by_name: BTreeMap<(&str, &str), &ClaimView> = claims
         .iter()
-        .filter_map(|c| {
-            Some((
-                (
-                    c.metadata.namespace.as_deref()?,
-                    c.metadata.name.as_deref()?,
-                ),
-                *c,
-            ))
-        })
+        .map(|c| ((&*c.namespace, &*c.name), *c))
         .collect();
     let template_by_name: BTreeMap<(&str, &str), &ResourceClaimTemplate> = templates
         .iter()
@@ -67,15 +59,12 @@ pub fn pending_demand(
                 .as_deref()
                 .or_else(|| generated.get(pod_claim.name.as_str()).copied().flatten());
             let charge = match claim_name.and_then(|n| claim_by_name.get(&(namespace, n))) {
-                Some(claim)
-                    if claim
-                        .status
-                        .as_ref()
-                        .is_some_and(|s| s.allocation.is_some()) =>
-                {
-                    continue;
-                }
-                Some(claim) => quota_charge(&claim.spec),
+                Some(claim) if claim.allocated => continue,
+                Some(claim) => claim
+                    .charge
+                    .iter()
+                    .map(|(class, n)| (class.to_string(), *n))
+                    .collect(),
                 None => match pod_claim.resource_claim_template_name.as_deref() {
                     Some(t) => match template_by_name.get(&(namespace, t)) {
                         Some(template) => quota_charge(&template.spec.spec),
@@ -102,6 +91,7 @@ pub fn pending_demand(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::resource::v1::ResourceClaim;
     use serde_json::json;
 
     fn template() -> ResourceClaimTemplate {
@@ -147,6 +137,11 @@ mod tests {
             pod("running", "Running", None),
         );
         let (c1, c2) = (claim("waiting-gpus", false), claim("placed-gpus", true));
+        let mut names = crate::plan::usage::Names::default();
+        let (c1, c2) = (
+            ClaimView::project(&c1, &mut names),
+            ClaimView::project(&c2, &mut names),
+        );
         let demand = pending_demand(
             &[&refused, &unallocated, &allocated, &running],
             &[&c1, &c2],

@@ -21,6 +21,8 @@
 //! which additionally charges the pod's extended resources.
 
 use std::collections::BTreeMap;
+use std::hash::Hasher;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
 
@@ -188,6 +190,108 @@ pub struct OutsideAllocation {
     pub device: DeviceId,
 }
 
+/// What the planner, pending demand and reclaim read of a ResourceClaim: its name, what quota
+/// charges for it, what is allocated to it and which Pods hold it. A few hundred bytes instead
+/// of the whole claim; names shared through [`Names`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimView {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    /// uid and resourceVersion (or the content, for a claim read from a file).
+    pub identity: u64,
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+    /// [`quota_charge`] per DeviceClass.
+    pub charge: Box<[(Arc<str>, u64)]>,
+    /// Whether `status.allocation` is set.
+    pub allocated: bool,
+    /// [`allocated_devices`].
+    pub devices: Box<[ClaimDevice]>,
+    /// Pods in `status.reservedFor`.
+    pub reserved_for_pods: Box<[Arc<str>]>,
+}
+
+/// One allocated device of a [`ClaimView`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimDevice {
+    /// The DeviceClass of the (sub)request, `None` if the spec has no such (sub)request.
+    pub class: Option<Arc<str>>,
+    pub id: DeviceId,
+    pub admin_access: bool,
+}
+
+/// Shares the text of names that repeat across objects (namespaces, classes, drivers, pools).
+#[derive(Debug, Default)]
+pub struct Names(std::collections::HashSet<Arc<str>, rustc_hash::FxBuildHasher>);
+
+impl Names {
+    pub fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(shared) = self.0.get(name) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = Arc::from(name);
+        self.0.insert(shared.clone());
+        shared
+    }
+
+    /// Forgets the names nothing else holds.
+    pub fn prune(&mut self) {
+        self.0.retain(|n| Arc::strong_count(n) > 1);
+        self.0.shrink_to_fit();
+    }
+}
+
+impl ClaimView {
+    pub fn project(claim: &ResourceClaim, names: &mut Names) -> Self {
+        let mut hasher = std::hash::DefaultHasher::new();
+        super::identity(claim, &mut hasher);
+        let reserved_for_pods = claim
+            .status
+            .iter()
+            .flat_map(|s| s.reserved_for.iter().flatten())
+            .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+            .map(|r| Arc::from(r.name.as_str()))
+            .collect();
+        ClaimView {
+            namespace: names.get(claim.metadata.namespace.as_deref().unwrap_or_default()),
+            name: Arc::from(claim.metadata.name.as_deref().unwrap_or_default()),
+            identity: hasher.finish(),
+            created: claim.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            charge: quota_charge(&claim.spec)
+                .into_iter()
+                .map(|(class, n)| (names.get(&class), n))
+                .collect(),
+            allocated: claim
+                .status
+                .as_ref()
+                .is_some_and(|s| s.allocation.is_some()),
+            devices: allocated_devices(claim)
+                .into_iter()
+                .map(|d| ClaimDevice {
+                    class: d.class.as_deref().map(|c| names.get(c)),
+                    id: DeviceId {
+                        driver: names.get(&d.driver),
+                        pool: names.get(&d.pool),
+                        device: names.get(&d.device),
+                    },
+                    admin_access: d.admin_access,
+                })
+                .collect(),
+            reserved_for_pods,
+        }
+    }
+
+    /// Allocated devices per DeviceClass (results whose request is not in the spec left out).
+    pub fn allocated_by_class(&self) -> BTreeMap<&str, u64> {
+        let mut out: BTreeMap<&str, u64> = BTreeMap::new();
+        for d in self.devices.iter() {
+            if let Some(class) = &d.class {
+                *out.entry(&**class).or_default() += 1;
+            }
+        }
+        out
+    }
+}
+
 /// Usage per namespace and DeviceClass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -202,49 +306,60 @@ pub struct Usage {
 
 impl Usage {
     pub fn from_claims<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Self {
+        let mut names = Names::default();
+        Self::from_views(
+            claims
+                .into_iter()
+                .map(|c| ClaimView::project(c, &mut names)),
+        )
+    }
+
+    pub fn from_views<C: std::borrow::Borrow<ClaimView>>(
+        claims: impl IntoIterator<Item = C>,
+    ) -> Self {
         let mut usage = Usage::default();
         for claim in claims {
-            usage.add(claim);
+            usage.add(claim.borrow());
         }
         usage
     }
 
-    pub fn add(&mut self, claim: &ResourceClaim) {
-        let ns = claim.metadata.namespace.clone().unwrap_or_default();
+    pub fn add(&mut self, claim: &ClaimView) {
+        let ns = claim.namespace.to_string();
         *self.claims.entry(ns.clone()).or_default() += 1;
-        let requested = quota_charge(&claim.spec);
-        let mut allocated: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-        for d in allocated_devices(claim) {
+        let mut allocated: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for d in claim.devices.iter() {
             if !d.admin_access && !d.class.as_deref().is_some_and(is_teamgpu_class) {
                 self.outside.push(OutsideAllocation {
-                    claim: format!(
-                        "{ns}/{}",
-                        claim.metadata.name.as_deref().unwrap_or_default()
-                    ),
-                    device: DeviceId {
-                        driver: d.driver.clone(),
-                        pool: d.pool.clone(),
-                        device: d.device.clone(),
-                    },
+                    claim: format!("{ns}/{}", claim.name),
+                    device: d.id.clone(),
                 });
             }
-            if let Some(class) = d.class {
+            if let Some(class) = &d.class {
                 let e = allocated.entry(class).or_default();
                 e.0 += 1;
                 e.1 += u64::from(d.admin_access);
             }
         }
-        let mut classes: Vec<&String> = requested.keys().chain(allocated.keys()).collect();
+        let mut classes: Vec<&str> = claim
+            .charge
+            .iter()
+            .map(|(c, _)| &**c)
+            .chain(allocated.keys().copied())
+            .collect();
         classes.sort();
         classes.dedup();
         for class in classes {
             let u = self
                 .by_class
-                .entry((ns.clone(), class.clone()))
+                .entry((ns.clone(), class.to_owned()))
                 .or_default();
-            u.requested = u
-                .requested
-                .saturating_add(requested.get(class).copied().unwrap_or(0));
+            let requested = claim
+                .charge
+                .iter()
+                .find(|(c, _)| &**c == class)
+                .map_or(0, |(_, n)| *n);
+            u.requested = u.requested.saturating_add(requested);
             let (a, admin) = allocated.get(class).copied().unwrap_or((0, 0));
             u.allocated += a;
             u.allocated_admin_access += admin;
