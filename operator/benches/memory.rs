@@ -12,6 +12,9 @@ use std::sync::Arc;
 use kube::core::DynamicObject;
 use teamgpu::example::{Scale, synthetic};
 use teamgpu::plan::Planner;
+use teamgpu::plan::device_cel::DeviceEnvs;
+use teamgpu::plan::inventory::SliceView;
+use teamgpu::plan::usage::{ClaimView, Names};
 use teamgpu::sync::{Differ, Kind, LiveObject};
 
 /// Resident memory of this process (Linux `/proc/self/statm`), 0 where it cannot be read.
@@ -78,35 +81,49 @@ fn main() {
     }
     let input = held() - before;
 
+    // The watch caches, as `teamgpu run` keeps them: slices reduced to what the selectors
+    // read, claims to what the planner reads.
+    let before = held();
+    let reads = teamgpu::plan::device_reads(&state);
+    let mut envs = DeviceEnvs::default();
+    let slices: Vec<Arc<SliceView>> = state
+        .slices
+        .iter()
+        .map(|s| Arc::new(SliceView::project(s, &reads, &mut envs)))
+        .collect();
+    let mut names = Names::default();
+    let claims: Vec<Arc<ClaimView>> = state
+        .claims
+        .iter()
+        .map(|c| Arc::new(ClaimView::project(c, &mut names)))
+        .collect();
+    let caches_held = held() - before;
+
     let before = held();
     let mut planner = Planner::default();
-    planner.update_slices(&state.slices);
+    planner.update_slice_views(&slices, &reads);
     let inventory_held = held() - before;
-    planner.update_claims(&state.claims);
+    planner.update_claim_views(&claims);
     let plan = planner.plan(&state);
     let objects = plan.objects.clone();
     drop(plan);
     let planner_held = held() - before;
 
-    // The live objects, as the watch caches hold them (converged: equal to the plan).
-    let live: Vec<(Kind, Arc<DynamicObject>)> = teamgpu::sync::desired(&objects)
+    // The live objects, as the watch caches hold them (converged: equal to the plan), each
+    // made from the object the watch brings and that object dropped, and the differ.
+    let before = held();
+    let live: Vec<LiveObject> = teamgpu::sync::desired(&objects)
         .into_iter()
         .filter(|(k, _)| k.kind != Kind::DeviceClass)
         .map(|(k, mut v)| {
             v["metadata"]["resourceVersion"] = "1".into();
-            (k.kind, Arc::new(serde_json::from_value(v).expect("object")))
+            let object: DynamicObject = serde_json::from_value(v).expect("object");
+            LiveObject::owned(k.kind, &object)
         })
         .collect();
-
-    let before = held();
     let mut differ = Differ::default();
     for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
-        differ.update_live(
-            kind,
-            live.iter()
-                .filter(|(k, _)| *k == kind)
-                .map(|(k, o)| LiveObject::Owned(*k, o.clone())),
-        );
+        differ.update_live(kind, live.iter().filter(|o| o.kind() == kind).cloned());
     }
     let writes = differ.writes(&objects);
     drop(writes);
@@ -119,6 +136,13 @@ fn main() {
         mib(input)
     );
     println!(
+        "watch caches of slices and claims, projected ({} distinct device environments, \
+         keeping {}): {}",
+        envs.len(),
+        reads.describe(),
+        mib(caches_held)
+    );
+    println!(
         "kept planner after its first plan ({} desired objects): {}, of which the device \
          inventory ({} devices) {}",
         objects.claim_templates.len() + objects.resource_quotas.len(),
@@ -127,7 +151,8 @@ fn main() {
         mib(inventory_held)
     );
     println!(
-        "kept differ after its first pass ({} live objects, shared): {}",
+        "live objects as the watches keep them, and the differ, after its first pass ({} \
+         objects): {}",
         live.len(),
         mib(differ_held)
     );

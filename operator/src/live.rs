@@ -211,10 +211,11 @@ pub async fn read(
         .iter()
         .map(|c| crate::plan::usage::ClaimView::project(c, &mut names))
         .collect();
+    let charges = pending::template_charges(&templates);
     let pending = pending::pending_demand(
         &pods.iter().collect::<Vec<_>>(),
         &claim_views.iter().collect::<Vec<_>>(),
-        &templates,
+        |ns, name| charges.get(&(ns.to_owned(), name.to_owned())).cloned(),
     );
     if sharing_policies.is_empty() && teams.is_empty() {
         notes.push("the cluster has no GpuSharingPolicy and no TeamGpuPolicy".into());

@@ -181,11 +181,47 @@ fn content_hash(value: &Value) -> Option<&str> {
     value["metadata"]["annotations"][CONTENT_HASH_ANNOTATION].as_str()
 }
 
+/// The live side of one comparison: the object itself, or what is known of it once it has
+/// been compared (see [`LiveView`]).
+#[derive(Clone, Copy, Debug)]
+enum Live<'a> {
+    Object(&'a Value),
+    Known {
+        content_hash: Option<&'a str>,
+        owner: Option<&'a str>,
+        /// Whether this version was found to hold everything the desired object says.
+        covers: bool,
+    },
+}
+
+impl Live<'_> {
+    fn content_hash(&self) -> Option<&str> {
+        match self {
+            Live::Object(v) => content_hash(v),
+            Live::Known { content_hash, .. } => *content_hash,
+        }
+    }
+
+    fn owner(&self) -> Option<&str> {
+        match self {
+            Live::Object(v) => v["metadata"]["labels"][crate::plan::objects::OWNER_LABEL].as_str(),
+            Live::Known { owner, .. } => *owner,
+        }
+    }
+
+    fn covers(&self, desired: &Value) -> bool {
+        match self {
+            Live::Object(v) => covers(v, desired),
+            Live::Known { covers, .. } => *covers,
+        }
+    }
+}
+
 /// What one object needs, if anything: `desired` and `live` are its two sides.
 fn verdict(
     key: &ObjectKey,
     desired: Option<&Value>,
-    live: Option<&Value>,
+    live: Option<Live<'_>>,
     retained: &BTreeSet<String>,
     retained_owners: &BTreeSet<String>,
 ) -> Option<Write> {
@@ -196,13 +232,13 @@ fn verdict(
             object: object.clone(),
         }),
         (Some(object), Some(current)) => {
-            let same_content = content_hash(current) == content_hash(object);
+            let same_content = current.content_hash() == content_hash(object);
             if key.kind == Kind::ResourceClaimTemplate && !same_content {
                 Some(Write::Recreate {
                     key,
                     object: object.clone(),
                 })
-            } else if !same_content || !covers(current, object) {
+            } else if !same_content || !current.covers(object) {
                 Some(Write::Apply {
                     key,
                     object: object.clone(),
@@ -212,7 +248,7 @@ fn verdict(
             }
         }
         (None, Some(current)) => {
-            let owner = current["metadata"]["labels"][crate::plan::objects::OWNER_LABEL].as_str();
+            let owner = current.owner();
             let keep = (key.kind == Kind::DeviceClass && retained.contains(&key.name))
                 || owner.is_some_and(|o| retained_owners.contains(o));
             (!keep).then_some(Write::Delete { key })
@@ -247,7 +283,10 @@ pub fn writes(
     let keys: BTreeSet<&ObjectKey> = desired.keys().chain(live.keys()).collect();
     in_safe_order(
         keys.into_iter()
-            .filter_map(|k| verdict(k, desired.get(k), live.get(k), retained, retained_owners))
+            .filter_map(|k| {
+                let live = live.get(k).map(Live::Object);
+                verdict(k, desired.get(k), live, retained, retained_owners)
+            })
             .collect(),
     )
 }
@@ -256,38 +295,134 @@ pub fn writes(
 #[derive(Debug, Clone)]
 pub enum LiveObject {
     DeviceClass(Arc<DeviceClass>),
-    Owned(Kind, Arc<DynamicObject>),
+    Owned(Arc<LiveView>),
+}
+
+/// What the watch cache keeps of an object teamgpu owns (a quota, a template, an admission
+/// policy or binding): its key, version, owner and content hash, and its content as JSON text
+/// only until the differ has compared it once. 10,000 owned objects are a few MiB instead of
+/// the ~70 MiB of the same objects as JSON trees.
+#[derive(Debug)]
+pub struct LiveView {
+    pub key: ObjectKey,
+    pub resource_version: Option<Box<str>>,
+    owner: Option<Box<str>>,
+    content_hash: Option<Box<str>>,
+    /// For a ResourceClaimTemplate: what quota charges per DeviceClass for a claim made from
+    /// it (for pending demand).
+    pub template_charge: Option<BTreeMap<String, u64>>,
+    /// The object as the API server stores it (managed fields left out), until compared.
+    body: std::sync::Mutex<Option<Box<str>>>,
+}
+
+impl LiveView {
+    /// `object` (of `kind`) as the watch cache keeps it.
+    pub fn new(kind: Kind, object: &DynamicObject) -> Self {
+        let meta = &object.metadata;
+        let annotation = |name: &str| {
+            meta.annotations
+                .as_ref()
+                .and_then(|a| a.get(name))
+                .map(|v| Box::from(v.as_str()))
+        };
+        let mut value = serde_json::to_value(object).unwrap_or_default();
+        // Items of a list carry no `apiVersion` and `kind`; the key says what they are.
+        if let Value::Object(fields) = &mut value {
+            let resource = kind.api_resource();
+            fields.insert("apiVersion".into(), resource.api_version.into());
+            fields.insert("kind".into(), resource.kind.into());
+            if let Some(Value::Object(meta)) = fields.get_mut("metadata") {
+                meta.remove("managedFields");
+            }
+        }
+        let template_charge = (kind == Kind::ResourceClaimTemplate)
+            .then(|| serde_json::from_value::<ResourceClaimTemplate>(value.clone()).ok())
+            .flatten()
+            .map(|t| crate::plan::usage::quota_charge(&t.spec.spec));
+        LiveView {
+            key: key_of_meta(kind, meta),
+            resource_version: meta.resource_version.as_deref().map(Box::from),
+            owner: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::plan::objects::OWNER_LABEL))
+                .map(|v| Box::from(v.as_str())),
+            content_hash: annotation(CONTENT_HASH_ANNOTATION),
+            template_charge,
+            body: std::sync::Mutex::new(Some(value.to_string().into_boxed_str())),
+        }
+    }
+
+    fn body(&self) -> std::sync::MutexGuard<'_, Option<Box<str>>> {
+        self.body
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl LiveObject {
-    fn meta(&self) -> &ObjectMeta {
+    /// An owned object of `kind` as the watch cache keeps it.
+    pub fn owned(kind: Kind, object: &DynamicObject) -> Self {
+        LiveObject::Owned(Arc::new(LiveView::new(kind, object)))
+    }
+
+    fn key(&self) -> ObjectKey {
         match self {
-            LiveObject::DeviceClass(o) => &o.metadata,
-            LiveObject::Owned(_, o) => &o.metadata,
+            LiveObject::DeviceClass(o) => key_of_meta(Kind::DeviceClass, &o.metadata),
+            LiveObject::Owned(v) => v.key.clone(),
         }
     }
 
-    fn kind(&self) -> Kind {
+    pub fn kind(&self) -> Kind {
         match self {
             LiveObject::DeviceClass(_) => Kind::DeviceClass,
-            LiveObject::Owned(kind, _) => *kind,
+            LiveObject::Owned(v) => v.key.kind,
         }
     }
 
-    /// The object as the API server stores it. Items of a list carry no `apiVersion` and
-    /// `kind` (a watch cache filled by a list holds them so), and the key says what they are.
-    fn to_json(&self) -> Option<Value> {
-        let mut value = match self {
-            LiveObject::DeviceClass(o) => serde_json::to_value(&**o).ok()?,
-            LiveObject::Owned(_, o) => serde_json::to_value(&**o).ok()?,
-        };
-        if let Value::Object(fields) = &mut value {
-            let resource = self.kind().api_resource();
-            fields.insert("apiVersion".into(), resource.api_version.into());
-            fields.insert("kind".into(), resource.kind.into());
+    fn resource_version(&self) -> Option<&str> {
+        match self {
+            LiveObject::DeviceClass(o) => o.metadata.resource_version.as_deref(),
+            LiveObject::Owned(v) => v.resource_version.as_deref(),
         }
-        Some(value)
     }
+
+    /// The object as the API server stores it, while it is known.
+    fn to_json(&self) -> Option<Value> {
+        match self {
+            LiveObject::DeviceClass(o) => {
+                let mut value = serde_json::to_value(&**o).ok()?;
+                if let Value::Object(fields) = &mut value {
+                    let resource = Kind::DeviceClass.api_resource();
+                    fields.insert("apiVersion".into(), resource.api_version.into());
+                    fields.insert("kind".into(), resource.kind.into());
+                }
+                Some(value)
+            }
+            LiveObject::Owned(v) => serde_json::from_str(v.body().as_deref()?).ok(),
+        }
+    }
+
+    /// Forgets the content once it has been compared: what is kept decides from now on.
+    fn compared(&self) {
+        if let LiveObject::Owned(v) = self {
+            *v.body() = None;
+        }
+    }
+}
+
+/// A live object in the differ, with the fingerprint of the desired object this version was
+/// found to hold everything of.
+#[derive(Debug, Clone)]
+struct LiveEntry {
+    object: LiveObject,
+    covers: Option<u64>,
+}
+
+/// Fingerprint of a desired object's JSON.
+fn fingerprint(value: &Value) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(value.to_string())
 }
 
 /// A desired object, shared with the planner.
@@ -396,15 +531,15 @@ fn forget<V>(
 #[derive(Debug, Default)]
 pub struct Differ {
     desired: HashMap<ObjectKey, DesiredObject>,
-    live: HashMap<ObjectKey, LiveObject>,
+    live: HashMap<ObjectKey, LiveEntry>,
     retained: BTreeSet<String>,
     retained_owners: BTreeSet<String>,
     /// Objects to compare at the next [`Differ::writes`]: a side changed, or the last
     /// comparison asked for a write.
     dirty: BTreeSet<ObjectKey>,
     /// The live resourceVersion each apply asked for by the last [`Differ::writes`] was decided
-    /// on (see [`Differ::applied`]).
-    applying: HashMap<ObjectKey, String>,
+    /// on, and the fingerprint of what it applies (see [`Differ::applied`]).
+    applying: HashMap<ObjectKey, (String, u64)>,
 }
 
 impl Differ {
@@ -413,19 +548,22 @@ impl Differ {
     pub fn update_live(&mut self, kind: Kind, objects: impl IntoIterator<Item = LiveObject>) {
         let mut seen = HashSet::new();
         for object in objects {
-            let key = key_of_meta(object.kind(), object.meta());
-            let version = object
-                .meta()
-                .resource_version
-                .as_deref()
-                .unwrap_or_default();
+            let key = object.key();
+            let version = object.resource_version().unwrap_or_default();
             let known = self.live.get(&key).is_some_and(|known| {
-                !version.is_empty() && known.meta().resource_version.as_deref() == Some(version)
+                !version.is_empty() && known.object.resource_version() == Some(version)
             });
+            // A known version keeps what its comparison found.
             if !known {
                 self.dirty.insert(key.clone());
+                self.live.insert(
+                    key.clone(),
+                    LiveEntry {
+                        object,
+                        covers: None,
+                    },
+                );
             }
-            self.live.insert(key.clone(), object);
             seen.insert(key);
         }
         forget(&mut self.live, &mut self.dirty, |key| {
@@ -464,22 +602,48 @@ impl Differ {
                 }
                 None => None,
             };
-            let live = self.live.get(&key);
-            let live_json = live.and_then(LiveObject::to_json);
-            if let Some(write) = verdict(
+            let desired_fingerprint = desired.as_ref().map(fingerprint);
+            let live = self.live.get_mut(&key);
+            let live_json = live.as_ref().and_then(|l| l.object.to_json());
+            let live_side = match (&live, &live_json) {
+                (_, Some(json)) => Some(Live::Object(json)),
+                (Some(entry), None) => {
+                    let LiveObject::Owned(view) = &entry.object else {
+                        unreachable!("a DeviceClass is always known whole")
+                    };
+                    Some(Live::Known {
+                        content_hash: view.content_hash.as_deref(),
+                        owner: view.owner.as_deref(),
+                        covers: entry.covers.is_some() && entry.covers == desired_fingerprint,
+                    })
+                }
+                (None, None) => None,
+            };
+            let write = verdict(
                 &key,
                 desired.as_ref(),
-                live_json.as_ref(),
+                live_side,
                 &self.retained,
                 &self.retained_owners,
-            ) {
-                if let (Write::Apply { .. }, Some(version)) =
-                    (&write, live.and_then(|l| l.meta().resource_version.clone()))
-                {
-                    self.applying.insert(key.clone(), version);
+            );
+            match (write, live) {
+                (Some(write), live) => {
+                    if let (Write::Apply { .. }, Some(version), Some(f)) = (
+                        &write,
+                        live.and_then(|l| l.object.resource_version().map(str::to_owned)),
+                        desired_fingerprint,
+                    ) {
+                        self.applying.insert(key.clone(), (version, f));
+                    }
+                    out.push(write);
+                    self.dirty.insert(key);
                 }
-                out.push(write);
-                self.dirty.insert(key);
+                // Settled: what was found is remembered, the content is no longer needed.
+                (None, Some(entry)) if desired_fingerprint.is_some() => {
+                    entry.covers = desired_fingerprint;
+                    entry.object.compared();
+                }
+                (None, _) => {}
             }
         }
         in_safe_order(out)
@@ -491,10 +655,29 @@ impl Differ {
     /// the object is settled until one of its sides changes, instead of being applied again
     /// and again. A new version is compared again when the watch brings it.
     pub fn applied(&mut self, key: &ObjectKey, resource_version: Option<&str>) {
-        let unchanged = resource_version
-            .is_some_and(|v| self.applying.get(key).is_some_and(|known| known == v));
-        if unchanged {
+        let Some((known, desired)) = self.applying.get(key) else {
+            return;
+        };
+        if resource_version == Some(known.as_str()) {
             self.dirty.remove(key);
+            if let Some(entry) = self.live.get_mut(key) {
+                entry.covers = Some(*desired);
+                entry.object.compared();
+            }
+        }
+    }
+
+    /// What quota charges for a claim made from the live template `namespace/name` that
+    /// teamgpu owns.
+    pub fn template_charge(&self, namespace: &str, name: &str) -> Option<&BTreeMap<String, u64>> {
+        let key = ObjectKey {
+            kind: Kind::ResourceClaimTemplate,
+            namespace: Some(namespace.to_owned()),
+            name: name.to_owned(),
+        };
+        match &self.live.get(&key)?.object {
+            LiveObject::Owned(view) => view.template_charge.as_ref(),
+            LiveObject::DeviceClass(_) => None,
         }
     }
 
@@ -714,7 +897,7 @@ mod tests {
             let live = Arc::new(live_quota("a", 0, false));
             differ.update_live(
                 Kind::ResourceQuota,
-                [LiveObject::Owned(Kind::ResourceQuota, live)],
+                [LiveObject::owned(Kind::ResourceQuota, &live)],
             );
             let mut objects = DesiredObjects::default();
             objects
@@ -736,6 +919,36 @@ mod tests {
         }
 
         #[test]
+        fn a_compared_object_is_kept_without_its_content_and_still_decided_on() {
+            let live = LiveObject::owned(Kind::ResourceQuota, &live_quota("a", 3, false));
+            let LiveObject::Owned(view) = &live else {
+                unreachable!()
+            };
+            let mut differ = Differ::default();
+            differ.update_live(Kind::ResourceQuota, [live.clone()]);
+            assert!(view.body().is_some());
+            assert!(differ.writes(&quotas(3)).is_empty());
+            assert!(
+                view.body().is_none(),
+                "the content is dropped once it is found converged"
+            );
+            // The same version passed again (the next event of another quota) keeps that.
+            differ.update_live(Kind::ResourceQuota, [live.clone()]);
+            assert!(differ.writes(&quotas(3)).is_empty());
+            // A new desired quota is applied; back to the old one, the live one holds it.
+            assert!(matches!(
+                &differ.writes(&quotas(4))[..],
+                [Write::Apply { .. }]
+            ));
+            assert!(differ.writes(&quotas(3)).is_empty());
+            // No longer wanted: deleted, decided without the content.
+            assert!(matches!(
+                &differ.writes(&DesiredObjects::default())[..],
+                [Write::Delete { .. }]
+            ));
+        }
+
+        #[test]
         fn a_listed_object_without_api_version_and_kind_is_converged() {
             // A watch cache filled by a list holds items without apiVersion and kind (the API
             // server leaves them out of list items); only events carry them.
@@ -744,7 +957,7 @@ mod tests {
             let mut differ = Differ::default();
             differ.update_live(
                 Kind::ResourceQuota,
-                [LiveObject::Owned(Kind::ResourceQuota, Arc::new(listed))],
+                [LiveObject::owned(Kind::ResourceQuota, &listed)],
             );
             assert_eq!(differ.writes(&quotas(0)), []);
         }
@@ -757,7 +970,7 @@ mod tests {
                 let mut q = live_quota("a", 4, false);
                 q.data["spec"]["hard"]["x.deviceclass.resource.k8s.io/devices"] = json!("4.0");
                 q.metadata.resource_version = Some(version.into());
-                LiveObject::Owned(Kind::ResourceQuota, Arc::new(q))
+                LiveObject::owned(Kind::ResourceQuota, &q)
             };
             let key = key(Kind::ResourceQuota, Some("a"), "teamgpu");
             let mut differ = Differ::default();
@@ -830,9 +1043,9 @@ mod tests {
                     let live_class = live_class.map(Arc::new);
                     let full_live: BTreeMap<ObjectKey, Value> = live_quotas
                         .iter()
-                        .map(|q| LiveObject::Owned(Kind::ResourceQuota, q.clone()))
+                        .map(|q| LiveObject::owned(Kind::ResourceQuota, q))
                         .chain(live_class.iter().cloned().map(LiveObject::DeviceClass))
-                        .map(|o| (key_of_meta(o.kind(), o.meta()), o.to_json().unwrap()))
+                        .map(|o| (o.key(), o.to_json().unwrap()))
                         .collect();
                     let expected = writes(
                         &desired(&objects),
@@ -847,7 +1060,7 @@ mod tests {
                             Kind::ResourceQuota,
                             live_quotas
                                 .iter()
-                                .map(|q| LiveObject::Owned(Kind::ResourceQuota, q.clone())),
+                                .map(|q| LiveObject::owned(Kind::ResourceQuota, q)),
                         );
                     }
                     if previous.as_ref().is_none_or(|p| p.class_live != step.class_live) {

@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
@@ -438,15 +437,6 @@ impl Reconciler {
             .filter_map(|o| parse(o, &mut malformed))
             .collect();
         let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
-        // Only the templates pending Pods could use are read.
-        let waiting: std::collections::BTreeSet<String> =
-            pods.iter().filter_map(|p| p.namespace()).collect();
-        let templates: Vec<ResourceClaimTemplate> = self
-            .owned(Kind::ResourceClaimTemplate)
-            .into_iter()
-            .filter(|o| o.namespace().is_some_and(|ns| waiting.contains(&ns)))
-            .filter_map(|o| (*o).clone().try_parse().ok())
-            .collect();
         // Most passes have no pending Pod: then there is no claim to look at.
         let pending = if pods.is_empty() {
             Vec::new()
@@ -460,7 +450,7 @@ impl Reconciler {
             plan::pending::pending_demand(
                 &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
                 &claims.iter().map(|c| &**c).collect::<Vec<_>>(),
-                &templates.iter().collect::<Vec<_>>(),
+                |namespace, name| self.differ.template_charge(namespace, name).cloned(),
             )
         };
         let unreadable = |kind: &str| -> Vec<String> {
@@ -532,25 +522,13 @@ impl Reconciler {
             );
         }
         for (kind, store) in &self.stores.owned {
-            if changed.contains(Watch::Owned(*kind)) {
-                let objects = store.state();
-                self.differ.update_live(
-                    *kind,
-                    objects
-                        .into_iter()
-                        .map(|o| sync::LiveObject::Owned(*kind, o)),
-                );
+            if changed.contains(Watch::Owned(*kind))
+                && let Some(((), objects)) = store.state()
+            {
+                self.differ
+                    .update_live(*kind, objects.into_iter().map(sync::LiveObject::Owned));
             }
         }
-    }
-
-    fn owned(&self, kind: Kind) -> Vec<Arc<DynamicObject>> {
-        self.stores
-            .owned
-            .iter()
-            .filter(|(k, _)| *k == kind)
-            .flat_map(|(_, s)| s.state())
-            .collect()
     }
 
     async fn reconcile(&mut self) {

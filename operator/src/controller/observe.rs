@@ -21,7 +21,7 @@ use crate::plan::device_cel::{DeviceEnvs, DeviceReads};
 use crate::plan::inventory::SliceView;
 use crate::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::plan::usage::{ClaimView, Names};
-use crate::sync::Kind;
+use crate::sync::{Kind, LiveView};
 
 /// One watch, for [`Changes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,8 +104,8 @@ pub struct Stores {
     /// Pending Pods only (field selector), for pending demand.
     pub pending_pods: Store<Pod>,
     /// Objects carrying teamgpu's managed-by label, per kind (DeviceClasses come from
-    /// `device_classes`).
-    pub owned: Vec<(Kind, Store<DynamicObject>)>,
+    /// `device_classes`), as the differ needs them.
+    pub owned: Vec<(Kind, Projected<LiveView, ()>)>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -131,9 +131,14 @@ impl Stores {
             self.device_classes.wait_until_ready(),
             claims,
             self.pending_pods.wait_until_ready(),
-            futures::future::join_all(self.owned.iter().map(|(_, s)| s.wait_until_ready())),
+            async {
+                while !self.owned.iter().all(|(_, s)| s.is_ready()) {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
         );
-        [a, b, c, d, f, g].iter().all(Result::is_ok) && owned.iter().all(Result::is_ok)
+        let () = owned;
+        [a, b, c, d, f, g].iter().all(Result::is_ok)
     }
 }
 
@@ -281,14 +286,14 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
 
     let mut owned = Vec::new();
     for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
-        let (api, writer, store) = dynamic(kind.api_resource());
-        spawn(
+        let store = projected::spawn(
             tasks,
-            writer,
-            watcher(api, owned_cfg()),
+            Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource()),
+            owned_cfg(),
+            watch::channel(Some(())).1,
+            OwnedProjector(kind),
             wake.clone(),
             Watch::Owned(kind),
-            kind.label(),
         );
         owned.push((kind, store));
     }
@@ -345,5 +350,18 @@ impl Projector<ResourceClaim> for ClaimProjector {
 
     fn relisted(&mut self) {
         self.names.prune();
+    }
+}
+
+/// Objects teamgpu owns, as the differ needs them.
+#[derive(Debug)]
+struct OwnedProjector(Kind);
+
+impl Projector<DynamicObject> for OwnedProjector {
+    type View = LiveView;
+    type Params = ();
+
+    fn project(&mut self, object: &DynamicObject, (): &()) -> LiveView {
+        LiveView::new(self.0, object)
     }
 }

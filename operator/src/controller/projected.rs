@@ -97,7 +97,6 @@ pub fn spawn<K, R>(
 ) -> Projected<R::View, R::Params>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default,
     R: Projector<K>,
 {
     let store = Projected::new();

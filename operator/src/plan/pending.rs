@@ -9,7 +9,24 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use super::PendingDemand;
 use super::usage::{ClaimView, quota_charge};
 
-/// The devices pending Pods wait for, per namespace and DeviceClass.
+/// What quota charges for a claim made from each of `templates`, by (namespace, name).
+pub fn template_charges(
+    templates: &[&ResourceClaimTemplate],
+) -> BTreeMap<(String, String), BTreeMap<String, u64>> {
+    templates
+        .iter()
+        .filter_map(|t| {
+            Some((
+                (t.metadata.namespace.clone()?, t.metadata.name.clone()?),
+                quota_charge(&t.spec.spec),
+            ))
+        })
+        .collect()
+}
+
+/// The devices pending Pods wait for, per namespace and DeviceClass. `template_charge` says what
+/// quota charges for a claim made from template `(namespace, name)`, if it exists
+/// ([`template_charges`]).
 ///
 /// For each claim of a pending Pod: an existing claim without allocation counts what quota charges
 /// for it; a claim from a template that does not exist yet (the resourceclaim controller could not
@@ -17,23 +34,11 @@ use super::usage::{ClaimView, quota_charge};
 pub fn pending_demand(
     pods: &[&Pod],
     claims: &[&ClaimView],
-    templates: &[&ResourceClaimTemplate],
+    template_charge: impl Fn(&str, &str) -> Option<BTreeMap<String, u64>>,
 ) -> Vec<PendingDemand> {
     let claim_by_name: BTreeMap<(&str, &str), &ClaimView> = claims
         .iter()
         .map(|c| ((&*c.namespace, &*c.name), *c))
-        .collect();
-    let template_by_name: BTreeMap<(&str, &str), &ResourceClaimTemplate> = templates
-        .iter()
-        .filter_map(|t| {
-            Some((
-                (
-                    t.metadata.namespace.as_deref()?,
-                    t.metadata.name.as_deref()?,
-                ),
-                *t,
-            ))
-        })
         .collect();
     let mut demand: BTreeMap<(String, String), u64> = BTreeMap::new();
     for pod in pods {
@@ -66,8 +71,8 @@ pub fn pending_demand(
                     .map(|(class, n)| (class.to_string(), *n))
                     .collect(),
                 None => match pod_claim.resource_claim_template_name.as_deref() {
-                    Some(t) => match template_by_name.get(&(namespace, t)) {
-                        Some(template) => quota_charge(&template.spec.spec),
+                    Some(t) => match template_charge(namespace, t) {
+                        Some(charge) => charge,
                         None => continue,
                     },
                     None => continue,
@@ -145,7 +150,11 @@ mod tests {
         let demand = pending_demand(
             &[&refused, &unallocated, &allocated, &running],
             &[&c1, &c2],
-            &[&t],
+            |ns, name| {
+                template_charges(&[&t])
+                    .get(&(ns.to_owned(), name.to_owned()))
+                    .cloned()
+            },
         );
         assert_eq!(
             demand,
