@@ -2700,3 +2700,58 @@ async fn reclaim_waits_for_a_pod_disruption_budget_and_stops_at_the_borrowers_gu
         "the newest 4 go, no more"
     );
 }
+
+/// The operator keeps of each device only the attributes some selector reads. A policy whose
+/// selector reads attributes nothing read before must see them: the slices are listed again,
+/// and its devices are counted as the whole device would be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_reading_new_attributes_counts_devices_as_if_whole() {
+    let Some((world, _operator)) = World::with_samples().await else {
+        return;
+    };
+    let gsp: Api<GpuSharingPolicy> = Api::all(world.client.clone());
+    let devices_of = |name: &'static str, want: u32| {
+        let gsp = gsp.clone();
+        async move {
+            eventually(
+                &format!("{name} counts {want} devices"),
+                CONVERGE,
+                || async {
+                    let p = gsp.get(name).await.map_err(|e| e.to_string())?;
+                    let status = p.status.ok_or("no status")?;
+                    let ready = condition(&status.conditions, "Ready").map(|c| c.status.clone());
+                    if status.devices == want && ready.as_deref() == Some("True") {
+                        Ok(())
+                    } else {
+                        Err(format!("{} devices, Ready {ready:?}", status.devices))
+                    }
+                },
+            )
+            .await;
+        }
+    };
+    // No sample and no NVIDIA class reads `addressingMode`: every one of the 48 GPUs of the
+    // six fixture nodes has `addressingMode: HMM`.
+    let policy: GpuSharingPolicy = serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "hmm"},
+        "spec": {"driver": "gpu.nvidia.com",
+                 "selector": {"deviceType": "gpu",
+                              "cel": ["device.attributes['gpu.nvidia.com'].addressingMode == 'HMM'"]},
+                 "sharing": {"strategy": "Exclusive"}}
+    }))
+    .unwrap();
+    gsp.create(&PostParams::default(), &policy).await.unwrap();
+    devices_of("hmm", 48).await;
+    // Nor `uuid`: the fixture nodes repeat the template slice's UUIDs, so gpu-0 of each of the
+    // six nodes has this one.
+    let patch = json!({"spec": {"selector": {"cel": [
+        "device.attributes['gpu.nvidia.com'].uuid == 'GPU-2fa81118-5a5f-aa66-7660-471eed407181'"
+    ]}}});
+    gsp.patch("hmm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    devices_of("hmm", 6).await;
+    // The samples are counted as before.
+    devices_of("a100-80gb", 32).await;
+}
