@@ -100,9 +100,9 @@ impl fmt::Display for ObjectKey {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
     /// Server-side apply of the whole object (creates it when missing, restores drift).
-    Apply { key: ObjectKey, object: Value },
+    Apply { key: ObjectKey, object: Payload },
     /// Delete, then apply: the object's spec is immutable and has changed.
-    Recreate { key: ObjectKey, object: Value },
+    Recreate { key: ObjectKey, object: Payload },
     /// The object carries teamgpu's label but is no longer wanted.
     Delete { key: ObjectKey },
 }
@@ -120,6 +120,52 @@ impl Write {
     pub fn key(&self) -> &ObjectKey {
         match self {
             Write::Apply { key, .. } | Write::Recreate { key, .. } | Write::Delete { key } => key,
+        }
+    }
+}
+
+/// The object a write sends: the planner's object itself, turned into JSON only when it is
+/// sent (a first pass over 10,000 objects would otherwise hold them all as JSON trees), or JSON.
+#[derive(Clone, Debug)]
+pub struct Payload(PayloadOf);
+
+#[derive(Clone, Debug)]
+enum PayloadOf {
+    Json(Value),
+    Object(DesiredObject),
+}
+
+impl Payload {
+    /// The object as JSON.
+    pub fn to_value(&self) -> Value {
+        match &self.0 {
+            PayloadOf::Json(v) => v.clone(),
+            PayloadOf::Object(o) => o.to_json().unwrap_or_default(),
+        }
+    }
+}
+
+impl From<Value> for Payload {
+    fn from(value: Value) -> Self {
+        Payload(PayloadOf::Json(value))
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_value() == other.to_value()
+    }
+}
+
+impl serde::Serialize for Payload {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            PayloadOf::Json(v) => v.serialize(serializer),
+            PayloadOf::Object(DesiredObject::DeviceClass(o)) => o.serialize(serializer),
+            PayloadOf::Object(DesiredObject::AdmissionPolicy(o)) => o.serialize(serializer),
+            PayloadOf::Object(DesiredObject::AdmissionBinding(o)) => o.serialize(serializer),
+            PayloadOf::Object(DesiredObject::ResourceQuota(o)) => o.serialize(serializer),
+            PayloadOf::Object(DesiredObject::ResourceClaimTemplate(o)) => o.serialize(serializer),
         }
     }
 }
@@ -217,6 +263,31 @@ impl Live<'_> {
     }
 }
 
+/// What one object needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Needs {
+    Apply,
+    Recreate,
+    Delete,
+}
+
+impl Needs {
+    /// The write, sending `payload` (the desired object) if it sends one.
+    fn write(self, key: ObjectKey, payload: impl FnOnce() -> Payload) -> Write {
+        match self {
+            Needs::Apply => Write::Apply {
+                key,
+                object: payload(),
+            },
+            Needs::Recreate => Write::Recreate {
+                key,
+                object: payload(),
+            },
+            Needs::Delete => Write::Delete { key },
+        }
+    }
+}
+
 /// What one object needs, if anything: `desired` and `live` are its two sides.
 fn verdict(
     key: &ObjectKey,
@@ -224,25 +295,15 @@ fn verdict(
     live: Option<Live<'_>>,
     retained: &BTreeSet<String>,
     retained_owners: &BTreeSet<String>,
-) -> Option<Write> {
-    let key = key.clone();
+) -> Option<Needs> {
     match (desired, live) {
-        (Some(object), None) => Some(Write::Apply {
-            key,
-            object: object.clone(),
-        }),
+        (Some(_), None) => Some(Needs::Apply),
         (Some(object), Some(current)) => {
             let same_content = current.content_hash() == content_hash(object);
             if key.kind == Kind::ResourceClaimTemplate && !same_content {
-                Some(Write::Recreate {
-                    key,
-                    object: object.clone(),
-                })
+                Some(Needs::Recreate)
             } else if !same_content || !current.covers(object) {
-                Some(Write::Apply {
-                    key,
-                    object: object.clone(),
-                })
+                Some(Needs::Apply)
             } else {
                 None
             }
@@ -251,7 +312,7 @@ fn verdict(
             let owner = current.owner();
             let keep = (key.kind == Kind::DeviceClass && retained.contains(&key.name))
                 || owner.is_some_and(|o| retained_owners.contains(o));
-            (!keep).then_some(Write::Delete { key })
+            (!keep).then_some(Needs::Delete)
         }
         (None, None) => None,
     }
@@ -285,7 +346,10 @@ pub fn writes(
         keys.into_iter()
             .filter_map(|k| {
                 let live = live.get(k).map(Live::Object);
-                verdict(k, desired.get(k), live, retained, retained_owners)
+                let needs = verdict(k, desired.get(k), live, retained, retained_owners)?;
+                Some(needs.write(k.clone(), || {
+                    Payload::from(desired.get(k).cloned().unwrap_or_default())
+                }))
             })
             .collect(),
     )
@@ -626,6 +690,14 @@ impl Differ {
                 &self.retained,
                 &self.retained_owners,
             );
+            let desired_object = self.desired.get(&key);
+            let write = write.map(|needs| {
+                needs.write(key.clone(), || match desired_object {
+                    Some(object) => Payload(PayloadOf::Object(object.clone())),
+                    // Apply and Recreate are only asked for a desired object.
+                    None => Payload::from(Value::Null),
+                })
+            });
             match (write, live) {
                 (Some(write), live) => {
                     if let (Write::Apply { .. }, Some(version), Some(f)) = (

@@ -118,10 +118,10 @@ pub fn changes(plan: &Plan, live: &BTreeMap<ObjectKey, Value>) -> Vec<Change> {
         let key = write.key().clone();
         let (action, object) = match write {
             Write::Apply { key, object } if live.contains_key(&key) => {
-                (Action::Update, Some(object))
+                (Action::Update, Some(object.to_value()))
             }
-            Write::Apply { object, .. } => (Action::Create, Some(object)),
-            Write::Recreate { object, .. } => (Action::Recreate, Some(object)),
+            Write::Apply { object, .. } => (Action::Create, Some(object.to_value())),
+            Write::Recreate { object, .. } => (Action::Recreate, Some(object.to_value())),
             Write::Delete { .. } => (Action::Delete, None),
         };
         Change {

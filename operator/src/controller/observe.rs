@@ -251,10 +251,11 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         "deviceclasses",
     );
     let (slice_reads, reads) = watch::channel(None);
+    // A page of 100 slices (800 GPUs with every attribute) is a few MiB while it is projected.
     let slices = projected::spawn(
         tasks,
         Api::<ResourceSlice>::all(client.clone()),
-        cfg(),
+        cfg().page_size(100),
         reads,
         SliceProjector::default(),
         wake.clone(),
