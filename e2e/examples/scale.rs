@@ -340,7 +340,7 @@ async fn main() {
         .claim_templates
         .iter()
         .map(|t| {
-            let mut t = (**t).clone();
+            let mut t = t.to_object();
             strip(&mut t.metadata);
             t
         })

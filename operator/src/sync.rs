@@ -15,8 +15,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
 
-use crate::plan::DesiredObjects;
 use crate::plan::objects::CONTENT_HASH_ANNOTATION;
+use crate::plan::{DesiredObjects, NamespacedTemplate};
 
 /// The kinds of object teamgpu writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -496,7 +496,7 @@ enum DesiredObject {
     AdmissionPolicy(Arc<ValidatingAdmissionPolicy>),
     AdmissionBinding(Arc<ValidatingAdmissionPolicyBinding>),
     ResourceQuota(Arc<ResourceQuota>),
-    ResourceClaimTemplate(Arc<ResourceClaimTemplate>),
+    ResourceClaimTemplate(NamespacedTemplate),
 }
 
 impl DesiredObject {
@@ -506,7 +506,18 @@ impl DesiredObject {
             DesiredObject::AdmissionPolicy(o) => &o.metadata,
             DesiredObject::AdmissionBinding(o) => &o.metadata,
             DesiredObject::ResourceQuota(o) => &o.metadata,
-            DesiredObject::ResourceClaimTemplate(o) => &o.metadata,
+            DesiredObject::ResourceClaimTemplate(o) => &o.template.metadata,
+        }
+    }
+
+    fn key(&self, kind: Kind) -> ObjectKey {
+        match self {
+            DesiredObject::ResourceClaimTemplate(t) => ObjectKey {
+                kind,
+                namespace: Some(t.namespace.to_string()),
+                name: t.name().to_owned(),
+            },
+            _ => key_of_meta(kind, self.meta()),
         }
     }
 
@@ -517,7 +528,7 @@ impl DesiredObject {
             DesiredObject::AdmissionPolicy(o) => Arc::as_ptr(o).cast(),
             DesiredObject::AdmissionBinding(o) => Arc::as_ptr(o).cast(),
             DesiredObject::ResourceQuota(o) => Arc::as_ptr(o).cast(),
-            DesiredObject::ResourceClaimTemplate(o) => Arc::as_ptr(o).cast(),
+            DesiredObject::ResourceClaimTemplate(o) => Arc::as_ptr(&o.template).cast(),
         }
     }
 
@@ -527,7 +538,7 @@ impl DesiredObject {
             DesiredObject::AdmissionPolicy(o) => serde_json::to_value(&**o).ok(),
             DesiredObject::AdmissionBinding(o) => serde_json::to_value(&**o).ok(),
             DesiredObject::ResourceQuota(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::ResourceClaimTemplate(o) => serde_json::to_value(&**o).ok(),
+            DesiredObject::ResourceClaimTemplate(o) => serde_json::to_value(o).ok(),
         }
     }
 
@@ -757,7 +768,7 @@ impl Differ {
         let mut seen = HashSet::with_capacity(self.desired.len());
         for (kind, object) in DesiredObject::all(objects) {
             let meta = object.meta();
-            let key = key_of_meta(kind, meta);
+            let key = object.key(kind);
             let hashed = meta
                 .annotations
                 .as_ref()

@@ -74,8 +74,8 @@ fn the_example_plans_every_kind_of_object() {
         plan.objects
             .claim_templates
             .iter()
-            .filter(|t| t.metadata.namespace.as_deref() == Some(ns))
-            .map(|t| t.metadata.name.clone().unwrap())
+            .filter(|t| &*t.namespace == ns)
+            .map(|t| t.name().to_owned())
             .collect()
     };
     assert_eq!(
@@ -250,7 +250,7 @@ fn a_namespace_claimed_by_two_teams_gets_nothing_and_both_say_so() {
             .objects
             .claim_templates
             .iter()
-            .any(|t| t.metadata.namespace.as_deref() == Some("ml-research-dev"))
+            .any(|t| &*t.namespace == "ml-research-dev")
     );
     for (name, other) in [
         ("data-science", "ml-research"),
@@ -396,7 +396,7 @@ fn an_invalid_raw_cel_keeps_the_last_class_and_says_why() {
         plan.objects
             .claim_templates
             .iter()
-            .all(|t| t.metadata.name.as_deref() != Some("a100-shared"))
+            .all(|t| t.name() != "a100-shared")
     );
     assert_eq!(
         plan.sharing_policies

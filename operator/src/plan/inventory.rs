@@ -341,23 +341,25 @@ impl Inventory {
     }
 }
 
-/// One pool's devices against every named selector set (every name counted, 0 when none match).
+/// One pool's devices against every named selector set. Only the names that match a device are
+/// counted: a pool's report is kept per pool, and 5,000 pools of 20 mostly-zero counts would be
+/// megabytes ([`Inventory::match_sets`] and [`MatchReport::merge`] give every name).
 pub fn match_pool<S: Borrow<CompiledSelectors>>(
     pool: &Pool,
     sets: &BTreeMap<String, S>,
 ) -> MatchReport {
-    let mut report = MatchReport {
-        counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
-        ..Default::default()
-    };
+    let mut report = MatchReport::default();
     for device in pool.counted() {
         let mut names: Vec<&String> = Vec::new();
         for (name, set) in sets {
             match set.borrow().matches(&device.env) {
                 Ok(true) => {
                     names.push(name);
-                    if let Some(c) = report.counts.get_mut(name) {
-                        *c += 1;
+                    match report.counts.get_mut(name) {
+                        Some(c) => *c += 1,
+                        None => {
+                            report.counts.insert(name.clone(), 1);
+                        }
                     }
                 }
                 Ok(false) => {}

@@ -84,7 +84,7 @@ pub struct ClusterState {
 /// for as long as it does not change, and its differ tells unchanged objects by that.
 pub struct DesiredObjects {
     pub device_classes: Vec<Arc<DeviceClass>>,
-    pub claim_templates: Vec<Arc<ResourceClaimTemplate>>,
+    pub claim_templates: Vec<NamespacedTemplate>,
     pub resource_quotas: Vec<Arc<ResourceQuota>>,
     pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
     pub admission_bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
@@ -94,6 +94,34 @@ pub struct DesiredObjects {
     /// Owners (`teamgpu.io/owner` values) whose objects are kept as they are: the policy exists
     /// but cannot be read, so what it had is neither changed nor pruned.
     pub retained_owners: BTreeSet<String>,
+}
+
+/// A ResourceClaimTemplate in one namespace. The template itself (whose metadata names no
+/// namespace) is one object for every namespace of a team: 9,000 templates of 100 teams are
+/// 900 objects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamespacedTemplate {
+    pub namespace: Arc<str>,
+    pub template: Arc<ResourceClaimTemplate>,
+}
+
+impl NamespacedTemplate {
+    pub fn name(&self) -> &str {
+        self.template.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The template as it is applied, in its namespace.
+    pub fn to_object(&self) -> ResourceClaimTemplate {
+        let mut object = (*self.template).clone();
+        object.metadata.namespace = Some(self.namespace.to_string());
+        object
+    }
+}
+
+impl serde::Serialize for NamespacedTemplate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_object().serialize(serializer)
+    }
 }
 
 /// What the planner concluded about one GpuSharingPolicy.
@@ -291,7 +319,9 @@ pub struct Planner {
     usage: BTreeMap<String, (u64, usage::Usage)>,
     /// Fair shares per sharing policy, with the input they were computed from.
     shares: BTreeMap<String, (PoolInput, PoolShares)>,
-    /// Claim templates and quota per (team, namespace), with the identity of their input.
+    /// Claim templates per team, and claim templates and quota per (team, namespace), with the
+    /// identity of their input.
+    templates: TemplateMemo,
     namespaces: NamespaceMemo,
 }
 
@@ -766,8 +796,9 @@ impl Planner {
                         .unwrap_or_default();
                     templates_of.push((policy.name.as_str(), shapes));
                 }
+                let templates = team_templates(&mut self.templates, team, &templates_of);
                 let (templates, quota) =
-                    namespace_objects(&mut self.namespaces, team, namespace, &hard, &templates_of);
+                    namespace_objects(&mut self.namespaces, team, namespace, &hard, templates);
                 planned.insert((team_name.clone(), namespace.clone()));
                 out.objects
                     .claim_templates
@@ -883,36 +914,75 @@ impl Planner {
 }
 
 /// The objects of one namespace of a team, built again only when the team's identity, the
-/// quota's `hard` or a template shape changed.
-type NamespaceMemo =
-    BTreeMap<(String, String), (u64, Vec<Arc<ResourceClaimTemplate>>, Arc<ResourceQuota>)>;
+/// quota's `hard` or a template shape changed; the templates are the team's (see
+/// [`team_templates`]).
+type NamespaceMemo = BTreeMap<(String, String), (u64, Vec<NamespacedTemplate>, Arc<ResourceQuota>)>;
 
-/// A team namespace's claim templates (`shapes` per sharing policy) and its quota, from `memo`
-/// unless their input changed.
-fn namespace_objects<'m>(
-    memo: &'m mut NamespaceMemo,
+/// A team's claim templates (without namespace), built again only when its identity or a
+/// template shape changed.
+type TemplateMemo = BTreeMap<String, (u64, Vec<Arc<ResourceClaimTemplate>>)>;
+
+/// Identity of what a team's templates are made of.
+fn templates_fingerprint(
     team: &TeamGpuPolicy,
-    namespace: &str,
-    hard: &BTreeMap<String, u32>,
     shapes: &[(&str, &[objects::TemplateShape])],
-) -> (&'m [Arc<ResourceClaimTemplate>], &'m Arc<ResourceQuota>) {
+) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
-    (&team.metadata.name, &team.metadata.uid, hard).hash(&mut hasher);
+    (&team.metadata.name, &team.metadata.uid).hash(&mut hasher);
     for (policy, shapes) in shapes {
         policy.hash(&mut hasher);
         for shape in *shapes {
             (&shape.name, &shape.hash).hash(&mut hasher);
         }
     }
+    hasher.finish()
+}
+
+/// A team's claim templates (`shapes` per sharing policy), without namespace, from `memo`
+/// unless their input changed.
+fn team_templates<'m>(
+    memo: &'m mut TemplateMemo,
+    team: &TeamGpuPolicy,
+    shapes: &[(&str, &[objects::TemplateShape])],
+) -> (u64, &'m [Arc<ResourceClaimTemplate>]) {
+    let fingerprint = templates_fingerprint(team, shapes);
+    let entry = memo
+        .entry(name_of(team))
+        .or_insert_with(|| (!fingerprint, Vec::new()));
+    if entry.0 != fingerprint {
+        entry.1 = shapes
+            .iter()
+            .flat_map(|(_, shapes)| objects::claim_templates(team, shapes))
+            .map(Arc::new)
+            .collect();
+        entry.0 = fingerprint;
+    }
+    (fingerprint, &entry.1)
+}
+
+/// A team namespace's claim templates and its quota, from `memo` unless their input changed.
+fn namespace_objects<'m>(
+    memo: &'m mut NamespaceMemo,
+    team: &TeamGpuPolicy,
+    namespace: &str,
+    hard: &BTreeMap<String, u32>,
+    templates: (u64, &[Arc<ResourceClaimTemplate>]),
+) -> (&'m [NamespacedTemplate], &'m Arc<ResourceQuota>) {
+    let mut hasher = std::hash::DefaultHasher::new();
+    (&team.metadata.name, &team.metadata.uid, hard, templates.0).hash(&mut hasher);
     let fingerprint = hasher.finish();
     let entry = memo
         .entry((name_of(team), namespace.to_owned()))
         .or_insert_with(|| (!fingerprint, Vec::new(), Arc::default()));
     if entry.0 != fingerprint {
-        entry.1 = shapes
+        let shared_namespace: Arc<str> = Arc::from(namespace);
+        entry.1 = templates
+            .1
             .iter()
-            .flat_map(|(_, shapes)| objects::claim_templates(team, shapes, namespace))
-            .map(Arc::new)
+            .map(|template| NamespacedTemplate {
+                namespace: shared_namespace.clone(),
+                template: template.clone(),
+            })
             .collect();
         let mut quota = objects::resource_quota(team, namespace, hard);
         stamp(&mut quota.metadata, &quota.spec);

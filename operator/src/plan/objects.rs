@@ -217,16 +217,16 @@ pub fn template_shapes(policy: &GpuSharingPolicy) -> Vec<TemplateShape> {
         .collect()
 }
 
-/// The ResourceClaimTemplates a team gets in one namespace for one sharing policy's shapes.
+/// The ResourceClaimTemplates a team gets in each of its namespaces for one sharing policy's
+/// shapes (their namespace left unset: see [`super::NamespacedTemplate`]).
 pub fn claim_templates(
     team: &TeamGpuPolicy,
     shapes: &[TemplateShape],
-    namespace: &str,
 ) -> Vec<ResourceClaimTemplate> {
     shapes
         .iter()
         .map(|shape| {
-            let mut metadata = owned_meta(team, shape.name.clone(), Some(namespace.to_owned()));
+            let mut metadata = owned_meta(team, shape.name.clone(), None);
             metadata.annotations =
                 Some([(CONTENT_HASH_ANNOTATION.to_owned(), shape.hash.clone())].into());
             ResourceClaimTemplate {
@@ -336,11 +336,8 @@ mod tests {
             "ml",
             serde_json::from_value(json!({"namespaces": ["ml"]})).unwrap(),
         );
-        let templates = claim_templates(
-            &team,
-            &template_shapes(&policy(SharingStrategy::Exclusive)),
-            "ml",
-        );
+        let templates =
+            claim_templates(&team, &template_shapes(&policy(SharingStrategy::Exclusive)));
         let names: Vec<_> = templates
             .iter()
             .map(|t| t.metadata.name.clone().unwrap())
@@ -370,7 +367,7 @@ mod tests {
         assert_ne!(hashes[0], hashes[1]);
         assert_eq!(
             hashes[0],
-            claim_templates(&team, &template_shapes(&policy(SharingStrategy::Mps)), "ml")[0]
+            claim_templates(&team, &template_shapes(&policy(SharingStrategy::Mps)))[0]
                 .metadata
                 .annotations
                 .as_ref()
