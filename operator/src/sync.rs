@@ -127,7 +127,7 @@ impl Write {
 /// The object a write sends: the planner's object itself, turned into JSON only when it is
 /// sent (a first pass over 10,000 objects would otherwise hold them all as JSON trees), or JSON.
 #[derive(Clone, Debug)]
-pub struct Payload(PayloadOf);
+pub struct Payload(PayloadOf, Option<u64>);
 
 #[derive(Clone, Debug)]
 enum PayloadOf {
@@ -136,6 +136,11 @@ enum PayloadOf {
 }
 
 impl Payload {
+    /// The identity of the desired object, as the differ knows it (see [`OwnWrites`]).
+    pub fn fingerprint(&self) -> Option<u64> {
+        self.1
+    }
+
     /// The object as JSON.
     pub fn to_value(&self) -> Value {
         match &self.0 {
@@ -147,7 +152,7 @@ impl Payload {
 
 impl From<Value> for Payload {
     fn from(value: Value) -> Self {
-        Payload(PayloadOf::Json(value))
+        Payload(PayloadOf::Json(value), None)
     }
 }
 
@@ -377,11 +382,60 @@ pub struct LiveView {
     pub template_charge: Option<BTreeMap<String, u64>>,
     /// The object as the API server stores it (managed fields left out), until compared.
     body: std::sync::Mutex<Option<Box<str>>>,
+    /// This version is what teamgpu's own apply of the desired object with this fingerprint
+    /// stored: it holds that object, and its content is not needed.
+    written: Option<u64>,
+}
+
+/// The versions teamgpu's own applies stored, with the fingerprint of what each applied, so
+/// that the watch event of an operator's own write is known without its content: during a
+/// first converge, 10,000 events would otherwise hold their content until the next pass.
+#[derive(Debug, Default)]
+pub struct OwnWrites(std::sync::Mutex<HashMap<Box<str>, u64>>);
+
+/// Versions remembered at most: one is forgotten when its watch event arrives, and a watch
+/// that missed events (it listed again) must not make the map grow without end.
+const OWN_WRITES_KEPT: usize = 100_000;
+
+impl OwnWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An apply of the desired object with `fingerprint` was stored as `resource_version`.
+    pub fn record(&self, resource_version: &str, fingerprint: u64) {
+        let mut written = self.lock();
+        if written.len() >= OWN_WRITES_KEPT {
+            written.clear();
+        }
+        written.insert(resource_version.into(), fingerprint);
+    }
+
+    fn take(&self, resource_version: &str) -> Option<u64> {
+        self.lock().remove(resource_version)
+    }
 }
 
 impl LiveView {
+    /// `object` (of `kind`) as the watch cache keeps it; without its content when it is the
+    /// version one of teamgpu's own applies stored.
+    pub fn observed(kind: Kind, object: &DynamicObject, own: &OwnWrites) -> Self {
+        let written = object
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| own.take(v));
+        Self::make(kind, object, written)
+    }
+
     /// `object` (of `kind`) as the watch cache keeps it.
     pub fn new(kind: Kind, object: &DynamicObject) -> Self {
+        Self::make(kind, object, None)
+    }
+
+    fn make(kind: Kind, object: &DynamicObject, written: Option<u64>) -> Self {
         let meta = &object.metadata;
         let annotation = |name: &str| {
             meta.annotations
@@ -413,7 +467,12 @@ impl LiveView {
                 .map(|v| Box::from(v.as_str())),
             content_hash: annotation(CONTENT_HASH_ANNOTATION),
             template_charge,
-            body: std::sync::Mutex::new(Some(value.to_string().into_boxed_str())),
+            body: std::sync::Mutex::new(
+                written
+                    .is_none()
+                    .then(|| value.to_string().into_boxed_str()),
+            ),
+            written,
         }
     }
 
@@ -628,16 +687,15 @@ impl Differ {
             let known = self.live.get(&key).is_some_and(|known| {
                 !version.is_empty() && known.object.resource_version() == Some(version)
             });
-            // A known version keeps what its comparison found.
+            // A known version keeps what its comparison found; one of teamgpu's own applies
+            // holds what it applied.
             if !known {
                 self.dirty.insert(key.clone());
-                self.live.insert(
-                    key.clone(),
-                    LiveEntry {
-                        object,
-                        covers: None,
-                    },
-                );
+                let covers = match &object {
+                    LiveObject::Owned(view) => view.written,
+                    LiveObject::DeviceClass(_) => None,
+                };
+                self.live.insert(key.clone(), LiveEntry { object, covers });
             }
             seen.insert(key);
         }
@@ -704,7 +762,7 @@ impl Differ {
             let desired_object = self.desired.get(&key);
             let write = write.map(|needs| {
                 needs.write(key.clone(), || match desired_object {
-                    Some(object) => Payload(PayloadOf::Object(object.clone())),
+                    Some(object) => Payload(PayloadOf::Object(object.clone()), desired_fingerprint),
                     // Apply and Recreate are only asked for a desired object.
                     None => Payload::from(Value::Null),
                 })
@@ -1028,6 +1086,33 @@ mod tests {
             assert!(matches!(
                 &differ.writes(&DesiredObjects::default())[..],
                 [Write::Delete { .. }]
+            ));
+        }
+
+        #[test]
+        fn the_watch_event_of_an_own_apply_is_known_without_its_content() {
+            let mut differ = Differ::default();
+            let writes = differ.writes(&quotas(3));
+            let [Write::Apply { object, .. }] = &writes[..] else {
+                panic!("{writes:?}")
+            };
+            let own = OwnWrites::default();
+            // The server stored the apply as version "3-false" (see `live_quota`).
+            own.record(
+                "3-false",
+                object.fingerprint().expect("the differ's payload"),
+            );
+            let view = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, false), &own);
+            assert!(view.body().is_none());
+            differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(view))]);
+            assert!(differ.writes(&quotas(3)).is_empty());
+            // Someone else's version is kept whole until compared.
+            let edited = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, true), &own);
+            assert!(edited.body().is_some());
+            differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(edited))]);
+            assert!(matches!(
+                &differ.writes(&quotas(3))[..],
+                [Write::Apply { .. }]
             ));
         }
 

@@ -297,6 +297,8 @@ pub async fn run(
         planner: plan::Planner::default(),
         differ: sync::Differ::default(),
         operator_user,
+        state: ClusterState::default(),
+        malformed: Vec::new(),
     };
     let loop_ = async {
         let mut leader = leader.clone();
@@ -370,6 +372,10 @@ struct Reconciler {
     differ: sync::Differ,
     /// Who this operator is to the API server (see [`own_user_name`]).
     operator_user: String,
+    /// The planner's input, kept between passes (see [`Reconciler::refresh_state`]).
+    state: ClusterState,
+    /// Custom resources that could not be read into their types.
+    malformed: Vec<Malformed>,
 }
 
 /// A custom resource teamgpu could not read into its type (say, written by a newer version).
@@ -409,36 +415,69 @@ impl Reconciler {
         *self.leader.borrow()
     }
 
-    /// The planner's input from the caches. Slices and claims, the bulk of a cluster, are not
-    /// copied: the planner reads them from the caches ([`Reconciler::update_planner`]).
-    fn snapshot(
-        &self,
-    ) -> (
-        ClusterState,
-        Vec<GpuSharingPolicy>,
-        Vec<TeamGpuPolicy>,
-        Vec<Malformed>,
-    ) {
-        let mut malformed = Vec::new();
-        let sharing: Vec<GpuSharingPolicy> = self
-            .stores
-            .sharing_policies
-            .state()
-            .iter()
-            .filter(|o| !is_terminating(o))
-            .filter_map(|o| parse(o, &mut malformed))
-            .collect();
-        let teams: Vec<TeamGpuPolicy> = self
-            .stores
-            .teams
-            .state()
-            .iter()
-            .filter(|o| !is_terminating(o))
-            .filter_map(|o| parse(o, &mut malformed))
-            .collect();
+    /// Brings the planner's input up to date with the caches that `changed`: policies are read
+    /// into their types, namespaces and classes copied, only when their watch saw an event.
+    /// Slices and claims, the bulk of a cluster, are not copied: the planner takes them in from
+    /// the caches ([`Reconciler::take_changes`]).
+    fn refresh_state(&mut self, changed: observe::Changed) {
+        let state = &mut self.state;
+        if changed.contains(Watch::SharingPolicies) || changed.contains(Watch::Teams) {
+            let mut malformed = Vec::new();
+            state.sharing_policies = self
+                .stores
+                .sharing_policies
+                .state()
+                .iter()
+                .filter(|o| !is_terminating(o))
+                .filter_map(|o| parse(o, &mut malformed))
+                .collect();
+            state.teams = self
+                .stores
+                .teams
+                .state()
+                .iter()
+                .filter(|o| !is_terminating(o))
+                .filter_map(|o| parse(o, &mut malformed))
+                .collect();
+            let unreadable = |kind: &str| -> Vec<String> {
+                malformed
+                    .iter()
+                    .filter(|m| m.resource.kind == kind)
+                    .map(|m| m.object.name_any())
+                    .collect()
+            };
+            state.unreadable_sharing_policies = unreadable("GpuSharingPolicy");
+            state.unreadable_teams = unreadable("TeamGpuPolicy");
+            for m in &malformed {
+                tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
+            }
+            self.malformed = malformed;
+        }
+        if changed.contains(Watch::Namespaces) {
+            state.namespaces = self
+                .stores
+                .namespaces
+                .state()
+                .iter()
+                .filter(|n| n.metadata.deletion_timestamp.is_none())
+                .map(|n| NamespaceInfo {
+                    name: n.name_any(),
+                    labels: n.labels().clone(),
+                })
+                .collect();
+        }
+        if changed.contains(Watch::DeviceClasses) {
+            state.device_classes = self
+                .stores
+                .device_classes
+                .state()
+                .iter()
+                .map(|c| (**c).clone())
+                .collect();
+        }
         let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
         // Most passes have no pending Pod: then there is no claim to look at.
-        let pending = if pods.is_empty() {
+        state.pending = if pods.is_empty() {
             Vec::new()
         } else {
             let claims = self
@@ -453,48 +492,13 @@ impl Reconciler {
                 |namespace, name| self.differ.template_charge(namespace, name).cloned(),
             )
         };
-        let unreadable = |kind: &str| -> Vec<String> {
-            malformed
-                .iter()
-                .filter(|m| m.resource.kind == kind)
-                .map(|m| m.object.name_any())
-                .collect()
-        };
-        let state = ClusterState {
-            sharing_policies: sharing.clone(),
-            teams: teams.clone(),
-            namespaces: self
-                .stores
-                .namespaces
-                .state()
-                .iter()
-                .filter(|n| n.metadata.deletion_timestamp.is_none())
-                .map(|n| NamespaceInfo {
-                    name: n.name_any(),
-                    labels: n.labels().clone(),
-                })
-                .collect(),
-            device_classes: self
-                .stores
-                .device_classes
-                .state()
-                .iter()
-                .map(|c| (**c).clone())
-                .collect(),
-            slices: Vec::new(),
-            claims: Vec::new(),
-            pending,
-            operator_user: Some(self.operator_user.clone()),
-            admin_groups: self.config.admin_groups.clone(),
-            unreadable_sharing_policies: unreadable("GpuSharingPolicy"),
-            unreadable_teams: unreadable("TeamGpuPolicy"),
-        };
-        (state, sharing, teams, malformed)
+        state.operator_user = Some(self.operator_user.clone());
+        state.admin_groups.clone_from(&self.config.admin_groups);
     }
 
     /// Brings the planner's slices and claims and the differ's live objects up to date with
-    /// the caches that changed.
-    fn take_changes(&mut self) {
+    /// the caches that changed; returns which did.
+    fn take_changes(&mut self) -> observe::Changed {
         let changed = self.changes.take();
         if changed.contains(Watch::Slices)
             && let Some((reads, slices)) = self.stores.slices.state()
@@ -529,6 +533,7 @@ impl Reconciler {
                     .update_live(*kind, objects.into_iter().map(sync::LiveObject::Owned));
             }
         }
+        changed
     }
 
     async fn reconcile(&mut self) {
@@ -537,11 +542,24 @@ impl Reconciler {
             controller: "teamgpu",
         };
         self.metrics.reconciles.get_or_create(&labels).inc();
-        self.take_changes();
-        let (state, sharing, teams, malformed) = self.snapshot();
+        let changed = self.take_changes();
+        self.refresh_state(changed);
+        // Taken out for the pass, so that the writers may borrow the reconciler.
+        let state = std::mem::take(&mut self.state);
+        let malformed = std::mem::take(&mut self.malformed);
+        self.pass(&state, &malformed).await;
+        self.state = state;
+        self.malformed = malformed;
+        self.metrics
+            .reconcile_seconds
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    async fn pass(&mut self, state: &ClusterState, malformed: &[Malformed]) {
         // Devices are kept only as far as selectors read them: a selector that reads more
         // (a new policy, a changed class) needs the slices listed again before counting.
-        let reads = plan::device_reads(&state);
+        let reads = self.planner.device_reads(state);
         if !self.planner.reads_cover(&reads) {
             let wanted = self.stores.slice_reads.borrow().clone();
             if wanted.as_deref().is_none_or(|w| !w.covers(&reads)) {
@@ -550,31 +568,25 @@ impl Reconciler {
             }
             return;
         }
-        let plan = self.planner.plan(&state);
+        let plan = self.planner.plan(state);
         self.metrics.observe_plan(&plan);
-        for m in &malformed {
-            tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
-        }
         if self.is_leader() {
             let writes = self.differ.writes(&plan.objects);
             writer::execute(self, writes).await;
-            writer::report_malformed(self, &malformed, &Time(k8s_openapi::jiff::Timestamp::now()))
+            writer::report_malformed(self, malformed, &Time(k8s_openapi::jiff::Timestamp::now()))
                 .await;
+            let (sharing, teams) = (&state.sharing_policies, &state.teams);
             writer::write_statuses(
                 self,
                 &plan,
-                &sharing,
-                &teams,
+                sharing,
+                teams,
                 &Time(k8s_openapi::jiff::Timestamp::now()),
             )
             .await;
-            self.publish_events(&plan, &sharing, &teams).await;
-            reclaim::act(self, &plan, &teams).await;
+            self.publish_events(&plan, sharing, teams).await;
+            reclaim::act(self, &plan, teams).await;
         }
-        self.metrics
-            .reconcile_seconds
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64());
     }
 
     /// Events for what a person should know: conflicts, overcommit, quota changes, invalid

@@ -21,7 +21,7 @@ use crate::plan::device_cel::{DeviceEnvs, DeviceReads};
 use crate::plan::inventory::SliceView;
 use crate::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::plan::usage::{ClaimView, Names};
-use crate::sync::{Kind, LiveView};
+use crate::sync::{Kind, LiveView, OwnWrites};
 
 /// One watch, for [`Changes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +106,9 @@ pub struct Stores {
     /// Objects carrying teamgpu's managed-by label, per kind (DeviceClasses come from
     /// `device_classes`), as the differ needs them.
     pub owned: Vec<(Kind, Projected<LiveView, ()>)>,
+    /// What teamgpu's own applies stored (see [`OwnWrites`]): the writer records, the watches
+    /// of `owned` recognise.
+    pub own_writes: Arc<OwnWrites>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -285,6 +288,7 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         "pods",
     );
 
+    let own_writes = Arc::new(OwnWrites::default());
     let mut owned = Vec::new();
     for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
         let store = projected::spawn(
@@ -292,7 +296,7 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
             Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource()),
             owned_cfg(),
             watch::channel(Some(())).1,
-            OwnedProjector(kind),
+            OwnedProjector(kind, own_writes.clone()),
             wake.clone(),
             Watch::Owned(kind),
         );
@@ -309,6 +313,7 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         claims,
         pending_pods,
         owned,
+        own_writes,
     }
 }
 
@@ -356,13 +361,13 @@ impl Projector<ResourceClaim> for ClaimProjector {
 
 /// Objects teamgpu owns, as the differ needs them.
 #[derive(Debug)]
-struct OwnedProjector(Kind);
+struct OwnedProjector(Kind, Arc<OwnWrites>);
 
 impl Projector<DynamicObject> for OwnedProjector {
     type View = LiveView;
     type Params = ();
 
     fn project(&mut self, object: &DynamicObject, (): &()) -> LiveView {
-        LiveView::new(self.0, object)
+        LiveView::observed(self.0, object, &self.1)
     }
 }

@@ -84,6 +84,7 @@ fn apply_params() -> PatchParams {
 async fn perform(
     client: kube::Client,
     metrics: std::sync::Arc<super::Metrics>,
+    own_writes: std::sync::Arc<crate::sync::OwnWrites>,
     write: Write,
 ) -> Result<Option<String>, kube::Error> {
     let write = &write;
@@ -104,6 +105,11 @@ async fn perform(
             let stored = api
                 .patch(&key.name, &apply_params(), &Patch::Apply(object))
                 .await?;
+            remember(
+                &own_writes,
+                stored.metadata.resource_version.as_deref(),
+                object,
+            );
             return Ok(stored.metadata.resource_version);
         }
         Write::Recreate { object, .. } => {
@@ -114,8 +120,14 @@ async fn perform(
                 Err(e) => return Err(e),
             }
             count("apply");
-            api.patch(&key.name, &apply_params(), &Patch::Apply(object))
+            let stored = api
+                .patch(&key.name, &apply_params(), &Patch::Apply(object))
                 .await?;
+            remember(
+                &own_writes,
+                stored.metadata.resource_version.as_deref(),
+                object,
+            );
         }
         Write::Delete { .. } => {
             count("delete");
@@ -127,6 +139,17 @@ async fn perform(
         }
     }
     Ok(None)
+}
+
+/// Tells the owned objects' watches that `version` is an apply of `object`.
+fn remember(
+    own_writes: &crate::sync::OwnWrites,
+    version: Option<&str>,
+    object: &crate::sync::Payload,
+) {
+    if let (Some(version), Some(fingerprint)) = (version, object.fingerprint()) {
+        own_writes.record(version, fingerprint);
+    }
 }
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
@@ -154,15 +177,17 @@ pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
         }
         let leader = r.leader.clone();
         let (client, metrics) = (r.client.clone(), r.metrics.clone());
+        let own_writes = r.stores.own_writes.clone();
         let results: Vec<_> = futures::stream::iter(batch.iter().cloned())
             // Checked before every write: a replica that lost the lease starts no more.
             .take_while(|_| std::future::ready(*leader.borrow()))
             .map(|write| {
                 let (client, metrics) = (client.clone(), metrics.clone());
+                let own_writes = own_writes.clone();
                 async move {
                     let key = write.key().clone();
                     let verb = write.verb();
-                    let result = perform(client, metrics, write).await;
+                    let result = perform(client, metrics, own_writes, write).await;
                     if result.is_ok() {
                         tracing::info!(object = %key, action = verb, "wrote");
                     }

@@ -310,6 +310,8 @@ pub struct Planner {
     >,
     /// What the slices of the inventory were projected to.
     slice_reads: Option<device_cel::DeviceReads>,
+    /// The last [`Planner::device_reads`], with the identity of its input.
+    reads: Option<(u64, device_cel::DeviceReads)>,
     /// Which devices each policy matches.
     matching: Matching,
     /// Per foreign DeviceClass: whether it selects devices a policy governs, with the identity
@@ -418,6 +420,38 @@ impl Planner {
     ) -> Vec<inventory::PoolKey> {
         self.slice_reads = Some(reads.clone());
         self.inventory.update(slices)
+    }
+
+    /// [`device_reads`] of `state`, computed again only when a policy's selectors or a
+    /// DeviceClass changed.
+    pub fn device_reads(&mut self, state: &ClusterState) -> device_cel::DeviceReads {
+        let mut parts: Vec<u64> = state
+            .sharing_policies
+            .iter()
+            .map(|p| {
+                let mut hasher = std::hash::DefaultHasher::new();
+                (name_of(p), selector::device_class_selectors(&p.spec)).hash(&mut hasher);
+                hasher.finish()
+            })
+            .chain(state.device_classes.iter().map(|c| {
+                let mut hasher = std::hash::DefaultHasher::new();
+                identity(c, &mut hasher);
+                hasher.finish()
+            }))
+            .collect();
+        // The caches list objects in no particular order.
+        parts.sort_unstable();
+        let mut hasher = std::hash::DefaultHasher::new();
+        parts.hash(&mut hasher);
+        let fingerprint = hasher.finish();
+        match &self.reads {
+            Some((known, reads)) if *known == fingerprint => reads.clone(),
+            _ => {
+                let reads = device_reads(state);
+                self.reads = Some((fingerprint, reads.clone()));
+                reads
+            }
+        }
     }
 
     /// Whether the slices of the last update hold every attribute `state`'s selectors read.
