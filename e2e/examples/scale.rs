@@ -197,6 +197,58 @@ fn memory_mib(pid: u32) -> (f64, f64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
+/// CPU seconds `pid` has used (user and system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces) start at the state, field 3.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 (11 and 12 after the state), in clock ticks (100/s).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Requests the API server's priority and fairness rejected, from its metrics.
+async fn rejected_by_priority_and_fairness(cluster: &TestCluster) -> u64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = cluster
+        .client()
+        .request_text(request)
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_flowcontrol_rejected_requests_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The list and watch requests on the big collections, by (verb, resource).
+async fn reads_of_big_collections(cluster: &TestCluster) -> BTreeMap<(String, String), u64> {
+    cluster
+        .server_request_counts()
+        .await
+        .expect("API server metrics")
+        .into_iter()
+        .filter(|((verb, resource), _)| {
+            ["list", "watch"].contains(&verb.to_lowercase().as_str())
+                && [
+                    "resourceslices.resource.k8s.io",
+                    "resourceclaims.resource.k8s.io",
+                ]
+                .contains(&resource.as_str())
+        })
+        .collect()
+}
+
 struct Operator(Child);
 
 impl Drop for Operator {
@@ -419,11 +471,22 @@ async fn main() {
         .expect("operator kubeconfig");
     let by_resource_before = writes_by_resource(&cluster).await;
     let writes_before = by_resource_before.values().sum::<u64>();
+    let reads_before = reads_of_big_collections(&cluster).await;
+    let rejected_before = rejected_by_priority_and_fairness(&cluster).await;
     let started = Instant::now();
     let operator = Operator(
         teamgpu_e2e::fixtures::operator_process(&binary, &kubeconfig)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            // `TEAMGPU_SCALE_LOG=info` shows the operator's passes and its memory after each.
+            .env(
+                "RUST_LOG",
+                std::env::var("TEAMGPU_SCALE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            // The operator logs to stdout: shown when asked for.
+            .stdout(if std::env::var_os("TEAMGPU_SCALE_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start the operator"),
@@ -475,6 +538,13 @@ async fn main() {
     );
     let (peak, now) = memory_mib(pid);
     println!("memory after converging: peak {peak:.0} MiB, now {now:.0} MiB");
+    println!(
+        "operator CPU to converge: {:.1} s; lists and watches of slices and claims: {:?}; \
+         requests rejected by priority and fairness: {}",
+        cpu_seconds(pid),
+        minus(&reads_of_big_collections(&cluster).await, &reads_before),
+        rejected_by_priority_and_fairness(&cluster).await - rejected_before
+    );
 
     // Reaction: a claim deleted, then one created in its place, until the team's status counts
     // each (the synthetic claims fill their quotas, so a new claim needs the room first).

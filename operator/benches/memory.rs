@@ -110,15 +110,22 @@ fn main() {
     let planner_held = held() - before;
 
     // The live objects, as the watch caches hold them (converged: equal to the plan), each
-    // made from the object the watch brings and that object dropped, and the differ.
-    let before = held();
-    let live: Vec<LiveObject> = teamgpu::sync::desired(&objects)
+    // made from the object the watch brings (parsed from its JSON text) and that object
+    // dropped, and the differ. The text is made first, outside what is measured.
+    let texts: Vec<(Kind, String)> = teamgpu::sync::desired(&objects)
         .into_iter()
         .filter(|(k, _)| k.kind != Kind::DeviceClass)
         .map(|(k, mut v)| {
             v["metadata"]["resourceVersion"] = "1".into();
-            let object: DynamicObject = serde_json::from_value(v).expect("object");
-            LiveObject::owned(k.kind, &object)
+            (k.kind, v.to_string())
+        })
+        .collect();
+    let before = held();
+    let live: Vec<LiveObject> = texts
+        .iter()
+        .map(|(kind, text)| {
+            let object: DynamicObject = serde_json::from_str(text).expect("object");
+            LiveObject::owned(*kind, &object)
         })
         .collect();
     let mut differ = Differ::default();

@@ -277,7 +277,7 @@ pub async fn run(
         () = stopped() => return Ok(()),
     }
     ready.store(true, Ordering::Relaxed);
-    tracing::info!("watch caches synced");
+    tracing::info!(resident_mib = resident_mib(), "watch caches synced");
 
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
@@ -341,6 +341,14 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// This process's resident memory in MiB (Linux; 0 elsewhere), for the logs.
+fn resident_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096 / (1024 * 1024))
 }
 
 /// A spawned task that ends with its owner: when `run` is dropped (or its task aborted), nothing
@@ -554,6 +562,11 @@ impl Reconciler {
             .reconcile_seconds
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
+        tracing::debug!(
+            seconds = started.elapsed().as_secs_f64(),
+            resident_mib = resident_mib(),
+            "pass done"
+        );
     }
 
     async fn pass(&mut self, state: &ClusterState, malformed: &[Malformed]) {
@@ -570,8 +583,14 @@ impl Reconciler {
         }
         let plan = self.planner.plan(state);
         self.metrics.observe_plan(&plan);
+        tracing::debug!(resident_mib = resident_mib(), "planned");
         if self.is_leader() {
             let writes = self.differ.writes(&plan.objects);
+            tracing::debug!(
+                writes = writes.len(),
+                resident_mib = resident_mib(),
+                "compared"
+            );
             writer::execute(self, writes).await;
             writer::report_malformed(self, malformed, &Time(k8s_openapi::jiff::Timestamp::now()))
                 .await;

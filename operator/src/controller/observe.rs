@@ -11,7 +11,7 @@ use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::core::ApiResource;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
@@ -169,6 +169,20 @@ impl Wake {
     }
 }
 
+/// What of a policy, besides its status, the planner reads in a way its generation may not
+/// show: labels and whether it is being deleted.
+fn spec_identity<K: Resource>(obj: &K) -> (Option<i64>, bool, u64) {
+    use std::hash::{Hash, Hasher};
+    let meta = obj.meta();
+    let mut hasher = std::hash::DefaultHasher::new();
+    meta.labels.hash(&mut hasher);
+    (
+        meta.generation,
+        meta.deletion_timestamp.is_some(),
+        hasher.finish(),
+    )
+}
+
 fn spawn<K, S>(
     tasks: &mut JoinSet<()>,
     writer: Writer<K>,
@@ -181,14 +195,38 @@ fn spawn<K, S>(
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
+    // A change of a policy's status alone (the operator's own status writes, mostly) is taken
+    // in at the next pass but starts none: a pass after each status write would find nothing
+    // to do, and delay the reaction to the next real change.
+    let quiet_status = matches!(watch, Watch::SharingPolicies | Watch::Teams);
     tasks.spawn(async move {
+        let mut seen: std::collections::HashMap<String, (Option<i64>, bool, u64)> =
+            std::collections::HashMap::new();
         let stream = stream.modify(slim).default_backoff().reflect(writer);
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => {
-                    wake.changes.mark(watch);
-                    wake.notify.notify_one();
+                Ok(event) => {
+                    let status_only = match &event {
+                        watcher::Event::Apply(obj) if quiet_status => {
+                            let identity = spec_identity(obj);
+                            seen.insert(obj.name_any(), identity) == Some(identity)
+                        }
+                        watcher::Event::InitApply(obj) if quiet_status => {
+                            seen.insert(obj.name_any(), spec_identity(obj));
+                            false
+                        }
+                        watcher::Event::Delete(obj) => {
+                            seen.remove(&obj.name_any());
+                            false
+                        }
+                        _ => false,
+                    };
+                    if status_only {
+                        wake.changes.mark(watch);
+                    } else {
+                        wake.mark(watch);
+                    }
                 }
                 // The watcher retries with backoff: one bad answer never ends the watch.
                 Err(error) => tracing::warn!(%error, watch = what, "watch error, retrying"),
