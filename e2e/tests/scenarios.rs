@@ -1780,9 +1780,23 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
         }
     })
     .await;
-    // Idle: nothing changes, so nothing is written (the restart scenario watches a minute).
+    // Idle: nothing changes, so nothing is written (the restart scenario watches a minute), and
+    // the reconciler sleeps.
+    let reconciles = || async {
+        let (_, body) = http_get(addr, "/metrics").await.unwrap();
+        body.lines()
+            .find_map(|l| l.strip_prefix("teamgpu_reconciles_total{controller=\"teamgpu\"} "))
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("teamgpu_reconciles_total")
+    };
+    let passes_before = reconciles().await;
     let idle = Duration::from_secs(3);
     tokio::time::sleep(idle).await;
+    let idle_passes = reconciles().await - passes_before;
+    assert!(
+        idle_passes <= 2,
+        "an idle operator makes no passes; it made {idle_passes} in {idle:?}"
+    );
     let now = requests.snapshot();
     let idle_writes = stored_writes(&requests) - converged;
     eprintln!(

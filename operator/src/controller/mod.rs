@@ -302,6 +302,7 @@ pub async fn run(
     };
     let loop_ = async {
         let mut leader = leader.clone();
+        let mut leader_open = config.leader_elect;
         let mut next_resync = Instant::now() + config.resync;
         loop {
             let wake_at = [
@@ -313,7 +314,9 @@ pub async fn run(
             .fold(next_resync, Instant::min);
             tokio::select! {
                 () = notify.notified() => tokio::time::sleep(config.debounce).await,
-                _ = leader.changed() => {}
+                // Without leader election (or once the lease task is gone) nothing will change:
+                // a closed channel answers at once, and would make this loop spin.
+                changed = leader.changed(), if leader_open => leader_open = changed.is_ok(),
                 () = tokio::time::sleep_until(wake_at.into()) => {}
             }
             if Instant::now() >= next_resync {
