@@ -276,11 +276,18 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
     };
     let started = std::time::Instant::now();
     let refusal = loop {
-        // Admission sees a new binding a moment after it is written.
+        // Admission sees a new binding a moment after it is written, and so does RBAC: until
+        // it does, the refusal is RBAC's.
         match Api::<Namespace>::all(as_user("mallory"))
             .create(&dry, &labelled("mallory-joins"))
             .await
         {
+            Err(kube::Error::Api(s))
+                if s.message.contains("cannot create resource")
+                    && started.elapsed() < std::time::Duration::from_secs(20) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
             Err(kube::Error::Api(s)) => break s,
             Ok(_) if started.elapsed() < std::time::Duration::from_secs(20) => {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
