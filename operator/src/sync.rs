@@ -10,7 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::ResourceQuota;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
@@ -443,20 +443,14 @@ impl LiveView {
                 .and_then(|a| a.get(name))
                 .map(|v| Box::from(v.as_str()))
         };
-        let mut value = serde_json::to_value(object).unwrap_or_default();
-        // Items of a list carry no `apiVersion` and `kind`; the key says what they are.
-        if let Value::Object(fields) = &mut value {
-            let resource = kind.api_resource();
-            fields.insert("apiVersion".into(), resource.api_version.into());
-            fields.insert("kind".into(), resource.kind.into());
-            if let Some(Value::Object(meta)) = fields.get_mut("metadata") {
-                meta.remove("managedFields");
-            }
-        }
+        // Only the spec of a template is read, and only for pending demand.
         let template_charge = (kind == Kind::ResourceClaimTemplate)
-            .then(|| serde_json::from_value::<ResourceClaimTemplate>(value.clone()).ok())
+            .then(|| {
+                serde_json::from_value::<ResourceClaimSpec>(object.data["spec"]["spec"].clone())
+                    .ok()
+            })
             .flatten()
-            .map(|t| crate::plan::usage::quota_charge(&t.spec.spec));
+            .map(|spec| crate::plan::usage::quota_charge(&spec));
         LiveView {
             key: key_of_meta(kind, meta),
             resource_version: meta.resource_version.as_deref().map(Box::from),
@@ -467,13 +461,25 @@ impl LiveView {
                 .map(|v| Box::from(v.as_str())),
             content_hash: annotation(CONTENT_HASH_ANNOTATION),
             template_charge,
-            body: std::sync::Mutex::new(
-                written
-                    .is_none()
-                    .then(|| value.to_string().into_boxed_str()),
-            ),
+            // The text of an own apply is never needed (see [`OwnWrites`]).
+            body: std::sync::Mutex::new(written.is_none().then(|| Self::text(kind, object))),
             written,
         }
+    }
+
+    /// `object` as JSON text, as the API server stores it, without its managed fields. Items of
+    /// a list carry no `apiVersion` and `kind`; the key says what they are.
+    fn text(kind: Kind, object: &DynamicObject) -> Box<str> {
+        let mut value = serde_json::to_value(object).unwrap_or_default();
+        if let Value::Object(fields) = &mut value {
+            let resource = kind.api_resource();
+            fields.insert("apiVersion".into(), resource.api_version.into());
+            fields.insert("kind".into(), resource.kind.into());
+            if let Some(Value::Object(meta)) = fields.get_mut("metadata") {
+                meta.remove("managedFields");
+            }
+        }
+        value.to_string().into_boxed_str()
     }
 
     fn body(&self) -> std::sync::MutexGuard<'_, Option<Box<str>>> {

@@ -421,6 +421,23 @@ where
     }
 }
 
+/// Every policy of `store` not being deleted, read into its type; the ones that do not fit are
+/// added to `malformed`.
+fn parse_all<K>(
+    store: &kube::runtime::reflector::Store<DynamicObject>,
+    malformed: &mut Vec<Malformed>,
+) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+{
+    store
+        .state()
+        .iter()
+        .filter(|o| !is_terminating(o))
+        .filter_map(|o| parse(o, malformed))
+        .collect()
+}
+
 impl Reconciler {
     fn is_leader(&self) -> bool {
         *self.leader.borrow()
@@ -434,22 +451,8 @@ impl Reconciler {
         let state = &mut self.state;
         if changed.contains(Watch::SharingPolicies) || changed.contains(Watch::Teams) {
             let mut malformed = Vec::new();
-            state.sharing_policies = self
-                .stores
-                .sharing_policies
-                .state()
-                .iter()
-                .filter(|o| !is_terminating(o))
-                .filter_map(|o| parse(o, &mut malformed))
-                .collect();
-            state.teams = self
-                .stores
-                .teams
-                .state()
-                .iter()
-                .filter(|o| !is_terminating(o))
-                .filter_map(|o| parse(o, &mut malformed))
-                .collect();
+            state.sharing_policies = parse_all(&self.stores.sharing_policies, &mut malformed);
+            state.teams = parse_all(&self.stores.teams, &mut malformed);
             let unreadable = |kind: &str| -> Vec<String> {
                 malformed
                     .iter()

@@ -121,27 +121,16 @@ impl Stores {
     /// Wait until every cache but the slices' holds a complete first list; false if a watch task
     /// ended. (The slices are listed once the reconciler knows what to keep of them.)
     pub async fn wait_until_ready(&self) -> bool {
-        let claims = async {
-            while !self.claims.is_ready() {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            Ok::<(), reflector::store::WriterDropped>(())
-        };
-        let (a, b, c, d, f, g, owned) = futures::join!(
+        let (a, b, c, d, f, claims, owned) = futures::join!(
             self.sharing_policies.wait_until_ready(),
             self.teams.wait_until_ready(),
             self.namespaces.wait_until_ready(),
             self.device_classes.wait_until_ready(),
-            claims,
             self.pending_pods.wait_until_ready(),
-            async {
-                while !self.owned.iter().all(|(_, s)| s.is_ready()) {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
+            self.claims.wait_until_ready(),
+            futures::future::join_all(self.owned.iter().map(|(_, s)| s.wait_until_ready())),
         );
-        let () = owned;
-        [a, b, c, d, f, g].iter().all(Result::is_ok)
+        [a, b, c, d, f].iter().all(Result::is_ok) && claims && owned.iter().all(|ready| *ready)
     }
 }
 

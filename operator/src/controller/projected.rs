@@ -21,12 +21,15 @@ use super::observe::{Wake, Watch};
 #[derive(Debug)]
 pub struct Projected<V, P> {
     inner: Arc<Mutex<Contents<V, P>>>,
+    /// True once a first list is complete; closed when the watch task ends.
+    synced: watch::Receiver<bool>,
 }
 
 impl<V, P> Clone for Projected<V, P> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            synced: self.synced.clone(),
         }
     }
 }
@@ -39,13 +42,16 @@ struct Contents<V, P> {
 }
 
 impl<V, P: Clone> Projected<V, P> {
-    fn new() -> Self {
-        Self {
+    fn new() -> (Self, watch::Sender<bool>) {
+        let (synced_tx, synced) = watch::channel(false);
+        let store = Self {
             inner: Arc::new(Mutex::new(Contents {
                 objects: HashMap::default(),
                 params: None,
             })),
-        }
+            synced,
+        };
+        (store, synced_tx)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Contents<V, P>> {
@@ -60,8 +66,9 @@ impl<V, P: Clone> Projected<V, P> {
         Some((params, contents.objects.values().cloned().collect()))
     }
 
-    pub fn is_ready(&self) -> bool {
-        self.lock().params.is_some()
+    /// Waits until a first list is complete; false if the watch task ended before.
+    pub async fn wait_until_ready(&self) -> bool {
+        self.synced.clone().wait_for(|synced| *synced).await.is_ok()
     }
 }
 
@@ -99,7 +106,7 @@ where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     R: Projector<K>,
 {
-    let store = Projected::new();
+    let (store, synced) = Projected::new();
     let out = store.clone();
     tasks.spawn(async move {
         let mut closed = false;
@@ -149,6 +156,7 @@ where
                             contents.objects = objects;
                             contents.params = Some(current.clone());
                         }
+                        synced.send_replace(true);
                         projector.relisted();
                         true
                     }

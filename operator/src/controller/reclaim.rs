@@ -110,6 +110,11 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
     r.reclaim.waiting_since.retain(|k, _| owed.contains(k));
     r.reclaim.next_attempt = None;
     let mut evictions = Vec::new();
+    let claims = if plan.reclaims.is_empty() {
+        Vec::new()
+    } else {
+        r.stores.claims.state().map(|(_, c)| c).unwrap_or_default()
+    };
     for order in &plan.reclaims {
         let Some(waiting) = teams.iter().find(|t| t.name_any() == order.for_team) else {
             continue;
@@ -134,7 +139,6 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
             continue;
         };
         let class = crate::plan::objects::device_class_name(&order.sharing_policy);
-        let claims = r.stores.claims.state().map(|(_, c)| c).unwrap_or_default();
         let held = claims.iter().map(|c| &**c);
         for (namespace, pod) in victims(held, &borrower.namespaces, &class, order.devices) {
             evictions.push(Eviction {

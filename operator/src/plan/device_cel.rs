@@ -166,23 +166,17 @@ pub struct DeviceEnv {
 
 impl PartialEq for DeviceEnv {
     fn eq(&self, other: &Self) -> bool {
-        let entries_eq = |a: &Entries<AttrValue>, b: &Entries<AttrValue>| {
+        fn entries_eq<T: PartialEq>(a: &Entries<T>, b: &Entries<T>) -> bool {
             a.len() == b.len()
                 && a.iter()
                     .zip(b)
                     .all(|(x, y)| same(&x.0, &y.0) && same(&x.1, &y.1) && x.2 == y.2)
-        };
-        let caps_eq = |a: &Entries<CapValue>, b: &Entries<CapValue>| {
-            a.len() == b.len()
-                && a.iter()
-                    .zip(b)
-                    .all(|(x, y)| same(&x.0, &y.0) && same(&x.1, &y.1) && x.2 == y.2)
-        };
+        }
         same(&self.driver, &other.driver)
             && self.allow_multiple_allocations == other.allow_multiple_allocations
             && self.invalid == other.invalid
             && entries_eq(&self.attributes, &other.attributes)
-            && caps_eq(&self.capacity, &other.capacity)
+            && entries_eq(&self.capacity, &other.capacity)
     }
 }
 
@@ -297,9 +291,11 @@ impl DeviceReads {
             Kind::Attributes => (&self.attribute_domains, &self.attributes),
             Kind::Capacity => (&self.capacity_domains, &self.capacities),
         };
+        // Called for every attribute of every device a slice publishes: the few leaves are
+        // scanned rather than a key allocated for the set's lookup.
         self.everything
             || domains.contains(domain)
-            || leaves.contains(&(domain.to_owned(), id.to_owned()))
+            || leaves.iter().any(|(d, i)| d == domain && i == id)
     }
 
     /// A short description for logs, e.g. `gpu.nvidia.com/productName, capacity gpu.nvidia.com/memory`.
