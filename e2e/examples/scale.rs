@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu::example::{Scale, synthetic};
@@ -87,18 +87,33 @@ fn minus(
         .collect()
 }
 
-async fn count<K>(client: &kube::Client, lp: &ListParams) -> usize
+/// Waits until `want` objects of `K` that teamgpu manages exist, seen by a watch of their
+/// metadata: polling lists of 10,000 objects would load the API server being measured.
+async fn until_managed<K>(client: &kube::Client, want: usize)
 where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    Api::<K>::all(client.clone())
-        .list_metadata(lp)
-        .await
-        .map(|l| l.items.len())
-        .unwrap_or(0)
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::watcher::{self, Event};
+    let config = watcher::Config::default().labels("app.kubernetes.io/managed-by=teamgpu");
+    let mut seen = std::collections::HashSet::new();
+    let mut events = std::pin::pin!(watcher::watcher(
+        Api::<PartialObjectMeta<K>>::all(client.clone()),
+        config
+    ));
+    while seen.len() < want {
+        match events.next().await {
+            Some(Ok(Event::Apply(o) | Event::InitApply(o))) => {
+                seen.insert((o.metadata.namespace, o.metadata.name));
+            }
+            Some(Ok(Event::Delete(o))) => {
+                seen.remove(&(o.metadata.namespace, o.metadata.name));
+            }
+            Some(Ok(Event::Init | Event::InitDone)) => {}
+            Some(Err(error)) => eprintln!("watching {}: {error}", K::kind(&())),
+            None => panic!("the watch of {} ended", K::kind(&())),
+        }
+    }
 }
 
 /// Creates `objects` with [`PARALLEL`] requests in flight.
@@ -184,7 +199,7 @@ fn operator_binary() -> PathBuf {
 }
 
 /// (peak, current) resident memory of `pid` in MiB, from /proc.
-fn memory_mib(pid: u32) -> (f64, f64) {
+fn memory_mib(pid: u32) -> Memory {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
@@ -194,7 +209,21 @@ fn memory_mib(pid: u32) -> (f64, f64) {
             .and_then(|v| v.parse::<f64>().ok())
             .map_or(0.0, |kib| kib / 1024.0)
     };
-    (field("VmHWM:"), field("VmRSS:"))
+    Memory {
+        peak: field("VmHWM:"),
+        now: field("VmRSS:"),
+        anon: field("RssAnon:"),
+        file: field("RssFile:"),
+    }
+}
+
+/// Resident memory in MiB: peak and now, and now split into heap and stacks (anonymous) and
+/// the mapped binary and libraries (file).
+struct Memory {
+    peak: f64,
+    now: f64,
+    anon: f64,
+    file: f64,
 }
 
 /// CPU seconds `pid` has used (user and system), from /proc.
@@ -492,19 +521,14 @@ async fn main() {
             .expect("start the operator"),
     );
     let pid = operator.0.id();
-    let managed = ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
     let (want_quotas, want_templates) = (
         planned.objects.resource_quotas.len(),
         planned.objects.claim_templates.len(),
     );
-    loop {
-        let q = count::<ResourceQuota>(&client, &managed).await;
-        let t = count::<ResourceClaimTemplate>(&client, &managed).await;
-        if q >= want_quotas && t >= want_templates {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    tokio::join!(
+        until_managed::<ResourceQuota>(&client, want_quotas),
+        until_managed::<ResourceClaimTemplate>(&client, want_templates)
+    );
     let in_place = started.elapsed();
     // Converged: no write for 3 s.
     let (mut last, mut last_change) = (operator_writes(&cluster).await, Instant::now());
@@ -536,8 +560,11 @@ async fn main() {
         "  by verb and resource: {:?}",
         minus(&writes_by_resource(&cluster).await, &by_resource_before)
     );
-    let (peak, now) = memory_mib(pid);
-    println!("memory after converging: peak {peak:.0} MiB, now {now:.0} MiB");
+    let m = memory_mib(pid);
+    println!(
+        "memory after converging: peak {:.0} MiB, now {:.0} MiB ({:.0} anonymous, {:.0} the mapped binary)",
+        m.peak, m.now, m.anon, m.file
+    );
     println!(
         "operator CPU to converge: {:.1} s; lists and watches of slices and claims: {:?}; \
          requests rejected by priority and fairness: {}",
@@ -663,10 +690,19 @@ async fn main() {
     let before = operator_writes(&cluster).await;
     tokio::time::sleep(idle).await;
     let idle_writes = operator_writes(&cluster).await - before;
-    let (peak, settled) = memory_mib(pid);
+    let m = memory_mib(pid);
     println!(
-        "idle {idle:?}: {idle_writes} writes; memory peak {peak:.0} MiB, settled {settled:.0} MiB"
+        "idle {idle:?}: {idle_writes} writes; memory peak {:.0} MiB, settled {:.0} MiB ({:.0} anonymous, {:.0} the mapped binary)",
+        m.peak, m.now, m.anon, m.file
     );
+    // `TEAMGPU_SCALE_HOLD_SECONDS` keeps the operator running, to look at it from outside.
+    if let Some(hold) = std::env::var("TEAMGPU_SCALE_HOLD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        println!("holding the operator (pid {pid}) for {hold} s");
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
     drop(operator);
     let _ = std::fs::remove_dir_all(dir);
 }
