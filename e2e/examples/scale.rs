@@ -316,7 +316,7 @@ async fn main() {
     );
     let binary = operator_binary();
     let state = synthetic(scale).expect("synthetic cluster");
-    let planned = teamgpu::plan::plan(&state);
+    let planned = teamgpu::core::plan::plan(&state);
     let cluster = TestCluster::start().await.unwrap_or_else(|e| panic!("{e}"));
     let client = cluster.client();
     println!(

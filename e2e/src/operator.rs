@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
-use teamgpu::plan::ClusterState;
+use teamgpu::core::state::ClusterState;
 use tokio::sync::oneshot;
 
 use crate::fixtures::fresh;

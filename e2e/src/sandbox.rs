@@ -252,7 +252,7 @@ async fn sweep(client: &Client) -> Result<Vec<String>, SandboxError> {
     ]
     .into_iter()
     .chain(
-        teamgpu::sync::Kind::ALL
+        teamgpu::core::diff::Kind::ALL
             .into_iter()
             .map(|kind| (kind.api_resource(), &managed)),
     )

@@ -7,7 +7,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams, ValidationDi
 use kube::core::GroupVersionKind;
 use kube::discovery::{Discovery, Scope};
 use serde_json::{Value, json};
-use teamgpu::plan::{ClusterState, plan};
+use teamgpu::core::plan::plan;
+use teamgpu::core::state::ClusterState;
 use teamgpu_e2e::TestCluster;
 
 /// Applies `objects` with `dryRun=All` and strict field validation; returns what the server
@@ -69,7 +70,7 @@ async fn assert_accepted(cluster: &TestCluster, objects: &[Value]) {
 
 fn all_objects(state: &ClusterState) -> Vec<Value> {
     let planned = plan(state);
-    teamgpu::sync::desired(&planned.objects)
+    teamgpu::core::diff::desired(&planned.objects)
         .into_values()
         .collect()
 }
@@ -240,7 +241,8 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
         .await
         .unwrap();
     let bound =
-        serde_json::to_value(teamgpu::plan::namespace_admission::membership_binding()).unwrap();
+        serde_json::to_value(teamgpu::core::plan::namespace_admission::membership_binding())
+            .unwrap();
     let mut bound = bound;
     bound["apiVersion"] = json!("admissionregistration.k8s.io/v1");
     bound["kind"] = json!("ValidatingAdmissionPolicyBinding");

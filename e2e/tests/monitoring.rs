@@ -274,7 +274,7 @@ fn exported_names() -> BTreeSet<String> {
     use teamgpu::controller::metrics::{ControllerLabels, ErrorLabels, Metrics, WriteLabels};
     let metrics = Metrics::default();
     let state = teamgpu::example::state().expect("the built-in example loads");
-    metrics.observe_plan(&teamgpu::plan::plan(&state));
+    metrics.observe_plan(&teamgpu::core::plan::plan(&state));
     let controller = ControllerLabels {
         controller: "teamgpu",
     };

@@ -429,7 +429,7 @@ impl World {
     async fn owned_objects(&self) -> Result<Vec<String>, String> {
         let lp = kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
         let mut out = Vec::new();
-        for kind in teamgpu::sync::Kind::ALL {
+        for kind in teamgpu::core::diff::Kind::ALL {
             let api: Api<kube::api::DynamicObject> =
                 Api::all_with(self.client.clone(), &kind.api_resource());
             for o in api.list(&lp).await.map_err(|e| e.to_string())?.items {

@@ -11,7 +11,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use teamgpu::fairshare::{FairShares, NamespaceUsage, PoolInput, TeamInput, compute_pool};
+use teamgpu::core::fairshare::{FairShares, NamespaceUsage, PoolInput, TeamInput, compute_pool};
 
 const POOLS: usize = 100;
 const TEAMS: usize = 1_000;

@@ -10,12 +10,12 @@
 use std::sync::Arc;
 
 use kube::core::DynamicObject;
+use teamgpu::core::diff::{Differ, Kind, LiveObject};
+use teamgpu::core::plan::Planner;
+use teamgpu::core::plan::inventory::SliceView;
+use teamgpu::core::plan::usage::{ClaimView, Names};
+use teamgpu::dra_cel::DeviceEnvs;
 use teamgpu::example::{Scale, synthetic};
-use teamgpu::plan::Planner;
-use teamgpu::plan::device_cel::DeviceEnvs;
-use teamgpu::plan::inventory::SliceView;
-use teamgpu::plan::usage::{ClaimView, Names};
-use teamgpu::sync::{Differ, Kind, LiveObject};
 
 /// Resident memory of this process (Linux `/proc/self/statm`), 0 where it cannot be read.
 fn held() -> isize {
@@ -84,7 +84,7 @@ fn main() {
     // The watch caches, as `teamgpu run` keeps them: slices reduced to what the selectors
     // read, claims to what the planner reads.
     let before = held();
-    let reads = teamgpu::plan::device_reads(&state);
+    let reads = teamgpu::core::plan::device_reads(&state);
     let mut envs = DeviceEnvs::default();
     let slices: Vec<Arc<SliceView>> = state
         .slices
@@ -112,7 +112,7 @@ fn main() {
     // The live objects, as the watch caches hold them (converged: equal to the plan), each
     // made from the object the watch brings (parsed from its JSON text) and that object
     // dropped, and the differ. The text is made first, outside what is measured.
-    let texts: Vec<(Kind, String)> = teamgpu::sync::desired(&objects)
+    let texts: Vec<(Kind, String)> = teamgpu::core::diff::desired(&objects)
         .into_iter()
         .filter(|(k, _)| k.kind != Kind::DeviceClass)
         .map(|(k, mut v)| {

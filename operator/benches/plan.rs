@@ -12,12 +12,13 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::core::DynamicObject;
+use teamgpu::core::diff::{Differ, Kind, LiveObject};
+use teamgpu::core::plan::inventory::{Inventory, SliceView};
+use teamgpu::core::plan::usage::{ClaimView, Names};
+use teamgpu::core::plan::{Planner, plan, selector};
+use teamgpu::core::state::ClusterState;
+use teamgpu::dra_cel::{CompiledSelectors, DeviceEnvs, DeviceReads};
 use teamgpu::example::{Scale, synthetic};
-use teamgpu::plan::device_cel::{CompiledSelectors, DeviceEnvs, DeviceReads};
-use teamgpu::plan::inventory::{Inventory, SliceView};
-use teamgpu::plan::usage::{ClaimView, Names};
-use teamgpu::plan::{ClusterState, Planner, plan, selector};
-use teamgpu::sync::{Differ, Kind, LiveObject};
 
 fn bench(c: &mut Criterion) {
     let state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
@@ -170,7 +171,7 @@ struct Live {
 }
 
 impl Live {
-    fn of(plan: &teamgpu::plan::Plan) -> Live {
+    fn of(plan: &teamgpu::core::plan::Plan) -> Live {
         let versioned = |mut v: serde_json::Value| {
             v["metadata"]["resourceVersion"] = "1".into();
             v
@@ -181,7 +182,7 @@ impl Live {
             .iter()
             .map(|c| serde_json::from_value(versioned(serde_json::to_value(c).unwrap())).unwrap())
             .collect();
-        let owned = teamgpu::sync::desired(&plan.objects)
+        let owned = teamgpu::core::diff::desired(&plan.objects)
             .into_iter()
             .filter(|(k, _)| k.kind != Kind::DeviceClass)
             .map(|(k, v)| (k.kind, serde_json::from_value(versioned(v)).unwrap()))
@@ -216,7 +217,7 @@ struct Cached {
 
 impl Caches {
     fn of(&mut self, state: &ClusterState) -> Cached {
-        let reads = teamgpu::plan::device_reads(state);
+        let reads = teamgpu::core::plan::device_reads(state);
         Cached {
             slices: state
                 .slices

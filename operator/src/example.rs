@@ -11,8 +11,8 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::core::state::{ClusterState, NamespaceInfo};
 use crate::input::{self, InputError, Loaded};
-use crate::plan::{ClusterState, NamespaceInfo};
 
 const SAMPLES: [(&str, &str); 5] = [
     (

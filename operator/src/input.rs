@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde::de::DeserializeOwned;
 
-use crate::plan::{ClusterState, NamespaceInfo};
+use crate::core::state::{ClusterState, NamespaceInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {

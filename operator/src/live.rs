@@ -14,9 +14,10 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
-use crate::plan::{ClusterState, NamespaceInfo, pending};
-use crate::sync::{Kind, ObjectKey};
+use crate::core::diff::{Kind, ObjectKey};
+use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::core::plan::pending;
+use crate::core::state::{ClusterState, NamespaceInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
@@ -114,7 +115,7 @@ pub async fn policies(client: &Client) -> Result<Policies, LiveError> {
     })
 }
 
-/// The object as listed, as [`crate::sync::writes`] compares it: items of a list carry no
+/// The object as listed, as [`crate::core::diff::writes`] compares it: items of a list carry no
 /// `apiVersion` and `kind`, and `managedFields` says nothing the plan does.
 fn listed_json(kind: Kind, object: &impl serde::Serialize) -> Option<Value> {
     let mut value = serde_json::to_value(object).ok()?;
@@ -206,10 +207,10 @@ pub async fn read(
         .iter()
         .filter(|t| t.namespace().is_some_and(|ns| waiting.contains(&ns)))
         .collect();
-    let mut names = crate::plan::usage::Names::default();
-    let claim_views: Vec<crate::plan::usage::ClaimView> = claims
+    let mut names = crate::core::plan::usage::Names::default();
+    let claim_views: Vec<crate::core::plan::usage::ClaimView> = claims
         .iter()
-        .map(|c| crate::plan::usage::ClaimView::project(c, &mut names))
+        .map(|c| crate::core::plan::usage::ClaimView::project(c, &mut names))
         .collect();
     let charges = pending::template_charges(&templates);
     let pending = pending::pending_demand(

@@ -195,7 +195,7 @@ fn plan(files: &[std::path::PathBuf], format: Format) -> anyhow::Result<()> {
         }
         loaded.state
     };
-    let plan = teamgpu::plan::plan(&state);
+    let plan = teamgpu::core::plan::plan(&state);
     let text = match format {
         Format::Table => teamgpu::output::table(&plan),
         Format::Yaml => teamgpu::output::yaml(&plan).context("serializing the plan")?,
@@ -242,8 +242,8 @@ async fn plan_live(
     for note in &live.notes {
         eprintln!("note: {note}");
     }
-    let before = teamgpu::plan::plan(&live.state);
-    let after = teamgpu::plan::plan(&teamgpu::whatif::overlay(&live.state, changes.state));
+    let before = teamgpu::core::plan::plan(&live.state);
+    let after = teamgpu::core::plan::plan(&teamgpu::whatif::overlay(&live.state, changes.state));
     let what_if = teamgpu::whatif::what_if(&before, &after, &live.managed);
     let text = match format {
         Format::Table => teamgpu::whatif::table(&what_if),

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::plan::Plan;
+use crate::core::plan::Plan;
 
 /// One row per team and sharing policy, then the warnings.
 pub fn table(plan: &Plan) -> String {

@@ -9,9 +9,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::QuotaStatus;
+use crate::core::diff::{self, ObjectKey, Write};
+use crate::core::plan::Plan;
+use crate::core::state::ClusterState;
 use crate::output::align;
-use crate::plan::{ClusterState, Plan};
-use crate::sync::{self, ObjectKey, Write};
 
 /// `base` with `changes` laid over it: an object of `changes` replaces the one of the same kind
 /// and name (namespace and name for claims), others are added. A replaced policy keeps its
@@ -106,8 +107,8 @@ impl Change {
 /// The writes that would make `live` (the objects teamgpu manages, as listed) what `plan` wants,
 /// in the order the operator makes them.
 pub fn changes(plan: &Plan, live: &BTreeMap<ObjectKey, Value>) -> Vec<Change> {
-    let desired = sync::desired(&plan.objects);
-    sync::writes(
+    let desired = diff::desired(&plan.objects);
+    diff::writes(
         &desired,
         &plan.objects.retained_device_classes,
         &plan.objects.retained_owners,
@@ -419,8 +420,8 @@ mod tests {
     #[test]
     fn changes_name_what_the_operator_would_write_to_the_live_objects() {
         let state = crate::example::state().unwrap();
-        let plan = crate::plan::plan(&state);
-        let mut live = sync::desired(&plan.objects);
+        let plan = crate::core::plan::plan(&state);
+        let mut live = diff::desired(&plan.objects);
         assert_eq!(
             changes(&plan, &live),
             vec![],
@@ -429,18 +430,18 @@ mod tests {
 
         let quota = live
             .keys()
-            .find(|k| k.kind == sync::Kind::ResourceQuota)
+            .find(|k| k.kind == diff::Kind::ResourceQuota)
             .unwrap()
             .clone();
         live.get_mut(&quota).unwrap()["spec"]["hard"] = serde_json::json!({});
         let class = live
             .keys()
-            .find(|k| k.kind == sync::Kind::DeviceClass)
+            .find(|k| k.kind == diff::Kind::DeviceClass)
             .unwrap()
             .clone();
         live.remove(&class);
         let stale = ObjectKey {
-            kind: sync::Kind::ResourceClaimTemplate,
+            kind: diff::Kind::ResourceClaimTemplate,
             namespace: Some("web".into()),
             name: "old".into(),
         };

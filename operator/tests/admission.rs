@@ -2,7 +2,7 @@
 //! and templates a team might submit.
 
 use serde_json::{Value, json};
-use teamgpu::plan::admission::{
+use teamgpu::core::plan::admission::{
     DEFAULT_OPERATOR_USER, Governed, evaluate, non_team_policy, team_policy,
 };
 
@@ -283,7 +283,7 @@ fn namespaces_outside_every_team_get_no_governed_class() {
 
 #[test]
 fn the_non_team_binding_leaves_team_and_exempt_namespaces_out() {
-    let binding = teamgpu::plan::admission::non_team_binding(&["ml-dev"].into());
+    let binding = teamgpu::core::plan::admission::non_team_binding(&["ml-dev"].into());
     let selector = serde_json::to_value(
         binding
             .spec

@@ -2,7 +2,7 @@
 //! examples from that document, lending limits included.
 
 use proptest::prelude::*;
-use teamgpu::fairshare::{
+use teamgpu::core::fairshare::{
     FairShares, NamespaceUsage, PoolInput, PoolShares, TeamInput, TeamShare, compute_pool,
     compute_pool_into,
 };

@@ -8,8 +8,8 @@
 
 use serde_json::{Value, json};
 use teamgpu::api::TeamGpuPolicy;
-use teamgpu::plan::admission::{DEFAULT_OPERATOR_USER, evaluate_change};
-use teamgpu::plan::namespace_admission::membership_policy;
+use teamgpu::core::plan::admission::{DEFAULT_OPERATOR_USER, evaluate_change};
+use teamgpu::core::plan::namespace_admission::membership_policy;
 
 fn team(name: &str, selector: Value, members: Value) -> TeamGpuPolicy {
     serde_json::from_value(json!({

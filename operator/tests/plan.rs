@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
-use teamgpu::plan::{ClusterState, NamespaceInfo, Plan, plan};
+use teamgpu::core::plan::{Plan, plan};
+use teamgpu::core::state::{ClusterState, NamespaceInfo};
 
 fn example() -> ClusterState {
     teamgpu::example::state().expect("the built-in example loads")
@@ -32,9 +33,9 @@ fn hard(plan: &Plan, namespace: &str) -> BTreeMap<String, String> {
 }
 
 fn condition<'a>(
-    conds: &'a [teamgpu::plan::conditions::DesiredCondition],
+    conds: &'a [teamgpu::core::plan::conditions::DesiredCondition],
     type_: &str,
-) -> &'a teamgpu::plan::conditions::DesiredCondition {
+) -> &'a teamgpu::core::plan::conditions::DesiredCondition {
     conds
         .iter()
         .find(|c| c.type_ == type_)
@@ -720,7 +721,7 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
         }
         Change::Pending(n, devices) => {
             if let Some(i) = pick(*n, state.namespaces.len()) {
-                state.pending = vec![teamgpu::plan::PendingDemand {
+                state.pending = vec![teamgpu::core::state::PendingDemand {
                     namespace: state.namespaces[i].name.clone(),
                     device_class: "a100-80gb.teamgpu.io".into(),
                     devices: *devices,
@@ -750,13 +751,13 @@ proptest::proptest! {
     ) {
         let mut state = example();
         let mut version = 0;
-        let mut planner = teamgpu::plan::Planner::default();
+        let mut planner = teamgpu::core::plan::Planner::default();
         // As `teamgpu run` keeps them: slices reduced to what the selectors read, listed again
         // when a selector reads more; claims projected.
-        let mut projected = teamgpu::plan::Planner::default();
-        let mut reads = teamgpu::plan::device_cel::DeviceReads::default();
-        let mut envs = teamgpu::plan::device_cel::DeviceEnvs::default();
-        let mut names = teamgpu::plan::usage::Names::default();
+        let mut projected = teamgpu::core::plan::Planner::default();
+        let mut reads = teamgpu::dra_cel::DeviceReads::default();
+        let mut envs = teamgpu::dra_cel::DeviceEnvs::default();
+        let mut names = teamgpu::core::plan::usage::Names::default();
         for change in &changes {
             apply(&mut state, change, &mut version, versioned);
             planner.update_slices(&state.slices);
@@ -764,23 +765,23 @@ proptest::proptest! {
             let fresh = plan(&state);
             proptest::prop_assert_eq!(planner.plan(&state), fresh.clone(), "after {:?}", change);
 
-            let wanted = teamgpu::plan::device_reads(&state);
+            let wanted = teamgpu::core::plan::device_reads(&state);
             if !reads.covers(&wanted) {
                 reads = wanted;
             }
-            let views: Vec<std::sync::Arc<teamgpu::plan::inventory::SliceView>> = state
+            let views: Vec<std::sync::Arc<teamgpu::core::plan::inventory::SliceView>> = state
                 .slices
                 .iter()
-                .map(|s| std::sync::Arc::new(teamgpu::plan::inventory::SliceView::project(s, &reads, &mut envs)))
+                .map(|s| std::sync::Arc::new(teamgpu::core::plan::inventory::SliceView::project(s, &reads, &mut envs)))
                 .collect();
             projected.update_slice_views(&views, &reads);
-            let claims: Vec<teamgpu::plan::usage::ClaimView> = state
+            let claims: Vec<teamgpu::core::plan::usage::ClaimView> = state
                 .claims
                 .iter()
-                .map(|c| teamgpu::plan::usage::ClaimView::project(c, &mut names))
+                .map(|c| teamgpu::core::plan::usage::ClaimView::project(c, &mut names))
                 .collect();
             projected.update_claim_views(&claims);
-            proptest::prop_assert!(projected.reads_cover(&teamgpu::plan::device_reads(&state)));
+            proptest::prop_assert!(projected.reads_cover(&teamgpu::core::plan::device_reads(&state)));
             proptest::prop_assert_eq!(projected.plan(&state), fresh, "projected, after {:?}", change);
         }
     }
@@ -789,7 +790,7 @@ proptest::proptest! {
 #[test]
 fn a_claim_change_recounts_one_namespace_and_a_slice_change_one_pool() {
     let mut state = example();
-    let mut planner = teamgpu::plan::Planner::default();
+    let mut planner = teamgpu::core::plan::Planner::default();
     assert_eq!(planner.update_slices(&state.slices).len(), 6);
     assert_eq!(planner.update_claims(&state.claims).len(), 5);
     planner.plan(&state);
@@ -857,7 +858,7 @@ fn free_80gb_devices(state: &ClusterState) -> Vec<(String, String)> {
 }
 
 /// The plan's report on sharing policy `name`.
-fn report_of<'a>(plan: &'a Plan, name: &str) -> &'a teamgpu::plan::SharingPolicyReport {
+fn report_of<'a>(plan: &'a Plan, name: &str) -> &'a teamgpu::core::plan::SharingPolicyReport {
     plan.sharing_policies
         .iter()
         .find(|p| p.name == name)

@@ -7,8 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::plan::Plan;
-use crate::plan::conditions::DesiredCondition;
+use crate::core::plan::Plan;
+use crate::core::plan::conditions::DesiredCondition;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn a_plan_becomes_series_a_dashboard_and_alerts_can_read() {
         let state = crate::example::state().unwrap();
-        let plan = crate::plan::plan(&state);
+        let plan = crate::core::plan::plan(&state);
         let metrics = Metrics::default();
         metrics.observe_plan(&plan);
         let text = metrics.encode();

@@ -2,7 +2,7 @@
 //!
 //! One reconciler, woken by watch events (debounced), takes in only the caches that changed,
 //! plans with the kept [`plan::Planner`] (which recomputes only what changed inputs feed) and
-//! writes only what the kept [`sync::Differ`] finds different, so a steady state makes no write.
+//! writes only what the kept [`diff::Differ`] finds different, so a steady state makes no write.
 //! Only the leader writes; every replica keeps warm caches. See docs/operator.md.
 
 mod http;
@@ -26,8 +26,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::plan::{self, ClusterState, NamespaceInfo, objects};
-use crate::sync::{self, Kind};
+use crate::core::diff::{self, Kind};
+use crate::core::plan::{self, objects};
+use crate::core::state::{ClusterState, NamespaceInfo};
 pub use metrics::Metrics;
 use observe::{Stores, Watch};
 
@@ -295,7 +296,7 @@ pub async fn run(
         changes: wake.changes.clone(),
         published: Default::default(),
         planner: plan::Planner::default(),
-        differ: sync::Differ::default(),
+        differ: diff::Differ::default(),
         operator_user,
         state: ClusterState::default(),
         malformed: Vec::new(),
@@ -380,7 +381,7 @@ struct Reconciler {
     /// Recomputes only what changed inputs feed (a slice's pool, a namespace's usage, ...).
     planner: plan::Planner,
     /// Compares only the objects whose desired or live side changed.
-    differ: sync::Differ,
+    differ: diff::Differ,
     /// Who this operator is to the API server (see [`own_user_name`]).
     operator_user: String,
     /// The planner's input, kept between passes (see [`Reconciler::refresh_state`]).
@@ -536,7 +537,7 @@ impl Reconciler {
             });
             self.differ.update_live(
                 Kind::DeviceClass,
-                managed.map(|c| sync::LiveObject::DeviceClass(c.clone())),
+                managed.map(|c| diff::LiveObject::DeviceClass(c.clone())),
             );
         }
         for (kind, store) in &self.stores.owned {
@@ -544,7 +545,7 @@ impl Reconciler {
                 && let Some(((), objects)) = store.state()
             {
                 self.differ
-                    .update_live(*kind, objects.into_iter().map(sync::LiveObject::Owned));
+                    .update_live(*kind, objects.into_iter().map(diff::LiveObject::Owned));
             }
         }
         changed

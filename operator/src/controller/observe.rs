@@ -17,11 +17,11 @@ use tokio::task::JoinSet;
 
 use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::plan::device_cel::{DeviceEnvs, DeviceReads};
-use crate::plan::inventory::SliceView;
-use crate::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
-use crate::plan::usage::{ClaimView, Names};
-use crate::sync::{Kind, LiveView, OwnWrites};
+use crate::core::diff::{Kind, LiveView, OwnWrites};
+use crate::core::plan::inventory::SliceView;
+use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::core::plan::usage::{ClaimView, Names};
+use crate::dra_cel::{DeviceEnvs, DeviceReads};
 
 /// One watch, for [`Changes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! is made again by listing every object again when the parameter changes: an object is never
 //! read twice from different projections.
 //!
-//! [`SliceView`]: crate::plan::inventory::SliceView
+//! [`SliceView`]: crate::core::plan::inventory::SliceView
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -13,8 +13,8 @@ use kube::{Resource, ResourceExt};
 use super::Reconciler;
 use super::metrics::{EvictionLabels, WriteLabels};
 use crate::api::TeamGpuPolicy;
-use crate::plan::Plan;
-use crate::plan::usage::ClaimView;
+use crate::core::plan::Plan;
+use crate::core::plan::usage::ClaimView;
 
 /// How long one eviction may take (the client retries a PodDisruptionBudget's 429 meanwhile).
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,7 +93,7 @@ impl Tracker {
 struct Eviction<'p> {
     namespace: String,
     pod: String,
-    order: &'p crate::plan::ReclaimOrder,
+    order: &'p crate::core::plan::ReclaimOrder,
     borrower_namespaces: &'p [String],
 }
 
@@ -138,7 +138,7 @@ pub async fn act(r: &mut Reconciler, plan: &Plan, teams: &[TeamGpuPolicy]) {
         let Some(borrower) = plan.teams.iter().find(|t| t.name == order.borrower) else {
             continue;
         };
-        let class = crate::plan::objects::device_class_name(&order.sharing_policy);
+        let class = crate::core::plan::objects::device_class_name(&order.sharing_policy);
         let held = claims.iter().map(|c| &**c);
         for (namespace, pod) in victims(held, &borrower.namespaces, &class, order.devices) {
             evictions.push(Eviction {

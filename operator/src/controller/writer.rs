@@ -11,8 +11,8 @@ use serde_json::json;
 
 use super::{FIELD_MANAGER, Reconciler, metrics::ErrorLabels, metrics::WriteLabels};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::plan::Plan;
-use crate::sync::{ObjectKey, Write};
+use crate::core::diff::{ObjectKey, Write};
+use crate::core::plan::Plan;
 
 /// Per-object retry state for failed writes: exponential backoff with jitter, so one object
 /// the API server refuses never holds up the others or hammers the server.
@@ -84,7 +84,7 @@ fn apply_params() -> PatchParams {
 async fn perform(
     client: kube::Client,
     metrics: std::sync::Arc<super::Metrics>,
-    own_writes: std::sync::Arc<crate::sync::OwnWrites>,
+    own_writes: std::sync::Arc<crate::core::diff::OwnWrites>,
     write: Write,
 ) -> Result<Option<String>, kube::Error> {
     let write = &write;
@@ -143,9 +143,9 @@ async fn perform(
 
 /// Tells the owned objects' watches that `version` is an apply of `object`.
 fn remember(
-    own_writes: &crate::sync::OwnWrites,
+    own_writes: &crate::core::diff::OwnWrites,
     version: Option<&str>,
-    object: &crate::sync::Payload,
+    object: &crate::core::diff::Payload,
 ) {
     if let (Some(version), Some(fingerprint)) = (version, object.fingerprint()) {
         own_writes.record(version, fingerprint);
@@ -159,11 +159,11 @@ const WRITE_CONCURRENCY: usize = 16;
 
 /// The phase of a write: writes of one kind (applies in dependency order, then deletions in
 /// reverse) may run concurrently; phases run one after another.
-fn phase(write: &Write) -> (bool, crate::sync::Kind) {
+fn phase(write: &Write) -> (bool, crate::core::diff::Kind) {
     (matches!(write, Write::Delete { .. }), write.key().kind)
 }
 
-/// Perform `writes` (in the order `sync::writes` gives), skipping objects still backing off.
+/// Perform `writes` (in the order `diff::writes` gives), skipping objects still backing off.
 /// Stops starting writes at once when this replica loses the lease.
 pub async fn execute(r: &mut Reconciler, writes: Vec<Write>) {
     use futures::StreamExt;

@@ -1509,7 +1509,7 @@ pub(crate) mod tests {
             }
             envs.push(DeviceEnv::new("gpu.nvidia.com", &d));
         }
-        let policy = crate::plan::selector::tests::sample_policy_exprs();
+        let policy = crate::core::plan::selector::tests::sample_policy_exprs();
         let sets: Vec<_> = (0..20)
             .map(|_| CompiledSelectors::compile(&policy).expect("compiles"))
             .collect();

@@ -384,7 +384,7 @@ mod tests {
     };
 
     fn fixture(rel: &str) -> String {
-        crate::plan::device_cel::tests::fixture(rel)
+        crate::dra_cel::tests::fixture(rel)
     }
 
     fn docs(rel: &str) -> Vec<String> {

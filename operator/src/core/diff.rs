@@ -2,7 +2,6 @@
 //! executes the writes. A steady state gives no write at all.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
 
 use std::sync::Arc;
 
@@ -12,89 +11,12 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::DynamicObject;
 use serde_json::Value;
 
-use crate::plan::objects::CONTENT_HASH_ANNOTATION;
-use crate::plan::{DesiredObjects, NamespacedTemplate};
-
-/// The kinds of object teamgpu writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    DeviceClass,
-    ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding,
-    ResourceQuota,
-    ResourceClaimTemplate,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 5] = [
-        Kind::DeviceClass,
-        Kind::ValidatingAdmissionPolicy,
-        Kind::ValidatingAdmissionPolicyBinding,
-        Kind::ResourceQuota,
-        Kind::ResourceClaimTemplate,
-    ];
-
-    pub fn api_resource(self) -> ApiResource {
-        let (group, version, kind, plural) = match self {
-            Kind::DeviceClass => ("resource.k8s.io", "v1", "DeviceClass", "deviceclasses"),
-            Kind::ValidatingAdmissionPolicy => (
-                "admissionregistration.k8s.io",
-                "v1",
-                "ValidatingAdmissionPolicy",
-                "validatingadmissionpolicies",
-            ),
-            Kind::ValidatingAdmissionPolicyBinding => (
-                "admissionregistration.k8s.io",
-                "v1",
-                "ValidatingAdmissionPolicyBinding",
-                "validatingadmissionpolicybindings",
-            ),
-            Kind::ResourceQuota => ("", "v1", "ResourceQuota", "resourcequotas"),
-            Kind::ResourceClaimTemplate => (
-                "resource.k8s.io",
-                "v1",
-                "ResourceClaimTemplate",
-                "resourceclaimtemplates",
-            ),
-        };
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-    }
-
-    pub fn namespaced(self) -> bool {
-        matches!(self, Kind::ResourceQuota | Kind::ResourceClaimTemplate)
-    }
-
-    /// Lower-case name for logs and metric labels.
-    pub fn label(self) -> &'static str {
-        match self {
-            Kind::DeviceClass => "deviceclass",
-            Kind::ValidatingAdmissionPolicy => "validatingadmissionpolicy",
-            Kind::ValidatingAdmissionPolicyBinding => "validatingadmissionpolicybinding",
-            Kind::ResourceQuota => "resourcequota",
-            Kind::ResourceClaimTemplate => "resourceclaimtemplate",
-        }
-    }
-}
-
-/// Which object.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    pub kind: Kind,
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.kind.label(), self.name),
-            None => write!(f, "{} {}", self.kind.label(), self.name),
-        }
-    }
-}
+use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
+use crate::core::plan::{DesiredObjects, NamespacedTemplate};
+pub use crate::core::state::{Kind, ObjectKey};
 
 /// One write to perform.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,7 +177,9 @@ impl Live<'_> {
 
     fn owner(&self) -> Option<&str> {
         match self {
-            Live::Object(v) => v["metadata"]["labels"][crate::plan::objects::OWNER_LABEL].as_str(),
+            Live::Object(v) => {
+                v["metadata"]["labels"][crate::core::plan::objects::OWNER_LABEL].as_str()
+            }
             Live::Known { owner, .. } => *owner,
         }
     }
@@ -450,14 +374,14 @@ impl LiveView {
                     .ok()
             })
             .flatten()
-            .map(|spec| crate::plan::usage::quota_charge(&spec));
+            .map(|spec| crate::core::plan::usage::quota_charge(&spec));
         LiveView {
             key: key_of_meta(kind, meta),
             resource_version: meta.resource_version.as_deref().map(Box::from),
             owner: meta
                 .labels
                 .as_ref()
-                .and_then(|l| l.get(crate::plan::objects::OWNER_LABEL))
+                .and_then(|l| l.get(crate::core::plan::objects::OWNER_LABEL))
                 .map(|v| Box::from(v.as_str())),
             content_hash: annotation(CONTENT_HASH_ANNOTATION),
             template_charge,
@@ -979,7 +903,7 @@ mod tests {
                 "spec": {"hard": {"x.deviceclass.resource.k8s.io/devices": devices.to_string()}}
             }))
             .unwrap();
-            let hash = crate::plan::objects::content_hash(&q.spec);
+            let hash = crate::core::plan::objects::content_hash(&q.spec);
             q.metadata.annotations = Some([(CONTENT_HASH_ANNOTATION.to_owned(), hash)].into());
             q
         }

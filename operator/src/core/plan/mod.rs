@@ -7,7 +7,6 @@
 
 pub mod admission;
 pub mod conditions;
-pub mod device_cel;
 pub mod inventory;
 pub mod membership;
 pub mod namespace_admission;
@@ -33,48 +32,14 @@ use crate::api::{
     DEFAULT_DRIVER, GpuSharingPolicy, GpuSharingPolicyStatus, QuotaStatus, SharingStrategy,
     TeamGpuPolicy, TeamGpuPolicyStatus,
 };
-use crate::fairshare::{self, NamespaceUsage, PoolInput, PoolShares, TeamInput};
+use crate::core::fairshare::{self, NamespaceUsage, PoolInput, PoolShares, TeamInput};
+use crate::core::state::ClusterState;
+use crate::dra_cel::{self, CompiledSelectors};
 use conditions::{DesiredCondition, types};
-use device_cel::CompiledSelectors;
 use inventory::Inventory;
 use membership::Membership;
-pub use membership::NamespaceInfo;
 use objects::{MANAGED_BY, MANAGED_BY_LABEL, device_class_name, is_teamgpu_class};
 use usage::quota_resource_name as quota_resource;
-
-/// Devices a namespace's Pods wait for, per DeviceClass (observed by the controller from pending
-/// Pods whose claims could not be created or allocated).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PendingDemand {
-    pub namespace: String,
-    pub device_class: String,
-    pub devices: u32,
-}
-
-/// Everything the planner reads.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterState {
-    pub sharing_policies: Vec<GpuSharingPolicy>,
-    pub teams: Vec<TeamGpuPolicy>,
-    pub namespaces: Vec<NamespaceInfo>,
-    /// All DeviceClasses in the cluster, not only teamgpu's.
-    pub device_classes: Vec<DeviceClass>,
-    pub slices: Vec<ResourceSlice>,
-    pub claims: Vec<ResourceClaim>,
-    pub pending: Vec<PendingDemand>,
-    /// The user name the operator writes as, exempt from teamgpu's own admission policies
-    /// (`None`: the ServiceAccount of `config/rbac`, [`admission::DEFAULT_OPERATOR_USER`]).
-    pub operator_user: Option<String>,
-    /// Groups that may move any namespace into or out of any team and exempt namespaces
-    /// (`None`: [`namespace_admission::DEFAULT_ADMIN_GROUPS`]).
-    pub admin_groups: Option<Vec<String>>,
-    /// GpuSharingPolicies that exist but could not be read (they do not fit the type): their
-    /// DeviceClasses are kept and closed to new claims, as for an invalid selector.
-    pub unreadable_sharing_policies: Vec<String>,
-    /// TeamGpuPolicies that exist but could not be read: their quotas, templates and binding
-    /// are kept as they are until the policy can be read again.
-    pub unreadable_teams: Vec<String>,
-}
 
 /// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
 /// here (and not in `retained_device_classes`) are to be deleted.
@@ -224,7 +189,7 @@ struct CompiledPolicy<'a> {
     name: String,
     selectors: Vec<String>,
     /// `Ok` when every selector compiles (the compiled form lives in the match sets).
-    compiled: Result<(), device_cel::SelectorError>,
+    compiled: Result<(), dra_cel::SelectorError>,
     /// A live DeviceClass of this name that teamgpu does not manage.
     foreign_class: bool,
 }
@@ -269,8 +234,8 @@ pub fn plan(state: &ClusterState) -> Plan {
 /// DeviceClass not teamgpu's (which decide what is governed). The slices the planner counts
 /// must keep at least this ([`inventory::SliceView::project`]). Selectors that do not compile
 /// read nothing.
-pub fn device_reads(state: &ClusterState) -> device_cel::DeviceReads {
-    let mut reads = device_cel::DeviceReads::default();
+pub fn device_reads(state: &ClusterState) -> dra_cel::DeviceReads {
+    let mut reads = dra_cel::DeviceReads::default();
     for policy in &state.sharing_policies {
         let selectors = selector::device_class_selectors(&policy.spec);
         if let Ok(compiled) = CompiledSelectors::compile(&selectors) {
@@ -305,13 +270,13 @@ pub struct Planner {
         String,
         (
             Vec<String>,
-            Result<CompiledSelectors, device_cel::SelectorError>,
+            Result<CompiledSelectors, dra_cel::SelectorError>,
         ),
     >,
     /// What the slices of the inventory were projected to.
-    slice_reads: Option<device_cel::DeviceReads>,
+    slice_reads: Option<dra_cel::DeviceReads>,
     /// The last [`Planner::device_reads`], with the identity of its input.
-    reads: Option<(u64, device_cel::DeviceReads)>,
+    reads: Option<(u64, dra_cel::DeviceReads)>,
     /// Which devices each policy matches.
     matching: Matching,
     /// Per foreign DeviceClass: whether it selects devices a policy governs, with the identity
@@ -400,8 +365,8 @@ impl Planner {
         &mut self,
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
     ) -> Vec<inventory::PoolKey> {
-        let mut envs = device_cel::DeviceEnvs::default();
-        let everything = device_cel::DeviceReads::everything();
+        let mut envs = dra_cel::DeviceEnvs::default();
+        let everything = dra_cel::DeviceReads::everything();
         let views: Vec<inventory::SliceView> = slices
             .into_iter()
             .map(|s| inventory::SliceView::project(s, &everything, &mut envs))
@@ -416,7 +381,7 @@ impl Planner {
     pub fn update_slice_views(
         &mut self,
         slices: &[Arc<inventory::SliceView>],
-        reads: &device_cel::DeviceReads,
+        reads: &dra_cel::DeviceReads,
     ) -> Vec<inventory::PoolKey> {
         self.slice_reads = Some(reads.clone());
         self.inventory.update(slices)
@@ -424,7 +389,7 @@ impl Planner {
 
     /// [`device_reads`] of `state`, computed again only when a policy's selectors or a
     /// DeviceClass changed.
-    pub fn device_reads(&mut self, state: &ClusterState) -> device_cel::DeviceReads {
+    pub fn device_reads(&mut self, state: &ClusterState) -> dra_cel::DeviceReads {
         let mut parts: Vec<u64> = state
             .sharing_policies
             .iter()
@@ -455,7 +420,7 @@ impl Planner {
     }
 
     /// Whether the slices of the last update hold every attribute `state`'s selectors read.
-    pub fn reads_cover(&self, reads: &device_cel::DeviceReads) -> bool {
+    pub fn reads_cover(&self, reads: &dra_cel::DeviceReads) -> bool {
         self.slice_reads.as_ref().is_some_and(|r| r.covers(reads))
     }
 

@@ -9,13 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::TeamGpuPolicy;
-
-/// A namespace as the planner sees it: its name and labels.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NamespaceInfo {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-}
+use crate::core::state::NamespaceInfo;
 
 /// A label selector Kubernetes would reject, so teamgpu does not guess what it means.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -139,7 +139,7 @@ fn normalize_version(v: &str) -> String {
 
 /// `name == value` for one extra attribute; `None` when no value is set (the CRD requires one).
 fn attribute_match(driver: &str, m: &AttributeMatch) -> Option<String> {
-    let (domain, id) = super::device_cel::parse_qualified_name(&m.name, driver);
+    let (domain, id) = crate::dra_cel::parse_qualified_name(&m.name, driver);
     let map = format!("device.attributes[{}]", cel_string(domain));
     let value = format!("{map}[{}]", cel_string(id));
     let test = if let Some(s) = &m.string {
@@ -171,13 +171,13 @@ fn int_literal(i: i64) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::api::{ClaimTemplates, DeviceSelector, Sharing};
-    use crate::plan::device_cel::{CompiledSelectors, DeviceEnv, check_expression};
+    use crate::dra_cel::{CompiledSelectors, DeviceEnv, check_expression};
     use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceClass, ResourceSlice};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
     fn fixture(rel: &str) -> String {
-        crate::plan::device_cel::tests::fixture(rel)
+        crate::dra_cel::tests::fixture(rel)
     }
 
     pub(crate) fn spec(selector: DeviceSelector) -> GpuSharingPolicySpec {

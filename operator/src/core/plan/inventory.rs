@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
-use super::device_cel::{CompiledSelectors, DeviceEnv, DeviceEnvs, DeviceReads, SelectorError};
+use crate::dra_cel::{CompiledSelectors, DeviceEnv, DeviceEnvs, DeviceReads, SelectorError};
 
 /// A device's identity (`<driver>/<pool>/<device>` in allocation results).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -462,12 +462,12 @@ pub fn class_selectors(class: &DeviceClass) -> Result<CompiledSelectors, Selecto
 mod tests {
     use super::*;
     use crate::api::{DeviceSelector, DeviceType};
-    use crate::plan::selector::device_class_selectors;
-    use crate::plan::selector::tests::spec;
+    use crate::core::plan::selector::device_class_selectors;
+    use crate::core::plan::selector::tests::spec;
     use k8s_openapi::api::resource::v1::{Device, DeviceTaint};
 
     fn fixture(rel: &str) -> String {
-        crate::plan::device_cel::tests::fixture(rel)
+        crate::dra_cel::tests::fixture(rel)
     }
 
     fn node_slice() -> ResourceSlice {

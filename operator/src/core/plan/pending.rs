@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 
-use super::PendingDemand;
 use super::usage::{ClaimView, quota_charge};
+use crate::core::state::PendingDemand;
 
 /// What quota charges for a claim made from each of `templates`, by (namespace, name).
 pub fn template_charges(
@@ -142,7 +142,7 @@ mod tests {
             pod("running", "Running", None),
         );
         let (c1, c2) = (claim("waiting-gpus", false), claim("placed-gpus", true));
-        let mut names = crate::plan::usage::Names::default();
+        let mut names = crate::core::plan::usage::Names::default();
         let (c1, c2) = (
             ClaimView::project(&c1, &mut names),
             ClaimView::project(&c2, &mut names),

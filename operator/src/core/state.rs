@@ -1,0 +1,129 @@
+//! The cluster as the core reads it: the inputs of a plan, and the keys and kinds of the objects
+//! teamgpu writes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::core::{ApiResource, GroupVersionKind};
+
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+
+/// A namespace as the planner sees it: its name and labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Devices a namespace's Pods wait for, per DeviceClass (observed by the controller from pending
+/// Pods whose claims could not be created or allocated).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PendingDemand {
+    pub namespace: String,
+    pub device_class: String,
+    pub devices: u32,
+}
+
+/// Everything the planner reads.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    pub sharing_policies: Vec<GpuSharingPolicy>,
+    pub teams: Vec<TeamGpuPolicy>,
+    pub namespaces: Vec<NamespaceInfo>,
+    /// All DeviceClasses in the cluster, not only teamgpu's.
+    pub device_classes: Vec<DeviceClass>,
+    pub slices: Vec<ResourceSlice>,
+    pub claims: Vec<ResourceClaim>,
+    pub pending: Vec<PendingDemand>,
+    /// The user name the operator writes as, exempt from teamgpu's own admission policies
+    /// (`None`: the ServiceAccount of `config/rbac`, [`crate::core::plan::admission::DEFAULT_OPERATOR_USER`]).
+    pub operator_user: Option<String>,
+    /// Groups that may move any namespace into or out of any team and exempt namespaces
+    /// (`None`: [`crate::core::plan::namespace_admission::DEFAULT_ADMIN_GROUPS`]).
+    pub admin_groups: Option<Vec<String>>,
+    /// GpuSharingPolicies that exist but could not be read (they do not fit the type): their
+    /// DeviceClasses are kept and closed to new claims, as for an invalid selector.
+    pub unreadable_sharing_policies: Vec<String>,
+    /// TeamGpuPolicies that exist but could not be read: their quotas, templates and binding
+    /// are kept as they are until the policy can be read again.
+    pub unreadable_teams: Vec<String>,
+}
+
+/// The kinds of object teamgpu writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    DeviceClass,
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+    ResourceQuota,
+    ResourceClaimTemplate,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::DeviceClass,
+        Kind::ValidatingAdmissionPolicy,
+        Kind::ValidatingAdmissionPolicyBinding,
+        Kind::ResourceQuota,
+        Kind::ResourceClaimTemplate,
+    ];
+
+    pub fn api_resource(self) -> ApiResource {
+        let (group, version, kind, plural) = match self {
+            Kind::DeviceClass => ("resource.k8s.io", "v1", "DeviceClass", "deviceclasses"),
+            Kind::ValidatingAdmissionPolicy => (
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicy",
+                "validatingadmissionpolicies",
+            ),
+            Kind::ValidatingAdmissionPolicyBinding => (
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+            ),
+            Kind::ResourceQuota => ("", "v1", "ResourceQuota", "resourcequotas"),
+            Kind::ResourceClaimTemplate => (
+                "resource.k8s.io",
+                "v1",
+                "ResourceClaimTemplate",
+                "resourceclaimtemplates",
+            ),
+        };
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    }
+
+    pub fn namespaced(self) -> bool {
+        matches!(self, Kind::ResourceQuota | Kind::ResourceClaimTemplate)
+    }
+
+    /// Lower-case name for logs and metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::DeviceClass => "deviceclass",
+            Kind::ValidatingAdmissionPolicy => "validatingadmissionpolicy",
+            Kind::ValidatingAdmissionPolicyBinding => "validatingadmissionpolicybinding",
+            Kind::ResourceQuota => "resourcequota",
+            Kind::ResourceClaimTemplate => "resourceclaimtemplate",
+        }
+    }
+}
+
+/// Which object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub kind: Kind,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind.label(), self.name),
+            None => write!(f, "{} {}", self.kind.label(), self.name),
+        }
+    }
+}
