@@ -11,7 +11,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use teamgpu::core::fairshare::{FairShares, NamespaceUsage, PoolInput, TeamInput, compute_pool};
+use teamgpu::core::fairshare::{
+    NamespaceUsage, PoolInput, TeamInput, compute_pool, compute_pool_into,
+};
 
 const POOLS: usize = 100;
 const TEAMS: usize = 1_000;
@@ -137,35 +139,6 @@ fn bench(c: &mut Criterion) {
         },
     );
 
-    // The operator's path: FairShares keeps every pool's answer and recomputes into the previous
-    // one. Every pool changes on every round (one team's usage flips), so all 100 pools are
-    // recomputed and compared.
-    let changed: Vec<PoolInput> = pools
-        .iter()
-        .map(|p| {
-            let mut p = p.clone();
-            p.teams[7].namespaces[0].requested ^= 1;
-            p
-        })
-        .collect();
-    let names: Vec<String> = (0..POOLS).map(|i| format!("pool-{i:03}")).collect();
-    let mut all = FairShares::new();
-    let mut odd = false;
-    c.bench_function(
-        "full recompute via FairShares, dense: 100 pools x 1000 teams",
-        |b| {
-            b.iter(|| {
-                odd = !odd;
-                let inputs = if odd { &changed } else { &pools };
-                names
-                    .iter()
-                    .zip(inputs)
-                    .filter(|(name, p)| all.update_pool(name, black_box(p)))
-                    .count()
-            })
-        },
-    );
-
     // Explanations are rendered on demand; this is what rendering all of one pool costs.
     let one = compute_pool(&pools[0]);
     c.bench_function("explanations: render one dense pool's 1000 lines", |b| {
@@ -178,12 +151,11 @@ fn bench(c: &mut Criterion) {
         })
     });
 
-    // Incremental: one team's usage changes in one pool; only that pool is recomputed.
-    let mut shares = FairShares::new();
-    for (i, p) in pools.iter().enumerate() {
-        shares.update_pool(&format!("pool-{i:03}"), p);
-    }
+    // Incremental, as the planner's shares cache does it: one team's usage changes in one
+    // pool, and only that pool (whose input changed) is computed again, into its previous
+    // answer's buffers.
     let mut changed = pools[42].clone();
+    let mut previous = compute_pool(&changed);
     let mut flip = false;
     c.bench_function(
         "incremental, dense: one team's usage changes in one pool",
@@ -191,7 +163,7 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 flip = !flip;
                 changed.teams[7].namespaces[0].requested = u32::from(flip);
-                shares.update_pool("pool-042", black_box(&changed))
+                compute_pool_into(black_box(&changed), &mut previous)
             })
         },
     );

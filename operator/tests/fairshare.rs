@@ -3,8 +3,7 @@
 
 use proptest::prelude::*;
 use teamgpu::core::fairshare::{
-    FairShares, NamespaceUsage, PoolInput, PoolShares, TeamInput, TeamShare, compute_pool,
-    compute_pool_into,
+    NamespaceUsage, PoolInput, PoolShares, TeamInput, TeamShare, compute_pool, compute_pool_into,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -424,35 +423,6 @@ fn duplicate_teams_are_merged() {
     });
     assert_eq!(a, b);
     assert_eq!(a.teams.len(), 1);
-}
-
-#[test]
-fn incremental_update_recomputes_one_pool() {
-    let mut shares = FairShares::new();
-    let pool = PoolInput {
-        capacity: 8,
-        teams: vec![using("alpha", 4, 8, 1, 2)],
-    };
-    assert!(shares.update_pool("a100", &pool));
-    assert!(shares.update_pool("h100", &pool));
-    assert!(
-        !shares.update_pool("a100", &pool),
-        "same input, same shares"
-    );
-    let busier = PoolInput {
-        capacity: 8,
-        teams: vec![using("alpha", 4, 8, 1, 3)],
-    };
-    // Usage changed, but alpha's entitlement did not: only the usage figures differ.
-    assert!(shares.update_pool("a100", &busier));
-    assert_eq!(shares.pool("a100").map(|p| p.teams[0].requested), Some(3));
-    assert_eq!(shares.pool("h100").map(|p| p.teams[0].requested), Some(2));
-    assert_eq!(
-        shares.pools().map(|(name, _)| name).collect::<Vec<_>>(),
-        ["a100", "h100"]
-    );
-    assert!(shares.remove_pool("h100"));
-    assert!(shares.pool("h100").is_none());
 }
 
 #[test]

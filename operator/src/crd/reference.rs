@@ -139,42 +139,7 @@ fn render_crd(out: &mut String, crd: &CustomResourceDefinition) -> Result<(), Re
         let mut rules = Vec::new();
         collect_rules("", schema, &mut rules);
         for part in ["spec", "status"] {
-            let Some(section) = schema.properties.as_ref().and_then(|p| p.get(part)) else {
-                continue;
-            };
-            let required = is_required(schema, part);
-            let _ = write!(out, "\n### {part}{heading}\n\n");
-            let mut intro = Vec::new();
-            match (part, required) {
-                ("spec", true) => intro.push("Required.".to_owned()),
-                ("status", _) => {
-                    intro.push("Written by the operator; not for users to set.".into())
-                }
-                _ => {}
-            }
-            intro.extend(section.description.as_deref().map(paragraph));
-            let _ = writeln!(out, "{}", intro.join(" "));
-            let mut rows = Vec::new();
-            collect_rows(part, section, &mut rows);
-            if rows.is_empty() {
-                out.push_str("\nNo fields.\n");
-            } else {
-                out.push_str(
-                    "\n| Field | Type | Required | Default and bounds | Description |\n\
-                     |---|---|---|---|---|\n",
-                );
-                for row in rows {
-                    let _ = writeln!(
-                        out,
-                        "| {} | {} | {} | {} | {} |",
-                        code(&row.path),
-                        row.type_,
-                        if row.required { "yes" } else { "no" },
-                        row.constraints,
-                        row.description
-                    );
-                }
-            }
+            render_section(out, schema, part, &heading);
         }
         let _ = write!(out, "\n### Validation rules{heading}\n\n");
         if rules.is_empty() {
@@ -196,6 +161,44 @@ fn render_crd(out: &mut String, crd: &CustomResourceDefinition) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// The table of fields of `part` (spec or status) of `schema`.
+fn render_section(out: &mut String, schema: &JSONSchemaProps, part: &str, heading: &str) {
+    let Some(section) = schema.properties.as_ref().and_then(|p| p.get(part)) else {
+        return;
+    };
+    let required = is_required(schema, part);
+    let _ = write!(out, "\n### {part}{heading}\n\n");
+    let mut intro = Vec::new();
+    match (part, required) {
+        ("spec", true) => intro.push("Required.".to_owned()),
+        ("status", _) => intro.push("Written by the operator; not for users to set.".into()),
+        _ => {}
+    }
+    intro.extend(section.description.as_deref().map(paragraph));
+    let _ = writeln!(out, "{}", intro.join(" "));
+    let mut rows = Vec::new();
+    collect_rows(part, section, &mut rows);
+    if rows.is_empty() {
+        out.push_str("\nNo fields.\n");
+    } else {
+        out.push_str(
+            "\n| Field | Type | Required | Default and bounds | Description |\n\
+             |---|---|---|---|---|\n",
+        );
+        for row in rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                code(&row.path),
+                row.type_,
+                if row.required { "yes" } else { "no" },
+                row.constraints,
+                row.description
+            );
+        }
+    }
 }
 
 struct Row {

@@ -17,7 +17,6 @@
 
 mod apportion;
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use apportion::{dhondt, water_fill};
@@ -164,58 +163,6 @@ pub struct Overcommit {
     pub message: String,
 }
 
-/// Per-pool results kept between recomputes, so that a change in one pool recomputes only that
-/// pool.
-#[derive(Debug, Clone, Default)]
-pub struct FairShares {
-    pools: BTreeMap<String, PoolShares>,
-    /// The previous answer of the last changed pool, reused as the next computation's buffers.
-    scratch: PoolShares,
-}
-
-impl FairShares {
-    /// No pools yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Recomputes one pool from its new input; returns whether its shares changed (a new pool
-    /// counts as changed). Other pools are not touched, and in steady state (same teams and
-    /// namespaces) this allocates almost nothing.
-    pub fn update_pool(&mut self, name: &str, input: &PoolInput) -> bool {
-        compute_pool_into(input, &mut self.scratch);
-        match self.pools.get_mut(name) {
-            Some(old) if *old == self.scratch => false,
-            Some(old) => {
-                std::mem::swap(old, &mut self.scratch);
-                true
-            }
-            None => {
-                self.pools
-                    .insert(name.to_owned(), std::mem::take(&mut self.scratch));
-                true
-            }
-        }
-    }
-
-    /// Forgets a pool; returns whether it was known.
-    pub fn remove_pool(&mut self, name: &str) -> bool {
-        self.pools.remove(name).is_some()
-    }
-
-    /// The shares of one pool, if known.
-    pub fn pool(&self, name: &str) -> Option<&PoolShares> {
-        self.pools.get(name)
-    }
-
-    /// All pools, sorted by name.
-    pub fn pools(&self) -> impl Iterator<Item = (&str, &PoolShares)> {
-        self.pools
-            .iter()
-            .map(|(name, shares)| (name.as_str(), shares))
-    }
-}
-
 /// A team after normalisation: unique name, limit >= guarantee, weight clamped, namespaces
 /// sorted and unique.
 struct Team<'a> {
@@ -255,7 +202,7 @@ pub fn compute_pool(input: &PoolInput) -> PoolShares {
 
 /// Like [`compute_pool`], but overwrites `out`, reusing its allocations (team and namespace
 /// names, vectors). Recomputing into the previous answer of the same pool allocates almost
-/// nothing; [`FairShares`] does that.
+/// nothing.
 pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
     let teams = normalize(&input.teams);
     let n = teams.len();

@@ -1,0 +1,155 @@
+//! Phase 2, capacity: which devices each policy's selectors match, pool by pool (a changed pool
+//! is matched again, the others are not); which matching devices are allocated outside teams;
+//! and which DeviceClasses not teamgpu's can select governed devices.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+
+use k8s_openapi::api::resource::v1::DeviceClass;
+
+use super::cache::Cache;
+use super::inventory::{self, DeviceId, Inventory, MatchReport, PoolKey};
+use super::objects::is_teamgpu_class;
+use super::policies::CompiledPolicy;
+use super::usage::Usage;
+use super::{identity, name_of};
+use crate::dra_cel::CompiledSelectors;
+
+/// Device matching kept between plans: per pool, for the pool's fingerprint and the
+/// selectors' identity; all pools together, for the inventory's version and the selectors.
+#[derive(Debug)]
+pub struct Matching {
+    pools: Cache<PoolKey, (u64, u64), MatchReport>,
+    total: Cache<(), (u64, u64), MatchReport>,
+}
+
+impl Matching {
+    pub fn new(keep: bool) -> Self {
+        Self {
+            pools: Cache::new(keep),
+            total: Cache::new(keep),
+        }
+    }
+
+    /// What `sets` (whose identity is `selectors`) match in `inventory`.
+    pub fn update(
+        &mut self,
+        inventory: &Inventory,
+        selectors: u64,
+        sets: &BTreeMap<String, &CompiledSelectors>,
+    ) -> &MatchReport {
+        let pools = &mut self.pools;
+        self.total.get((), (inventory.version(), selectors), |_| {
+            for (key, pool) in inventory.pools() {
+                pools.get(key.clone(), (pool.fingerprint(), selectors), |_| {
+                    inventory::match_pool(pool, sets)
+                });
+            }
+            pools.sweep();
+            let mut total = MatchReport {
+                counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
+                ..MatchReport::default()
+            };
+            for (_, report) in pools.values() {
+                total.merge(report);
+            }
+            total
+        })
+    }
+}
+
+impl Default for Matching {
+    fn default() -> Self {
+        Self::new(true)
+    }
+}
+
+/// Per sharing policy, the devices it matches that are allocated outside teams, each with the
+/// claim holding it.
+pub fn used_outside_teams<'u>(
+    usage: impl IntoIterator<Item = &'u Usage>,
+    inventory: &Inventory,
+    sets: &BTreeMap<String, &CompiledSelectors>,
+) -> BTreeMap<String, BTreeMap<&'u DeviceId, &'u str>> {
+    let mut outside: BTreeMap<String, BTreeMap<&DeviceId, &str>> = BTreeMap::new();
+    for allocation in usage.into_iter().flat_map(|u| &u.outside) {
+        let key = PoolKey {
+            driver: allocation.device.driver.clone(),
+            pool: allocation.device.pool.clone(),
+        };
+        let Some(device) = inventory
+            .pools()
+            .get(&key)
+            .and_then(|pool| pool.counted().find(|d| d.id == allocation.device))
+        else {
+            continue;
+        };
+        for (name, set) in sets {
+            if set.matches(&device.env).unwrap_or(false) {
+                outside
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(&allocation.device, &allocation.claim);
+            }
+        }
+    }
+    outside
+}
+
+/// Per foreign DeviceClass: whether it selects devices a policy governs, for the identity of
+/// the class, the inventory and the selectors.
+pub type Governed = Cache<String, u64, bool>;
+
+/// The DeviceClasses not teamgpu's that can select devices teamgpu governs (with their
+/// extended resource name): those that name a governed driver, or select a device some policy
+/// matches. Evaluating a class against every device is costly: `governed` keeps its answer
+/// until the class, the inventory or a policy's selectors change.
+pub fn governed_foreign(
+    governed: &mut Governed,
+    classes: &[DeviceClass],
+    policies: &[CompiledPolicy],
+    inventory: &Inventory,
+    (sets, selectors): (&BTreeMap<String, &CompiledSelectors>, u64),
+) -> BTreeMap<String, Option<String>> {
+    let drivers: BTreeSet<&str> = policies
+        .iter()
+        .map(|p| p.policy.spec.driver.as_str())
+        .collect();
+    let mut foreign = BTreeMap::new();
+    for class in classes {
+        let name = name_of(class);
+        if is_teamgpu_class(&name) {
+            continue;
+        }
+        let names_driver = class
+            .spec
+            .selectors
+            .iter()
+            .flatten()
+            .filter_map(|s| s.cel.as_ref())
+            .any(|cel| {
+                drivers.iter().any(|d| {
+                    cel.expression.contains(&format!("'{d}'"))
+                        || cel.expression.contains(&format!("\"{d}\""))
+                })
+            });
+        let mut selects_governed = || {
+            let mut hasher = std::hash::DefaultHasher::new();
+            identity(class, &mut hasher);
+            (inventory.version(), selectors).hash(&mut hasher);
+            *governed.get(name.clone(), hasher.finish(), |_| {
+                inventory::class_selectors(class).is_ok_and(|compiled| {
+                    inventory.counted().any(|d| {
+                        compiled.matches(&d.env).unwrap_or(false)
+                            && sets.values().any(|p| p.matches(&d.env).unwrap_or(false))
+                    })
+                })
+            })
+        };
+        if names_driver || selects_governed() {
+            foreign.insert(name, class.spec.extended_resource_name.clone());
+        }
+    }
+    governed.sweep();
+    foreign
+}

@@ -1,0 +1,309 @@
+//! Phase 5, the desired objects: a DeviceClass per usable policy, claim templates and a quota in
+//! every team namespace, and the admission policies and bindings. The builders of each object
+//! are in [`super::objects`], [`super::admission`] and [`super::namespace_admission`].
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+
+use super::cache::Cache;
+use super::membership::Membership;
+use super::objects::{self, TemplateShape, device_class_name};
+use super::policies::{CompiledPolicy, is_managed};
+use super::usage::quota_resource_name as quota_resource;
+use super::{DesiredObjects, NamespacedTemplate, admission, name_of, namespace_admission};
+use crate::api::TeamGpuPolicy;
+use crate::core::fairshare::PoolShares;
+use crate::core::state::ClusterState;
+
+/// What the objects are made of.
+pub struct Inputs<'a> {
+    pub state: &'a ClusterState,
+    pub policies: &'a [CompiledPolicy<'a>],
+    pub live_classes: &'a BTreeMap<String, &'a DeviceClass>,
+    /// DeviceClasses not teamgpu's that select governed devices, with their extended resource.
+    pub governed_foreign: &'a BTreeMap<String, Option<String>>,
+    pub teams: &'a [&'a TeamGpuPolicy],
+    pub membership: &'a Membership,
+    pub shares: &'a BTreeMap<&'a str, &'a PoolShares>,
+}
+
+/// The objects of teams, kept until what they are made of changes: a team's claim templates
+/// (without namespace), and a team namespace's templates and quota.
+#[derive(Debug, Default)]
+pub struct Kept {
+    templates: Cache<String, u64, Vec<Arc<ResourceClaimTemplate>>>,
+    namespaces: Cache<(String, String), u64, NamespaceObjects>,
+}
+
+/// A team namespace's claim templates and quota.
+type NamespaceObjects = (Vec<NamespacedTemplate>, Arc<ResourceQuota>);
+
+impl Kept {
+    pub fn new(keep: bool) -> Self {
+        Self {
+            templates: Cache::new(keep),
+            namespaces: Cache::new(keep),
+        }
+    }
+}
+
+/// Every object teamgpu wants to exist, each stamped with the hash of its spec.
+pub fn objects(inputs: &Inputs, kept: &mut Kept) -> DesiredObjects {
+    let mut out = DesiredObjects::default();
+    device_classes(inputs, &mut out);
+    // Every class a team without a quota for it must get a hard of 0 for. A retained class
+    // gets 0 in every team namespace: what runs keeps running, nothing new is admitted until
+    // its policy is fixed (no quota entry would mean no limit at all).
+    let governed: BTreeMap<String, Option<String>> = inputs
+        .policies
+        .iter()
+        .filter(|p| p.usable())
+        .map(|p| (device_class_name(&p.name), None))
+        .chain(
+            out.retained_device_classes
+                .iter()
+                .map(|c| (c.clone(), None)),
+        )
+        .chain(inputs.governed_foreign.clone())
+        .collect();
+    let zero_hard: Vec<String> = governed
+        .iter()
+        .flat_map(|(class, extended)| {
+            std::iter::once(quota_resource(class))
+                .chain(extended.iter().map(|e| format!("requests.{e}")))
+        })
+        .collect();
+    // Each policy's templates are the same in every namespace: built (and hashed) once.
+    let shapes: BTreeMap<&str, Vec<TemplateShape>> = inputs
+        .policies
+        .iter()
+        .filter(|p| p.usable())
+        .map(|p| (p.name.as_str(), objects::template_shapes(p.policy)))
+        .collect();
+    for team in inputs.teams {
+        team_objects(inputs, kept, (team, &zero_hard, &shapes), &mut out);
+    }
+    kept.templates.sweep();
+    kept.namespaces.sweep();
+    if !inputs.state.sharing_policies.is_empty() || !inputs.state.teams.is_empty() {
+        admission_objects(inputs, &governed, &mut out);
+    }
+    stamp_content_hashes(&mut out);
+    out
+}
+
+/// The DeviceClasses of usable policies, and those kept as they are: of a policy whose
+/// selector is invalid or that cannot be read. A typo never takes a class away from running
+/// workloads. Also the owners whose objects are kept: teams that cannot be read.
+fn device_classes(inputs: &Inputs, out: &mut DesiredObjects) {
+    for policy in inputs.policies {
+        match (&policy.compiled, policy.foreign_class) {
+            (Ok(_), false) => out.device_classes.push(Arc::new(objects::device_class(
+                policy.policy,
+                &policy.selectors,
+            ))),
+            (Err(_), false) => {
+                out.retained_device_classes
+                    .insert(device_class_name(&policy.name));
+            }
+            (_, true) => {}
+        }
+    }
+    for name in &inputs.state.unreadable_sharing_policies {
+        if inputs
+            .live_classes
+            .get(&device_class_name(name))
+            .is_none_or(|c| is_managed(c))
+        {
+            out.retained_device_classes.insert(device_class_name(name));
+        }
+    }
+    out.retained_owners = inputs
+        .state
+        .unreadable_teams
+        .iter()
+        .map(|t| format!("TeamGpuPolicy.{t}"))
+        .collect();
+}
+
+/// The templates and quota of every namespace of `team`, and the binding of its admission
+/// policy.
+fn team_objects(
+    inputs: &Inputs,
+    kept: &mut Kept,
+    (team, zero_hard, shapes): (
+        &TeamGpuPolicy,
+        &[String],
+        &BTreeMap<&str, Vec<TemplateShape>>,
+    ),
+    out: &mut DesiredObjects,
+) {
+    let team_name = name_of(team);
+    let namespaces = inputs
+        .membership
+        .namespaces
+        .get(&team_name)
+        .cloned()
+        .unwrap_or_default();
+    let usable: Vec<&CompiledPolicy> = team
+        .spec
+        .quotas
+        .iter()
+        .filter_map(|quota| {
+            inputs
+                .policies
+                .iter()
+                .find(|p| p.name == quota.sharing_policy && p.usable())
+        })
+        .collect();
+    let templates_of: Vec<(&str, &[TemplateShape])> = usable
+        .iter()
+        .map(|p| {
+            let shapes = shapes.get(p.name.as_str()).map(Vec::as_slice);
+            (p.name.as_str(), shapes.unwrap_or_default())
+        })
+        .collect();
+    let templates_id = templates_identity(team, &templates_of);
+    let templates = kept.templates.get(team_name.clone(), templates_id, |_| {
+        templates_of
+            .iter()
+            .flat_map(|(_, shapes)| objects::claim_templates(team, shapes))
+            .map(Arc::new)
+            .collect()
+    });
+    for namespace in &namespaces {
+        let mut hard: BTreeMap<String, u32> = zero_hard.iter().map(|r| (r.clone(), 0)).collect();
+        for policy in &usable {
+            let ns_hard = inputs
+                .shares
+                .get(policy.name.as_str())
+                .and_then(|pool| pool.teams.iter().find(|t| t.team == team_name))
+                .and_then(|t| t.namespaces.iter().find(|n| &n.namespace == namespace))
+                .map_or(0, |n| n.hard);
+            hard.insert(quota_resource(&device_class_name(&policy.name)), ns_hard);
+        }
+        let mut hasher = std::hash::DefaultHasher::new();
+        (&team.metadata.name, &team.metadata.uid, &hard, templates_id).hash(&mut hasher);
+        let key = (team_name.clone(), namespace.clone());
+        let (templates, quota) = kept.namespaces.get(key, hasher.finish(), |_| {
+            namespace_objects(team, namespace, &hard, templates)
+        });
+        out.claim_templates.extend(templates.iter().cloned());
+        out.resource_quotas.push(quota.clone());
+    }
+    if let Some(binding) = admission::team_binding(team, &namespaces) {
+        out.admission_bindings.push(Arc::new(binding));
+    }
+}
+
+/// Identity of what a team's templates are made of.
+fn templates_identity(team: &TeamGpuPolicy, shapes: &[(&str, &[TemplateShape])]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    (&team.metadata.name, &team.metadata.uid).hash(&mut hasher);
+    for (policy, shapes) in shapes {
+        policy.hash(&mut hasher);
+        for shape in *shapes {
+            (&shape.name, &shape.hash).hash(&mut hasher);
+        }
+    }
+    hasher.finish()
+}
+
+/// A team namespace's claim templates (the team's, in this namespace) and its quota.
+fn namespace_objects(
+    team: &TeamGpuPolicy,
+    namespace: &str,
+    hard: &BTreeMap<String, u32>,
+    templates: &[Arc<ResourceClaimTemplate>],
+) -> NamespaceObjects {
+    let shared_namespace: Arc<str> = Arc::from(namespace);
+    let templates = templates
+        .iter()
+        .map(|template| NamespacedTemplate {
+            namespace: shared_namespace.clone(),
+            template: template.clone(),
+        })
+        .collect();
+    let mut quota = objects::resource_quota(team, namespace, hard);
+    stamp(&mut quota.metadata, &quota.spec);
+    (templates, Arc::new(quota))
+}
+
+/// The admission policies (team, non-team, namespace membership) and their cluster-wide
+/// bindings.
+fn admission_objects(
+    inputs: &Inputs,
+    governed: &BTreeMap<String, Option<String>>,
+    out: &mut DesiredObjects,
+) {
+    let state = inputs.state;
+    let classes = admission::Governed {
+        foreign: inputs.governed_foreign.keys().cloned().collect(),
+        extended: governed
+            .iter()
+            .flat_map(|(class, extended)| {
+                std::iter::once(format!("{}{class}", admission::IMPLICIT_EXTENDED_PREFIX))
+                    .chain(extended.iter().cloned())
+            })
+            .collect(),
+    };
+    let operator = state
+        .operator_user
+        .as_deref()
+        .unwrap_or(admission::DEFAULT_OPERATOR_USER);
+    let admin_groups = state.admin_groups.clone().unwrap_or_else(|| {
+        namespace_admission::DEFAULT_ADMIN_GROUPS
+            .map(str::to_owned)
+            .to_vec()
+    });
+    out.admission_policies.extend([
+        Arc::new(admission::team_policy(&classes, operator)),
+        Arc::new(admission::non_team_policy(&classes, operator)),
+        Arc::new(namespace_admission::membership_policy(
+            inputs.teams,
+            &admin_groups,
+            operator,
+        )),
+    ]);
+    out.admission_bindings.extend([
+        Arc::new(namespace_admission::membership_binding()),
+        Arc::new(admission::non_team_binding(
+            &inputs.membership.all_team_namespaces(),
+        )),
+    ]);
+}
+
+/// Records the hash of `spec` in `meta`.
+fn stamp<S: serde::Serialize>(
+    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &S,
+) {
+    meta.annotations.get_or_insert_with(BTreeMap::new).insert(
+        objects::CONTENT_HASH_ANNOTATION.to_owned(),
+        objects::content_hash(spec),
+    );
+}
+
+/// Every object carries the hash of its spec, so the differ can tell a changed object from one
+/// whose spec the server merely defaulted (and a ResourceClaimTemplate, whose spec is immutable,
+/// must be recreated).
+fn stamp_content_hashes(objects: &mut DesiredObjects) {
+    // Not shared yet: `make_mut` does not copy.
+    for o in &mut objects.device_classes {
+        let o = Arc::make_mut(o);
+        stamp(&mut o.metadata, &o.spec);
+    }
+    // ResourceClaimTemplates and ResourceQuotas carry theirs from `namespace_objects` already.
+    for o in &mut objects.admission_policies {
+        let o = Arc::make_mut(o);
+        stamp(&mut o.metadata, &o.spec);
+    }
+    for o in &mut objects.admission_bindings {
+        let o = Arc::make_mut(o);
+        stamp(&mut o.metadata, &o.spec);
+    }
+}

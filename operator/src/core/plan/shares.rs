@@ -1,0 +1,134 @@
+//! Phase 4, fair shares: per usable sharing policy, one pool of its available devices among the
+//! teams with a quota for it, computed again only when the pool's input changed.
+
+use std::collections::BTreeMap;
+
+use super::cache::Cache;
+use super::membership::Membership;
+use super::objects::device_class_name;
+use super::policies::CompiledPolicy;
+use super::usage::{ClassUsage, Usage};
+use super::{ReclaimOrder, clamp, name_of};
+use crate::api::TeamGpuPolicy;
+use crate::core::fairshare::{self, NamespaceUsage, PoolInput, PoolShares, TeamInput};
+use crate::core::state::PendingDemand;
+
+/// Fair shares per sharing policy, kept until the pool's input changes.
+pub type Shares = Cache<String, PoolInput, PoolShares>;
+
+/// What each namespace uses of each class, and what its Pods wait for.
+pub struct Demand<'a> {
+    usage: &'a Cache<String, u64, Usage>,
+    pending: BTreeMap<(&'a str, &'a str), u32>,
+}
+
+impl<'a> Demand<'a> {
+    pub fn new(usage: &'a Cache<String, u64, Usage>, pending: &'a [PendingDemand]) -> Self {
+        let mut waiting: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        for p in pending {
+            *waiting
+                .entry((p.namespace.as_str(), p.device_class.as_str()))
+                .or_default() += p.devices;
+        }
+        Self {
+            usage,
+            pending: waiting,
+        }
+    }
+
+    /// What `namespace`'s claims use of `class`.
+    pub fn usage(&self, namespace: &str, class: &str) -> ClassUsage {
+        self.usage
+            .value(namespace)
+            .map(|u| u.get(namespace, class))
+            .unwrap_or_default()
+    }
+
+    /// `namespace`'s use of `class`, as the fair-share engine reads it.
+    fn of(&self, namespace: &str, class: &str) -> NamespaceUsage {
+        let usage = self.usage(namespace, class);
+        NamespaceUsage {
+            namespace: namespace.to_owned(),
+            requested: clamp(usage.requested),
+            allocated: clamp(usage.allocated),
+            pending: self.pending.get(&(namespace, class)).copied().unwrap_or(0),
+        }
+    }
+}
+
+/// What the pools ask for besides the shares: borrowers to reclaim from, and overcommit.
+#[derive(Default)]
+pub struct Findings {
+    pub reclaims: Vec<ReclaimOrder>,
+    pub warnings: Vec<String>,
+}
+
+/// The fair shares of every usable policy's pool, `available` devices each, into `shares`.
+pub fn fair_shares(
+    shares: &mut Shares,
+    policies: &[CompiledPolicy],
+    teams: &[&TeamGpuPolicy],
+    membership: &Membership,
+    (demand, available): (&Demand, &dyn Fn(&str) -> u32),
+) -> Findings {
+    let mut findings = Findings::default();
+    for policy in policies.iter().filter(|p| p.usable()) {
+        let class = device_class_name(&policy.name);
+        let input = PoolInput {
+            capacity: available(&policy.name),
+            teams: teams
+                .iter()
+                .filter_map(|team| team_input(team, &policy.name, membership, demand, &class))
+                .collect(),
+        };
+        let pool = shares.get(policy.name.clone(), input, fairshare::compute_pool);
+        for reclaim in &pool.reclaims {
+            findings.reclaims.push(ReclaimOrder {
+                sharing_policy: policy.name.clone(),
+                borrower: reclaim.borrower.clone(),
+                devices: reclaim.devices,
+                for_team: reclaim.for_team.clone(),
+            });
+        }
+        if let Some(over) = &pool.overcommit {
+            findings
+                .warnings
+                .push(format!("sharing policy {}: {}", policy.name, over.message));
+        }
+    }
+    shares.sweep();
+    findings
+}
+
+/// A team in the pool of `policy`, if it has a quota for it and owns namespaces.
+fn team_input(
+    team: &TeamGpuPolicy,
+    policy: &str,
+    membership: &Membership,
+    demand: &Demand,
+    class: &str,
+) -> Option<TeamInput> {
+    let name = name_of(team);
+    let quota = team
+        .spec
+        .quotas
+        .iter()
+        .find(|q| q.sharing_policy == policy)?;
+    let namespaces = membership.namespaces.get(&name)?;
+    Some(TeamInput {
+        team: name,
+        guaranteed: quota.guaranteed,
+        limit: quota.effective_limit(),
+        weight: quota.weight.unwrap_or(team.spec.weight),
+        lending_limit: quota.lending_limit,
+        namespaces: namespaces.iter().map(|ns| demand.of(ns, class)).collect(),
+    })
+}
+
+/// The shares of every pool, by policy name.
+pub fn by_policy(shares: &Shares) -> BTreeMap<&str, &PoolShares> {
+    shares
+        .values()
+        .map(|(name, pool)| (name.as_str(), pool))
+        .collect()
+}
