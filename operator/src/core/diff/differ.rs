@@ -132,12 +132,12 @@ fn forget<V>(
     });
 }
 
-/// [`writes`] kept between passes, so that a pass costs what changed, not what exists: an
+/// [`super::writes`] kept between passes, so that a pass costs what changed, not what exists: an
 /// object is compared again only when one of its sides changed or its last comparison asked for
 /// a write, and only then turned into JSON. A desired object is unchanged when the planner hands
 /// out the same one, or one with equal metadata (which carries the hash of the spec); a live
 /// object when its resourceVersion is the same. Both sides are shared with the planner and the
-/// watch caches, not copied. Gives the same writes as [`writes`] on the same input.
+/// watch caches, not copied. Gives the same writes as [`super::writes`] on the same input.
 #[derive(Debug, Default)]
 pub struct Differ {
     desired: HashMap<ObjectKey, DesiredObject>,
@@ -180,7 +180,7 @@ impl Differ {
         });
     }
 
-    /// The writes that make the live objects equal to `objects` (see [`writes`]).
+    /// The writes that make the live objects equal to `objects` (see [`super::writes`]).
     pub fn writes(&mut self, objects: &DesiredObjects) -> Vec<Write> {
         self.update_desired(objects);
         for name in self

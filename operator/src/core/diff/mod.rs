@@ -2,7 +2,7 @@
 //! executes the writes. A steady state gives no write at all.
 //!
 //! [`writes`] is the full comparison, [`Differ`] the same comparison kept between passes (it
-//! compares only what changed); the tests hold the two together. [`live`] is what the watch
+//! compares only what changed); the tests hold the two together. `live.rs` is what the watch
 //! caches keep of the objects teamgpu owns.
 
 mod differ;

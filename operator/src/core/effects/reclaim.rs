@@ -49,7 +49,7 @@ impl ReclaimTracker {
         }
     }
 
-    /// An eviction was refused at `now`: it is tried again [`RETRY_REFUSED`] later.
+    /// An eviction was refused at `now`: it is tried again 10 s later.
     pub fn refused(&mut self, now: Instant) {
         self.wake_at(now + RETRY_REFUSED);
     }
