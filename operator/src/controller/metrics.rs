@@ -81,110 +81,102 @@ pub struct Metrics {
     pub leader: Gauge,
 }
 
+/// `metric`, registered in `registry` as `name`.
+fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("teamgpu");
-        let reconciles = Family::<ControllerLabels, Counter>::default();
-        registry.register("reconciles", "Reconcile passes", reconciles.clone());
-        let errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
-            "reconcile_errors",
-            "Failed API calls during reconcile, by error",
-            errors.clone(),
+        let r = &mut registry;
+        let histogram = || Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        let (reconciles, errors, reconcile_seconds, writes) = (
+            registered(r, "reconciles", "Reconcile passes", Family::default()),
+            registered(
+                r,
+                "reconcile_errors",
+                "Failed API calls during reconcile, by error",
+                Family::default(),
+            ),
+            registered(
+                r,
+                "reconcile_duration_seconds",
+                "Duration of a reconcile pass",
+                Family::<ControllerLabels, Histogram>::new_with_constructor(histogram),
+            ),
+            registered(
+                r,
+                "api_writes",
+                "Writes to the API server, by kind and verb",
+                Family::default(),
+            ),
         );
-        let reconcile_seconds = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.001, 2.0, 14))
-        });
-        registry.register(
-            "reconcile_duration_seconds",
-            "Duration of a reconcile pass",
-            reconcile_seconds.clone(),
-        );
-        let writes = Family::<WriteLabels, Counter>::default();
-        registry.register(
-            "api_writes",
-            "Writes to the API server, by kind and verb",
-            writes.clone(),
-        );
-        let team_gauge = |registry: &mut Registry, name: &str, help: &str| {
-            let family = Family::<TeamLabels, Gauge>::default();
-            registry.register(name, help, family.clone());
-            family
-        };
-        let guaranteed = team_gauge(
-            &mut registry,
-            "team_guaranteed_devices",
-            "Configured guarantee",
-        );
-        let limit = team_gauge(&mut registry, "team_limit_devices", "Configured limit");
-        let entitlement = team_gauge(&mut registry, "team_entitlement_devices", "Hard quota now");
-        let requested = team_gauge(
-            &mut registry,
-            "team_requested_devices",
-            "Devices requested by claims",
-        );
-        let allocated = team_gauge(
-            &mut registry,
-            "team_allocated_devices",
-            "Devices allocated to claims",
-        );
-        let borrowed = team_gauge(
-            &mut registry,
+        let mut team = |name: &str, help: &str| registered(r, name, help, Family::default());
+        let guaranteed = team("team_guaranteed_devices", "Configured guarantee");
+        let limit = team("team_limit_devices", "Configured limit");
+        let entitlement = team("team_entitlement_devices", "Hard quota now");
+        let requested = team("team_requested_devices", "Devices requested by claims");
+        let allocated = team("team_allocated_devices", "Devices allocated to claims");
+        let borrowed = team(
             "team_borrowed_devices",
             "Entitlement above the effective guarantee",
         );
-        let pending = team_gauge(
-            &mut registry,
-            "team_pending_devices",
-            "Devices the team's Pods wait for",
-        );
-        let effective_guarantee = team_gauge(
-            &mut registry,
+        let pending = team("team_pending_devices", "Devices the team's Pods wait for");
+        let effective_guarantee = team(
             "team_effective_guarantee_devices",
             "Guarantee after scaling to the pool's capacity",
         );
-        let capacity = Family::<PolicyLabels, Gauge>::default();
-        registry.register(
+        let capacity = registered(
+            r,
             "sharing_policy_capacity_devices",
             "Matching devices",
-            capacity.clone(),
+            Family::default(),
         );
-        let used_outside_teams = Family::<PolicyLabels, Gauge>::default();
-        registry.register(
+        let used_outside_teams = registered(
+            r,
             "sharing_policy_used_outside_teams_devices",
             "Matching devices allocated through other DeviceClasses, outside every team",
-            used_outside_teams.clone(),
+            Family::default(),
         );
-        let conditions = Family::<ConditionLabels, Gauge>::default();
-        registry.register(
+        let conditions = registered(
+            r,
             "condition",
             "1 while the condition of a TeamGpuPolicy or GpuSharingPolicy is True, else 0",
-            conditions.clone(),
+            Family::default(),
         );
-        let evictions = Family::<EvictionLabels, Counter>::default();
-        registry.register(
+        let evictions = registered(
+            r,
             "evictions",
             "Pods evicted to give borrowed devices back",
-            evictions.clone(),
+            Family::default(),
         );
-        let evictions_refused = Family::<EvictionLabels, Counter>::default();
-        registry.register(
+        let evictions_refused = registered(
+            r,
             "evictions_refused",
             "Evictions the API server refused (a PodDisruptionBudget) or that timed out",
-            evictions_refused.clone(),
+            Family::default(),
         );
-        let build_info = Family::<BuildLabels, Gauge>::default();
+        let build_info = registered(
+            r,
+            "build_info",
+            "The running teamgpu version",
+            Family::<BuildLabels, Gauge>::default(),
+        );
         build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
-        registry.register("build_info", "The running teamgpu version", build_info);
-        let leader = Gauge::default();
-        registry.register(
+        let leader = registered(
+            r,
             "leader",
             "1 when this replica holds the lease",
-            leader.clone(),
+            Gauge::default(),
         );
         Self {
             registry,

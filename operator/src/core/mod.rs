@@ -3,6 +3,7 @@
 //! `crate::live` do the I/O around it.
 
 pub mod diff;
+pub mod effects;
 pub mod fairshare;
 pub mod plan;
 pub mod state;

@@ -1,0 +1,538 @@
+//! The only code that writes: performs a pass's [`Effect`]s, the same way for every kind. Only
+//! the leader writes; each request has a timeout; each failure is logged with its object,
+//! counted, and backed off per object (exponential, with jitter), so one object the API server
+//! refuses never holds up the others or hammers the server. Needs a client.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams};
+use kube::runtime::events::{self, Recorder};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::FIELD_MANAGER;
+use super::metrics::{ErrorLabels, EvictionLabels, Metrics, WriteLabels};
+use crate::core::diff::{Kind, ObjectKey, OwnWrites, Payload};
+use crate::core::effects::{
+    Effect, Event, EventKey, EventType, Eviction, PolicyKind, eviction_events,
+};
+
+/// Writes in flight at once within one phase. The API server handles concurrent writes well; one
+/// at a time, a first converge of thousands of templates would hold up every later event.
+/// Kept full (a new write starts as soon as one ends), as a plain client would.
+const WRITE_CONCURRENCY: usize = 16;
+
+/// How long one write may take before it counts as failed (and is retried with backoff).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one eviction may take: the client retries a PodDisruptionBudget's 429 for minutes,
+/// and the pass must not wait on it.
+const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+impl WriteError {
+    /// A short, stable label of the error, for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            WriteError::Api(kube::Error::Api(s)) => match s.code {
+                409 => "conflict",
+                422 => "invalid",
+                429 => "too_many_requests",
+                403 => "forbidden",
+                404 => "not_found",
+                code if code >= 500 => "server_error",
+                _ => "api",
+            },
+            WriteError::Api(_) => "transport",
+            WriteError::TimedOut(_) => "timeout",
+        }
+    }
+
+    /// Why an eviction did not happen, for the Event that says so.
+    fn refusal(&self) -> String {
+        match self {
+            WriteError::TimedOut(_) => {
+                "not allowed yet: the API server kept answering 429 (a PodDisruptionBudget?)".into()
+            }
+            WriteError::Api(error) => error.to_string(),
+        }
+    }
+}
+
+/// Per-object retry state for failed writes.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: HashMap<String, (u32, Instant)>,
+    jitter: RandomState,
+}
+
+impl Backoff {
+    fn ready(&self, id: &str, now: Instant) -> bool {
+        self.failures.get(id).is_none_or(|(_, at)| now >= *at)
+    }
+
+    /// How long `id` waits after its `attempts`-th failure in a row: a base of 0.4 s doubling
+    /// up to 51.2 s, less up to half of it as jitter (a hash of the id and attempt with this
+    /// process's random seed), so that objects that failed together are not retried together.
+    fn delay(&self, id: &str, attempts: u32) -> Duration {
+        let base = Duration::from_millis(200)
+            .saturating_mul(1 << attempts.min(8))
+            .min(Duration::from_secs(60));
+        let jitter_ms = self.jitter.hash_one((id, attempts)) % (base.as_millis() as u64 / 2 + 1);
+        base / 2 + Duration::from_millis(jitter_ms)
+    }
+
+    fn failed(&mut self, id: &str, now: Instant) {
+        let attempts = self.failures.get(id).map_or(0, |(n, _)| *n) + 1;
+        let at = now + self.delay(id, attempts);
+        self.failures.insert(id.to_owned(), (attempts, at));
+    }
+
+    fn succeeded(&mut self, id: &str) {
+        self.failures.remove(id);
+    }
+
+    /// Forgets the objects whose retry was due at `started` (the start of a run that tried
+    /// every object due) but that were not tried again: they are no longer wanted.
+    fn forget_due(&mut self, started: Instant) {
+        self.failures.retain(|_, (_, at)| *at > started);
+    }
+
+    /// When the next object is due for a retry, after `now`: a retry already due is taken by
+    /// the next run, and waking for it again would make the loop spin.
+    pub fn next_retry(&self, now: Instant) -> Option<Instant> {
+        self.failures
+            .values()
+            .map(|(_, at)| *at)
+            .filter(|at| *at > now)
+            .min()
+    }
+}
+
+/// What came of a pass's effects that the next pass must know.
+#[derive(Debug, Default)]
+pub struct Done {
+    /// Applies that succeeded, with the resourceVersion the server answered.
+    pub applied: Vec<(ObjectKey, Option<String>)>,
+    /// Events published.
+    pub published: Vec<EventKey>,
+    /// Whether an eviction was refused (it is tried again later).
+    pub eviction_refused: bool,
+}
+
+/// What one effect did.
+enum Outcome {
+    Applied(Option<String>),
+    Done,
+}
+
+/// Effects of one phase may run concurrently; phases run one after another, in the order the
+/// pass gives: objects (applies in dependency order, then deletions in reverse), statuses,
+/// Events, evictions.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Object { delete: bool, kind: Kind },
+    Status,
+    Event,
+    Evict,
+}
+
+impl Phase {
+    fn of(effect: &Effect) -> Phase {
+        match effect {
+            Effect::Apply { key, .. } | Effect::Recreate { key, .. } => Phase::Object {
+                delete: false,
+                kind: key.kind,
+            },
+            Effect::Delete { key } => Phase::Object {
+                delete: true,
+                kind: key.kind,
+            },
+            Effect::Status { .. } => Phase::Status,
+            Effect::Event(_) => Phase::Event,
+            Effect::Evict(_) => Phase::Evict,
+        }
+    }
+
+    fn in_flight(self) -> usize {
+        match self {
+            // One after another: the recorder folds a repeated Event into a series only when
+            // it knows of the first.
+            Phase::Event => 1,
+            _ => WRITE_CONCURRENCY,
+        }
+    }
+}
+
+/// Performs effects: server-side apply as [`FIELD_MANAGER`], status patches, Events, evictions.
+pub struct Executor {
+    requests: Arc<Requests>,
+    metrics: Arc<Metrics>,
+    leader: watch::Receiver<bool>,
+    backoff: Backoff,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Executor {
+    pub fn new(
+        client: kube::Client,
+        metrics: Arc<Metrics>,
+        leader: watch::Receiver<bool>,
+        recorder: Recorder,
+        own_writes: Arc<OwnWrites>,
+    ) -> Self {
+        let requests = Requests {
+            client,
+            metrics: metrics.clone(),
+            recorder,
+            own_writes,
+        };
+        Self {
+            requests: Arc::new(requests),
+            metrics,
+            leader,
+            backoff: Backoff::default(),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// When the next failed write is due for a retry.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.backoff.next_retry(Instant::now())
+    }
+
+    /// Performs `effects` in their order, skipping those still backing off, and stops starting
+    /// them at once when this replica loses the lease. An eviction's outcome is then told by
+    /// the Events [`eviction_events`] gives.
+    pub async fn run(&mut self, effects: Vec<Effect>) -> Done {
+        let started = Instant::now();
+        let mut done = Done::default();
+        let follow_ups = self.run_phases(effects, &mut done).await;
+        self.run_phases(follow_ups, &mut done).await;
+        self.backoff.forget_due(started);
+        done
+    }
+
+    /// Performs `effects` phase by phase; returns the Events that tell of the evictions.
+    async fn run_phases(&mut self, effects: Vec<Effect>, done: &mut Done) -> Vec<Effect> {
+        let now = Instant::now();
+        let ready: Vec<Effect> = effects
+            .into_iter()
+            .filter(|e| self.backoff.ready(&e.id(), now))
+            .collect();
+        let mut follow_ups = Vec::new();
+        for batch in ready.chunk_by(|a, b| Phase::of(a) == Phase::of(b)) {
+            if !self.is_leader() {
+                break;
+            }
+            let leader = self.leader.clone();
+            let requests = self.requests.clone();
+            // Owned futures: a future that borrows the executor would not be `Send` for every
+            // lifetime, which `tokio::spawn` of the operator needs.
+            let results: Vec<_> = futures::stream::iter(batch.to_vec())
+                // Checked before every write: a replica that lost the lease starts no more.
+                .take_while(|_| std::future::ready(*leader.borrow()))
+                .map(|effect| {
+                    let requests = requests.clone();
+                    async move {
+                        let result = requests.perform(&effect).await;
+                        (effect, result)
+                    }
+                })
+                .buffer_unordered(Phase::of(&batch[0]).in_flight())
+                .collect()
+                .await;
+            for (effect, result) in results {
+                follow_ups.extend(self.settle(&effect, result, done));
+            }
+        }
+        follow_ups
+    }
+
+    /// Takes in the result of `effect`: logged, counted, and backed off when it failed.
+    fn settle(
+        &mut self,
+        effect: &Effect,
+        result: Result<Outcome, WriteError>,
+        done: &mut Done,
+    ) -> Vec<Effect> {
+        let id = effect.id();
+        match &result {
+            Ok(_) => self.backoff.succeeded(&id),
+            Err(_) => self.backoff.failed(&id, Instant::now()),
+        }
+        if let Effect::Evict(eviction) = effect {
+            return self.evicted(eviction, result.err(), done);
+        }
+        match (effect, result) {
+            (Effect::Apply { key, .. } | Effect::Recreate { key, .. }, Ok(Outcome::Applied(v))) => {
+                tracing::info!(object = %key, action = effect.verb(), "wrote");
+                done.applied.push((key.clone(), v));
+            }
+            (Effect::Delete { key }, Ok(_)) => {
+                tracing::info!(object = %key, action = effect.verb(), "wrote");
+            }
+            (Effect::Event(event), Ok(_)) => done.published.push(event.key()),
+            (_, Ok(_)) => tracing::debug!(object = %id, action = effect.verb(), "wrote"),
+            (_, Err(error)) => {
+                self.count_error(&error);
+                tracing::warn!(object = %id, action = effect.verb(), %error, "write failed; retrying with backoff");
+            }
+        }
+        Vec::new()
+    }
+
+    /// Counts an eviction's outcome; returns the Events that tell of it.
+    fn evicted(&self, e: &Eviction, error: Option<WriteError>, done: &mut Done) -> Vec<Effect> {
+        let labels = EvictionLabels {
+            sharing_policy: e.order.sharing_policy.clone(),
+            for_team: e.order.for_team.clone(),
+            borrower: e.order.borrower.clone(),
+        };
+        let refusal = error.map(|error| error.refusal());
+        let events = eviction_events(e, refusal.as_deref().map_or(Ok(()), Err));
+        let note = events.first().map(|e| e.note.as_str()).unwrap_or_default();
+        if refusal.is_some() {
+            self.metrics.evictions_refused.get_or_create(&labels).inc();
+            done.eviction_refused = true;
+            tracing::info!(%note, "eviction refused");
+        } else {
+            self.metrics.evictions.get_or_create(&labels).inc();
+            tracing::info!(%note, "reclaim");
+        }
+        events.into_iter().map(Effect::Event).collect()
+    }
+
+    fn count_error(&self, error: &WriteError) {
+        self.metrics
+            .errors
+            .get_or_create(&ErrorLabels {
+                controller: "teamgpu",
+                error: error.metric_label(),
+            })
+            .inc();
+    }
+}
+
+/// The requests of the effects; shared by the writes in flight.
+struct Requests {
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    /// Where an apply's resourceVersion is recorded, for the watch to recognise it.
+    own_writes: Arc<OwnWrites>,
+}
+
+impl Requests {
+    fn count_write(&self, kind: &'static str, verb: &'static str) {
+        self.metrics
+            .writes
+            .get_or_create(&WriteLabels { kind, verb })
+            .inc();
+    }
+
+    /// One effect, as one or two requests, each bounded by its timeout.
+    async fn perform(&self, effect: &Effect) -> Result<Outcome, WriteError> {
+        match effect {
+            Effect::Apply { key, payload } => self.apply(key, payload).await,
+            Effect::Recreate { key, payload } => {
+                self.delete(key).await?;
+                self.apply(key, payload).await?;
+                // The differ settles only an apply it decided on a live version.
+                Ok(Outcome::Applied(None))
+            }
+            Effect::Delete { key } => self.delete(key).await,
+            Effect::Status { kind, name, status } => self.patch_status(*kind, name, status).await,
+            Effect::Event(event) => self.publish(event).await,
+            Effect::Evict(e) => {
+                self.count_write("pod", "evict");
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &e.namespace);
+                bounded(EVICTION_TIMEOUT, api.evict(&e.pod, &EvictParams::default())).await?;
+                Ok(Outcome::Done)
+            }
+        }
+    }
+
+    fn api_for(&self, key: &ObjectKey) -> Api<DynamicObject> {
+        let ar = key.kind.api_resource();
+        match &key.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        }
+    }
+
+    async fn apply(&self, key: &ObjectKey, payload: &Payload) -> Result<Outcome, WriteError> {
+        self.count_write(key.kind.label(), "apply");
+        let api = self.api_for(key);
+        let stored = bounded(
+            WRITE_TIMEOUT,
+            api.patch(&key.name, &apply_params(), &Patch::Apply(payload)),
+        )
+        .await?;
+        let version = stored.metadata.resource_version;
+        // The watch event of this apply is then known without its content.
+        if let (Some(version), Some(fingerprint)) = (&version, payload.fingerprint()) {
+            self.own_writes.record(version, fingerprint);
+        }
+        Ok(Outcome::Applied(version))
+    }
+
+    async fn delete(&self, key: &ObjectKey) -> Result<Outcome, WriteError> {
+        self.count_write(key.kind.label(), "delete");
+        let api = self.api_for(key);
+        match bounded(
+            WRITE_TIMEOUT,
+            api.delete(&key.name, &DeleteParams::default()),
+        )
+        .await
+        {
+            Ok(_) => Ok(Outcome::Done),
+            // Gone already: what a deletion wants.
+            Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(Outcome::Done),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn patch_status(
+        &self,
+        kind: PolicyKind,
+        name: &str,
+        status: &serde_json::Value,
+    ) -> Result<Outcome, WriteError> {
+        self.count_write(kind.label(), "status");
+        let resource = kind.api_resource();
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let patch =
+            json!({"apiVersion": resource.api_version, "kind": resource.kind, "status": status});
+        bounded(
+            WRITE_TIMEOUT,
+            api.patch_status(name, &apply_params(), &Patch::Apply(patch)),
+        )
+        .await?;
+        Ok(Outcome::Done)
+    }
+
+    async fn publish(&self, event: &Event) -> Result<Outcome, WriteError> {
+        self.count_write("event", "publish");
+        let published = events::Event {
+            type_: match event.type_ {
+                EventType::Normal => events::EventType::Normal,
+                EventType::Warning => events::EventType::Warning,
+            },
+            reason: event.reason.into(),
+            // The API server refuses a longer note.
+            note: Some(event.note.chars().take(1000).collect()),
+            action: event.action.into(),
+            secondary: None,
+        };
+        bounded(
+            WRITE_TIMEOUT,
+            self.recorder.publish(&published, &event.regarding),
+        )
+        .await?;
+        Ok(Outcome::Done)
+    }
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// `request`'s answer, or [`WriteError::TimedOut`] after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, WriteError> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(WriteError::TimedOut(limit)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_object_waits_longer_each_time_and_a_success_clears_it() {
+        let mut backoff = Backoff::default();
+        let t0 = Instant::now();
+        assert!(backoff.ready("q", t0));
+        backoff.failed("q", t0);
+        // First failure: 0.4 s, half of it jitter: due between 0.2 s and 0.4 s.
+        assert!(!backoff.ready("q", t0 + Duration::from_millis(199)));
+        assert!(backoff.ready("q", t0 + Duration::from_millis(401)));
+        assert!(backoff.ready("other", t0));
+        for _ in 0..20 {
+            backoff.failed("q", t0);
+        }
+        // Capped: due between 25.6 s and 51.2 s.
+        let due = backoff.next_retry(t0).unwrap() - t0;
+        assert!(
+            due >= Duration::from_millis(25_600) && due <= Duration::from_millis(51_200),
+            "{due:?}"
+        );
+        backoff.succeeded("q");
+        assert!(backoff.ready("q", t0));
+        assert_eq!(backoff.next_retry(t0), None);
+    }
+
+    #[test]
+    fn a_retry_that_was_due_but_not_tried_is_forgotten() {
+        let mut backoff = Backoff::default();
+        let t0 = Instant::now();
+        backoff.failed("gone", t0);
+        backoff.failed("failing", t0 + Duration::from_secs(1));
+        let later = t0 + Duration::from_secs(1);
+        // A retry due is not a reason to wake: waking for it would make the loop spin.
+        assert!(backoff.next_retry(later).unwrap() > later);
+        backoff.forget_due(later);
+        assert!(
+            !backoff.ready("failing", later),
+            "tried in that run, still backing off"
+        );
+        assert!(backoff.ready("gone", later));
+        assert_eq!(backoff.failures.len(), 1);
+    }
+
+    #[test]
+    fn errors_have_stable_labels() {
+        let api = |code| {
+            WriteError::Api(kube::Error::Api(
+                kube::core::Status::failure("no", "Reason")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        assert_eq!(api(409).metric_label(), "conflict");
+        assert_eq!(api(503).metric_label(), "server_error");
+        assert_eq!(api(400).metric_label(), "api");
+        assert_eq!(
+            WriteError::TimedOut(Duration::from_secs(5)).metric_label(),
+            "timeout"
+        );
+    }
+}

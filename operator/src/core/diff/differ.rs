@@ -1,0 +1,321 @@
+//! The kept differ: [`super::writes`] between passes, comparing only what changed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use super::{
+    Kind, Live, LiveObject, ObjectKey, Payload, PayloadOf, Write, in_safe_order, key_of_meta,
+    verdict,
+};
+use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
+use crate::core::plan::{DesiredObjects, NamespacedTemplate};
+
+/// A live object in the differ, with the fingerprint of the desired object this version was
+/// found to hold everything of.
+#[derive(Debug, Clone)]
+struct LiveEntry {
+    object: LiveObject,
+    covers: Option<u64>,
+}
+
+/// Fingerprint of a desired object's JSON.
+fn fingerprint(value: &Value) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(value.to_string())
+}
+
+/// A desired object, shared with the planner.
+#[derive(Debug, Clone)]
+pub(super) enum DesiredObject {
+    DeviceClass(Arc<DeviceClass>),
+    AdmissionPolicy(Arc<ValidatingAdmissionPolicy>),
+    AdmissionBinding(Arc<ValidatingAdmissionPolicyBinding>),
+    ResourceQuota(Arc<ResourceQuota>),
+    ResourceClaimTemplate(NamespacedTemplate),
+}
+
+impl DesiredObject {
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            DesiredObject::DeviceClass(o) => &o.metadata,
+            DesiredObject::AdmissionPolicy(o) => &o.metadata,
+            DesiredObject::AdmissionBinding(o) => &o.metadata,
+            DesiredObject::ResourceQuota(o) => &o.metadata,
+            DesiredObject::ResourceClaimTemplate(o) => &o.template.metadata,
+        }
+    }
+
+    fn key(&self, kind: Kind) -> ObjectKey {
+        match self {
+            DesiredObject::ResourceClaimTemplate(t) => ObjectKey {
+                kind,
+                namespace: Some(t.namespace.to_string()),
+                name: t.name().to_owned(),
+            },
+            _ => key_of_meta(kind, self.meta()),
+        }
+    }
+
+    /// Where the object lives: the planner hands out the same object while it is unchanged.
+    fn address(&self) -> *const () {
+        match self {
+            DesiredObject::DeviceClass(o) => Arc::as_ptr(o).cast(),
+            DesiredObject::AdmissionPolicy(o) => Arc::as_ptr(o).cast(),
+            DesiredObject::AdmissionBinding(o) => Arc::as_ptr(o).cast(),
+            DesiredObject::ResourceQuota(o) => Arc::as_ptr(o).cast(),
+            DesiredObject::ResourceClaimTemplate(o) => Arc::as_ptr(&o.template).cast(),
+        }
+    }
+
+    pub(super) fn to_json(&self) -> Option<Value> {
+        match self {
+            DesiredObject::DeviceClass(o) => serde_json::to_value(&**o).ok(),
+            DesiredObject::AdmissionPolicy(o) => serde_json::to_value(&**o).ok(),
+            DesiredObject::AdmissionBinding(o) => serde_json::to_value(&**o).ok(),
+            DesiredObject::ResourceQuota(o) => serde_json::to_value(&**o).ok(),
+            DesiredObject::ResourceClaimTemplate(o) => serde_json::to_value(o).ok(),
+        }
+    }
+
+    /// Every desired object, with its key.
+    fn all(objects: &DesiredObjects) -> impl Iterator<Item = (Kind, DesiredObject)> + '_ {
+        let o = objects;
+        (o.device_classes
+            .iter()
+            .map(|c| (Kind::DeviceClass, DesiredObject::DeviceClass(c.clone()))))
+        .chain(o.admission_policies.iter().map(|p| {
+            (
+                Kind::ValidatingAdmissionPolicy,
+                DesiredObject::AdmissionPolicy(p.clone()),
+            )
+        }))
+        .chain(o.admission_bindings.iter().map(|b| {
+            (
+                Kind::ValidatingAdmissionPolicyBinding,
+                DesiredObject::AdmissionBinding(b.clone()),
+            )
+        }))
+        .chain(
+            o.resource_quotas
+                .iter()
+                .map(|q| (Kind::ResourceQuota, DesiredObject::ResourceQuota(q.clone()))),
+        )
+        .chain(o.claim_templates.iter().map(|t| {
+            (
+                Kind::ResourceClaimTemplate,
+                DesiredObject::ResourceClaimTemplate(t.clone()),
+            )
+        }))
+    }
+}
+
+/// Drops the objects `keep` does not keep from `map`, marking them to be compared again.
+fn forget<V>(
+    map: &mut HashMap<ObjectKey, V>,
+    dirty: &mut BTreeSet<ObjectKey>,
+    keep: impl Fn(&ObjectKey) -> bool,
+) {
+    map.retain(|key, _| {
+        let kept = keep(key);
+        if !kept {
+            dirty.insert(key.clone());
+        }
+        kept
+    });
+}
+
+/// [`super::writes`] kept between passes, so that a pass costs what changed, not what exists: an
+/// object is compared again only when one of its sides changed or its last comparison asked for
+/// a write, and only then turned into JSON. A desired object is unchanged when the planner hands
+/// out the same one, or one with equal metadata (which carries the hash of the spec); a live
+/// object when its resourceVersion is the same. Both sides are shared with the planner and the
+/// watch caches, not copied. Gives the same writes as [`super::writes`] on the same input.
+#[derive(Debug, Default)]
+pub struct Differ {
+    desired: HashMap<ObjectKey, DesiredObject>,
+    live: HashMap<ObjectKey, LiveEntry>,
+    retained: BTreeSet<String>,
+    retained_owners: BTreeSet<String>,
+    /// Objects to compare at the next [`Differ::writes`]: a side changed, or the last
+    /// comparison asked for a write.
+    dirty: BTreeSet<ObjectKey>,
+    /// The live resourceVersion each apply asked for by the last [`Differ::writes`] was decided
+    /// on, and the fingerprint of what it applies (see [`Differ::applied`]).
+    applying: HashMap<ObjectKey, (String, u64)>,
+}
+
+impl Differ {
+    /// Takes in the live objects of `kind` (all of them). Kinds whose watch saw no event since
+    /// the last call need not be passed again.
+    pub fn update_live(&mut self, kind: Kind, objects: impl IntoIterator<Item = LiveObject>) {
+        let mut seen = HashSet::new();
+        for object in objects {
+            let key = object.key();
+            let version = object.resource_version().unwrap_or_default();
+            let known = self.live.get(&key).is_some_and(|known| {
+                !version.is_empty() && known.object.resource_version() == Some(version)
+            });
+            // A known version keeps what its comparison found; one of teamgpu's own applies
+            // holds what it applied.
+            if !known {
+                self.dirty.insert(key.clone());
+                let covers = match &object {
+                    LiveObject::Owned(view) => view.written,
+                    LiveObject::DeviceClass(_) => None,
+                };
+                self.live.insert(key.clone(), LiveEntry { object, covers });
+            }
+            seen.insert(key);
+        }
+        forget(&mut self.live, &mut self.dirty, |key| {
+            key.kind != kind || seen.contains(key)
+        });
+    }
+
+    /// The writes that make the live objects equal to `objects` (see [`super::writes`]).
+    pub fn writes(&mut self, objects: &DesiredObjects) -> Vec<Write> {
+        self.update_desired(objects);
+        for name in self
+            .retained
+            .symmetric_difference(&objects.retained_device_classes)
+        {
+            self.dirty.insert(ObjectKey {
+                kind: Kind::DeviceClass,
+                namespace: None,
+                name: name.clone(),
+            });
+        }
+        self.retained.clone_from(&objects.retained_device_classes);
+        if self.retained_owners != objects.retained_owners {
+            // Rare (a policy became unreadable, or readable again): compare every live object.
+            self.dirty.extend(self.live.keys().cloned());
+            self.retained_owners.clone_from(&objects.retained_owners);
+        }
+        let mut out = Vec::new();
+        self.applying.clear();
+        for key in std::mem::take(&mut self.dirty) {
+            let desired = match self.desired.get(&key).map(DesiredObject::to_json) {
+                Some(Some(value)) => Some(value),
+                // Wanted but not serializable (a bug, never seen): neither applied nor deleted.
+                Some(None) => {
+                    tracing::error!(object = %key, "a desired object could not be serialized; left as it is");
+                    continue;
+                }
+                None => None,
+            };
+            let desired_fingerprint = desired.as_ref().map(fingerprint);
+            let live = self.live.get_mut(&key);
+            let live_json = live.as_ref().and_then(|l| l.object.to_json());
+            let live_side = match (&live, &live_json) {
+                (_, Some(json)) => Some(Live::Object(json)),
+                (Some(entry), None) => {
+                    let LiveObject::Owned(view) = &entry.object else {
+                        unreachable!("a DeviceClass is always known whole")
+                    };
+                    Some(Live::Known {
+                        content_hash: view.content_hash.as_deref(),
+                        owner: view.owner.as_deref(),
+                        covers: entry.covers.is_some() && entry.covers == desired_fingerprint,
+                    })
+                }
+                (None, None) => None,
+            };
+            let write = verdict(
+                &key,
+                desired.as_ref(),
+                live_side,
+                &self.retained,
+                &self.retained_owners,
+            );
+            let desired_object = self.desired.get(&key);
+            let write = write.map(|needs| {
+                needs.write(key.clone(), || match desired_object {
+                    Some(object) => Payload(PayloadOf::Object(object.clone()), desired_fingerprint),
+                    // Apply and Recreate are only asked for a desired object.
+                    None => Payload::from(Value::Null),
+                })
+            });
+            match (write, live) {
+                (Some(write), live) => {
+                    if let (Write::Apply { .. }, Some(version), Some(f)) = (
+                        &write,
+                        live.and_then(|l| l.object.resource_version().map(str::to_owned)),
+                        desired_fingerprint,
+                    ) {
+                        self.applying.insert(key.clone(), (version, f));
+                    }
+                    out.push(write);
+                    self.dirty.insert(key);
+                }
+                // Settled: what was found is remembered, the content is no longer needed.
+                (None, Some(entry)) if desired_fingerprint.is_some() => {
+                    entry.covers = desired_fingerprint;
+                    entry.object.compared();
+                }
+                (None, _) => {}
+            }
+        }
+        in_safe_order(out)
+    }
+
+    /// An apply of `key` succeeded and the server answered with `resource_version`. The same
+    /// version the apply was decided on means the server already stored what teamgpu manages,
+    /// and whatever the comparison saw (a field the server normalises, say) is no difference:
+    /// the object is settled until one of its sides changes, instead of being applied again
+    /// and again. A new version is compared again when the watch brings it.
+    pub fn applied(&mut self, key: &ObjectKey, resource_version: Option<&str>) {
+        let Some((known, desired)) = self.applying.get(key) else {
+            return;
+        };
+        if resource_version == Some(known.as_str()) {
+            self.dirty.remove(key);
+            if let Some(entry) = self.live.get_mut(key) {
+                entry.covers = Some(*desired);
+                entry.object.compared();
+            }
+        }
+    }
+
+    /// What quota charges for a claim made from the live template `namespace/name` that
+    /// teamgpu owns.
+    pub fn template_charge(&self, namespace: &str, name: &str) -> Option<&BTreeMap<String, u64>> {
+        let key = ObjectKey {
+            kind: Kind::ResourceClaimTemplate,
+            namespace: Some(namespace.to_owned()),
+            name: name.to_owned(),
+        };
+        match &self.live.get(&key)?.object {
+            LiveObject::Owned(view) => view.template_charge.as_ref(),
+            LiveObject::DeviceClass(_) => None,
+        }
+    }
+
+    fn update_desired(&mut self, objects: &DesiredObjects) {
+        let mut seen = HashSet::with_capacity(self.desired.len());
+        for (kind, object) in DesiredObject::all(objects) {
+            let meta = object.meta();
+            let key = object.key(kind);
+            let hashed = meta
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(CONTENT_HASH_ANNOTATION));
+            let same = self.desired.get(&key).is_some_and(|known| {
+                std::ptr::eq(known.address(), object.address()) || (hashed && known.meta() == meta)
+            });
+            if !same {
+                self.dirty.insert(key.clone());
+            }
+            self.desired.insert(key.clone(), object);
+            seen.insert(key);
+        }
+        forget(&mut self.desired, &mut self.dirty, |key| seen.contains(key));
+    }
+}

@@ -1,0 +1,192 @@
+//! What the watch caches keep of the live objects teamgpu manages, and how an own apply is
+//! recognised when its watch event comes back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimSpec};
+use kube::core::DynamicObject;
+use serde_json::Value;
+
+use super::{Kind, ObjectKey, key_of_meta};
+use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
+
+/// A live object teamgpu manages, shared with the watch cache that holds it.
+#[derive(Debug, Clone)]
+pub enum LiveObject {
+    DeviceClass(Arc<DeviceClass>),
+    Owned(Arc<LiveView>),
+}
+
+/// What the watch cache keeps of an object teamgpu owns (a quota, a template, an admission
+/// policy or binding): its key, version, owner and content hash, and its content as JSON text
+/// only until the differ has compared it once. 10,000 owned objects are a few MiB instead of
+/// the ~70 MiB of the same objects as JSON trees.
+#[derive(Debug)]
+pub struct LiveView {
+    pub key: ObjectKey,
+    pub resource_version: Option<Box<str>>,
+    pub(super) owner: Option<Box<str>>,
+    pub(super) content_hash: Option<Box<str>>,
+    /// For a ResourceClaimTemplate: what quota charges per DeviceClass for a claim made from
+    /// it (for pending demand).
+    pub template_charge: Option<BTreeMap<String, u64>>,
+    /// The object as the API server stores it (managed fields left out), until compared.
+    body: std::sync::Mutex<Option<Box<str>>>,
+    /// This version is what teamgpu's own apply of the desired object with this fingerprint
+    /// stored: it holds that object, and its content is not needed.
+    pub(super) written: Option<u64>,
+}
+
+/// The versions teamgpu's own applies stored, with the fingerprint of what each applied, so
+/// that the watch event of an operator's own write is known without its content: during a
+/// first converge, 10,000 events would otherwise hold their content until the next pass.
+#[derive(Debug, Default)]
+pub struct OwnWrites(std::sync::Mutex<HashMap<Box<str>, u64>>);
+
+/// Versions remembered at most: one is forgotten when its watch event arrives, and a watch
+/// that missed events (it listed again) must not make the map grow without end.
+const OWN_WRITES_KEPT: usize = 100_000;
+
+impl OwnWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An apply of the desired object with `fingerprint` was stored as `resource_version`.
+    pub fn record(&self, resource_version: &str, fingerprint: u64) {
+        let mut written = self.lock();
+        if written.len() >= OWN_WRITES_KEPT {
+            written.clear();
+        }
+        written.insert(resource_version.into(), fingerprint);
+    }
+
+    fn take(&self, resource_version: &str) -> Option<u64> {
+        self.lock().remove(resource_version)
+    }
+}
+
+impl LiveView {
+    /// `object` (of `kind`) as the watch cache keeps it; without its content when it is the
+    /// version one of teamgpu's own applies stored.
+    pub fn observed(kind: Kind, object: &DynamicObject, own: &OwnWrites) -> Self {
+        let written = object
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| own.take(v));
+        Self::make(kind, object, written)
+    }
+
+    /// `object` (of `kind`) as the watch cache keeps it.
+    pub fn new(kind: Kind, object: &DynamicObject) -> Self {
+        Self::make(kind, object, None)
+    }
+
+    fn make(kind: Kind, object: &DynamicObject, written: Option<u64>) -> Self {
+        let meta = &object.metadata;
+        let annotation = |name: &str| {
+            meta.annotations
+                .as_ref()
+                .and_then(|a| a.get(name))
+                .map(|v| Box::from(v.as_str()))
+        };
+        // Only the spec of a template is read, and only for pending demand.
+        let template_charge = (kind == Kind::ResourceClaimTemplate)
+            .then(|| {
+                serde_json::from_value::<ResourceClaimSpec>(object.data["spec"]["spec"].clone())
+                    .ok()
+            })
+            .flatten()
+            .map(|spec| crate::core::plan::usage::quota_charge(&spec));
+        LiveView {
+            key: key_of_meta(kind, meta),
+            resource_version: meta.resource_version.as_deref().map(Box::from),
+            owner: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::core::plan::objects::OWNER_LABEL))
+                .map(|v| Box::from(v.as_str())),
+            content_hash: annotation(CONTENT_HASH_ANNOTATION),
+            template_charge,
+            // The text of an own apply is never needed (see [`OwnWrites`]).
+            body: std::sync::Mutex::new(written.is_none().then(|| Self::text(kind, object))),
+            written,
+        }
+    }
+
+    /// `object` as JSON text, as the API server stores it, without its managed fields. Items of
+    /// a list carry no `apiVersion` and `kind`; the key says what they are.
+    fn text(kind: Kind, object: &DynamicObject) -> Box<str> {
+        let mut value = serde_json::to_value(object).unwrap_or_default();
+        if let Value::Object(fields) = &mut value {
+            let resource = kind.api_resource();
+            fields.insert("apiVersion".into(), resource.api_version.into());
+            fields.insert("kind".into(), resource.kind.into());
+            if let Some(Value::Object(meta)) = fields.get_mut("metadata") {
+                meta.remove("managedFields");
+            }
+        }
+        value.to_string().into_boxed_str()
+    }
+
+    pub(super) fn body(&self) -> std::sync::MutexGuard<'_, Option<Box<str>>> {
+        self.body
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl LiveObject {
+    /// An owned object of `kind` as the watch cache keeps it.
+    pub fn owned(kind: Kind, object: &DynamicObject) -> Self {
+        LiveObject::Owned(Arc::new(LiveView::new(kind, object)))
+    }
+
+    pub(super) fn key(&self) -> ObjectKey {
+        match self {
+            LiveObject::DeviceClass(o) => key_of_meta(Kind::DeviceClass, &o.metadata),
+            LiveObject::Owned(v) => v.key.clone(),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            LiveObject::DeviceClass(_) => Kind::DeviceClass,
+            LiveObject::Owned(v) => v.key.kind,
+        }
+    }
+
+    pub(super) fn resource_version(&self) -> Option<&str> {
+        match self {
+            LiveObject::DeviceClass(o) => o.metadata.resource_version.as_deref(),
+            LiveObject::Owned(v) => v.resource_version.as_deref(),
+        }
+    }
+
+    /// The object as the API server stores it, while it is known.
+    pub(super) fn to_json(&self) -> Option<Value> {
+        match self {
+            LiveObject::DeviceClass(o) => {
+                let mut value = serde_json::to_value(&**o).ok()?;
+                if let Value::Object(fields) = &mut value {
+                    let resource = Kind::DeviceClass.api_resource();
+                    fields.insert("apiVersion".into(), resource.api_version.into());
+                    fields.insert("kind".into(), resource.kind.into());
+                }
+                Some(value)
+            }
+            LiveObject::Owned(v) => serde_json::from_str(v.body().as_deref()?).ok(),
+        }
+    }
+
+    /// Forgets the content once it has been compared: what is kept decides from now on.
+    pub(super) fn compared(&self) {
+        if let LiveObject::Owned(v) = self {
+            *v.body() = None;
+        }
+    }
+}

@@ -1,0 +1,402 @@
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::core::DynamicObject;
+use serde_json::json;
+
+use super::*;
+
+fn key(kind: Kind, ns: Option<&str>, name: &str) -> ObjectKey {
+    ObjectKey {
+        kind,
+        namespace: ns.map(str::to_owned),
+        name: name.into(),
+    }
+}
+
+fn quota(hash: &str, devices: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ResourceQuota",
+           "metadata": {"name": "teamgpu", "namespace": "a", "annotations": {CONTENT_HASH_ANNOTATION: hash}},
+           "spec": {"hard": {"x.deviceclass.resource.k8s.io/devices": devices}}})
+}
+
+#[test]
+fn covers_ignores_what_the_server_added_but_not_changed_values() {
+    let desired = quota("h1", "4");
+    let mut live = desired.clone();
+    live["metadata"]["uid"] = json!("u");
+    live["status"] = json!({"used": {}});
+    assert!(covers(&live, &desired));
+    live["spec"]["hard"]["x.deviceclass.resource.k8s.io/devices"] = json!("5");
+    assert!(!covers(&live, &desired));
+    assert!(!covers(&json!({"a": [1, 2]}), &json!({"a": [1]})));
+}
+
+#[test]
+fn a_steady_state_writes_nothing() {
+    let k = key(Kind::ResourceQuota, Some("a"), "teamgpu");
+    let desired = BTreeMap::from([(k.clone(), quota("h1", "4"))]);
+    let mut live_obj = quota("h1", "4");
+    live_obj["metadata"]["resourceVersion"] = json!("7");
+    let live = BTreeMap::from([(k, live_obj)]);
+    assert!(writes(&desired, &BTreeSet::new(), &BTreeSet::new(), &live).is_empty());
+}
+
+#[test]
+fn drift_and_removed_fields_are_written_back() {
+    let k = key(Kind::ResourceQuota, Some("a"), "teamgpu");
+    let desired = BTreeMap::from([(k.clone(), quota("h1", "4"))]);
+    // Someone edited the value.
+    let live = BTreeMap::from([(k.clone(), quota("h1", "9"))]);
+    assert!(matches!(
+        &writes(&desired, &BTreeSet::new(), &BTreeSet::new(), &live)[..],
+        [Write::Apply { .. }]
+    ));
+    // The plan dropped a field: only the hash tells (the live object still covers the plan).
+    let mut old = quota("h0", "4");
+    old["spec"]["hard"]["y.deviceclass.resource.k8s.io/devices"] = json!("0");
+    let live = BTreeMap::from([(k, old)]);
+    assert!(matches!(
+        &writes(&desired, &BTreeSet::new(), &BTreeSet::new(), &live)[..],
+        [Write::Apply { .. }]
+    ));
+}
+
+#[test]
+fn changed_templates_are_recreated_and_stale_objects_deleted_last() {
+    let t = key(Kind::ResourceClaimTemplate, Some("a"), "gpu");
+    let template = |hash: &str| json!({"metadata": {"name": "gpu", "namespace": "a", "annotations": {CONTENT_HASH_ANNOTATION: hash}}, "spec": {}});
+    let stale = key(Kind::ResourceQuota, Some("gone"), "teamgpu");
+    let kept_class = key(Kind::DeviceClass, None, "broken.teamgpu.io");
+    let desired = BTreeMap::from([(t.clone(), template("new"))]);
+    let live = BTreeMap::from([
+        (t.clone(), template("old")),
+        (stale.clone(), quota("h", "1")),
+        (kept_class, json!({})),
+    ]);
+    let retained = BTreeSet::from(["broken.teamgpu.io".to_owned()]);
+    let out = writes(&desired, &retained, &BTreeSet::new(), &live);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(matches!(&out[0], Write::Recreate { key, .. } if key == &t));
+    assert!(matches!(&out[1], Write::Delete { key } if key == &stale));
+}
+
+#[test]
+fn the_objects_of_an_unreadable_policy_are_kept() {
+    let q = key(Kind::ResourceQuota, Some("robotics"), "teamgpu");
+    let mut owned = quota("h", "4");
+    owned["metadata"]["labels"] = json!({"teamgpu.io/owner": "TeamGpuPolicy.robotics"});
+    let live = BTreeMap::from([(q.clone(), owned)]);
+    let unreadable = BTreeSet::from(["TeamGpuPolicy.robotics".to_owned()]);
+    assert_eq!(
+        writes(&BTreeMap::new(), &BTreeSet::new(), &unreadable, &live),
+        []
+    );
+    // Once the policy is gone for good (or readable and wanting less), the quota goes.
+    assert!(matches!(
+        &writes(&BTreeMap::new(), &BTreeSet::new(), &BTreeSet::new(), &live)[..],
+        [Write::Delete { key }] if key == &q
+    ));
+}
+
+#[test]
+fn classes_are_applied_before_the_templates_that_use_them() {
+    let class = key(Kind::DeviceClass, None, "a.teamgpu.io");
+    let tmpl = key(Kind::ResourceClaimTemplate, Some("ns"), "a");
+    let desired = BTreeMap::from([(tmpl.clone(), json!({})), (class.clone(), json!({}))]);
+    let out = writes(
+        &desired,
+        &BTreeSet::new(),
+        &BTreeSet::new(),
+        &BTreeMap::new(),
+    );
+    assert_eq!(
+        out.iter().map(|w| w.key().clone()).collect::<Vec<_>>(),
+        [class, tmpl]
+    );
+}
+
+/// Random sequences of desired and live states: the kept differ asks for exactly the writes
+/// the full comparison asks for, at every step.
+mod differ {
+    use super::*;
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use proptest::prelude::*;
+
+    /// A quota in `namespace` allowing `devices`, stamped with its content hash.
+    fn desired_quota(namespace: &str, devices: u8) -> ResourceQuota {
+        let mut q: ResourceQuota = serde_json::from_value(json!({
+            "metadata": {"name": "teamgpu", "namespace": namespace},
+            "spec": {"hard": {"x.deviceclass.resource.k8s.io/devices": devices.to_string()}}
+        }))
+        .unwrap();
+        let hash = crate::core::plan::objects::content_hash(&q.spec);
+        q.metadata.annotations = Some([(CONTENT_HASH_ANNOTATION.to_owned(), hash)].into());
+        q
+    }
+
+    /// The live side: absent, as desired with `devices`, or that edited by someone
+    /// (`drift`); its resourceVersion names its content.
+    fn live_quota(namespace: &str, devices: u8, drift: bool) -> DynamicObject {
+        let mut v = serde_json::to_value(desired_quota(namespace, devices)).unwrap();
+        if drift {
+            v["spec"]["hard"]["x.deviceclass.resource.k8s.io/devices"] = json!("99");
+        }
+        v["apiVersion"] = json!("v1");
+        v["kind"] = json!("ResourceQuota");
+        v["metadata"]["resourceVersion"] = json!(format!("{devices}-{drift}"));
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn class(devices: u8) -> DeviceClass {
+        serde_json::from_value(json!({
+            "metadata": {"name": "x.teamgpu.io", "resourceVersion": devices.to_string(),
+                         "annotations": {CONTENT_HASH_ANNOTATION: devices.to_string()}},
+            "spec": {}
+        }))
+        .unwrap()
+    }
+
+    #[derive(Clone, Debug)]
+    struct Step {
+        desired: [Option<u8>; 2],
+        live: [Option<(u8, bool)>; 2],
+        class_live: Option<u8>,
+        class_desired: Option<u8>,
+        retained: bool,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let v = proptest::option::of(0..3u8);
+        (
+            [v.clone(), v.clone()],
+            [
+                proptest::option::of((0..3u8, any::<bool>())),
+                proptest::option::of((0..3u8, any::<bool>())),
+            ],
+            v.clone(),
+            v,
+            any::<bool>(),
+        )
+            .prop_map(
+                |(desired, live, class_live, class_desired, retained)| Step {
+                    desired,
+                    live,
+                    class_live,
+                    class_desired,
+                    retained,
+                },
+            )
+    }
+
+    #[test]
+    fn a_changed_desired_object_is_compared_again_though_nothing_live_changed() {
+        let mut differ = Differ::default();
+        let live = Arc::new(live_quota("a", 0, false));
+        differ.update_live(
+            Kind::ResourceQuota,
+            [LiveObject::owned(Kind::ResourceQuota, &live)],
+        );
+        let mut objects = DesiredObjects::default();
+        objects
+            .resource_quotas
+            .push(Arc::new(desired_quota("a", 0)));
+        assert_eq!(differ.writes(&objects), []);
+        objects.resource_quotas = vec![Arc::new(desired_quota("a", 1))];
+        assert!(matches!(
+            &differ.writes(&objects)[..],
+            [Write::Apply { .. }]
+        ));
+    }
+
+    fn quotas(devices: u8) -> DesiredObjects {
+        DesiredObjects {
+            resource_quotas: vec![Arc::new(desired_quota("a", devices))],
+            ..DesiredObjects::default()
+        }
+    }
+
+    #[test]
+    fn a_compared_object_is_kept_without_its_content_and_still_decided_on() {
+        let live = LiveObject::owned(Kind::ResourceQuota, &live_quota("a", 3, false));
+        let LiveObject::Owned(view) = &live else {
+            unreachable!()
+        };
+        let mut differ = Differ::default();
+        differ.update_live(Kind::ResourceQuota, [live.clone()]);
+        assert!(view.body().is_some());
+        assert!(differ.writes(&quotas(3)).is_empty());
+        assert!(
+            view.body().is_none(),
+            "the content is dropped once it is found converged"
+        );
+        // The same version passed again (the next event of another quota) keeps that.
+        differ.update_live(Kind::ResourceQuota, [live.clone()]);
+        assert!(differ.writes(&quotas(3)).is_empty());
+        // A new desired quota is applied; back to the old one, the live one holds it.
+        assert!(matches!(
+            &differ.writes(&quotas(4))[..],
+            [Write::Apply { .. }]
+        ));
+        assert!(differ.writes(&quotas(3)).is_empty());
+        // No longer wanted: deleted, decided without the content.
+        assert!(matches!(
+            &differ.writes(&DesiredObjects::default())[..],
+            [Write::Delete { .. }]
+        ));
+    }
+
+    #[test]
+    fn the_watch_event_of_an_own_apply_is_known_without_its_content() {
+        let mut differ = Differ::default();
+        let writes = differ.writes(&quotas(3));
+        let [Write::Apply { object, .. }] = &writes[..] else {
+            panic!("{writes:?}")
+        };
+        let own = OwnWrites::default();
+        // The server stored the apply as version "3-false" (see `live_quota`).
+        own.record(
+            "3-false",
+            object.fingerprint().expect("the differ's payload"),
+        );
+        let view = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, false), &own);
+        assert!(view.body().is_none());
+        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(view))]);
+        assert!(differ.writes(&quotas(3)).is_empty());
+        // Someone else's version is kept whole until compared.
+        let edited = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, true), &own);
+        assert!(edited.body().is_some());
+        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(edited))]);
+        assert!(matches!(
+            &differ.writes(&quotas(3))[..],
+            [Write::Apply { .. }]
+        ));
+    }
+
+    #[test]
+    fn a_listed_object_without_api_version_and_kind_is_converged() {
+        // A watch cache filled by a list holds items without apiVersion and kind (the API
+        // server leaves them out of list items); only events carry them.
+        let mut listed = live_quota("a", 0, false);
+        listed.types = None;
+        let mut differ = Differ::default();
+        differ.update_live(
+            Kind::ResourceQuota,
+            [LiveObject::owned(Kind::ResourceQuota, &listed)],
+        );
+        assert_eq!(differ.writes(&quotas(0)), []);
+    }
+
+    #[test]
+    fn a_no_op_apply_settles_the_object_until_a_side_changes() {
+        // The server stores the value in another form than teamgpu sent ("4.0" for "4"):
+        // the comparison sees a difference that an apply cannot remove.
+        let stored = |version: &str| {
+            let mut q = live_quota("a", 4, false);
+            q.data["spec"]["hard"]["x.deviceclass.resource.k8s.io/devices"] = json!("4.0");
+            q.metadata.resource_version = Some(version.into());
+            LiveObject::owned(Kind::ResourceQuota, &q)
+        };
+        let key = key(Kind::ResourceQuota, Some("a"), "teamgpu");
+        let mut differ = Differ::default();
+        differ.update_live(Kind::ResourceQuota, [stored("7")]);
+        assert!(matches!(
+            &differ.writes(&quotas(4))[..],
+            [Write::Apply { .. }]
+        ));
+        // The apply changed nothing: the server answered with the same resourceVersion.
+        differ.applied(&key, Some("7"));
+        assert_eq!(differ.writes(&quotas(4)), []);
+        assert_eq!(differ.writes(&quotas(4)), []);
+        // Someone edits the object: it is compared, and applied, again.
+        differ.update_live(Kind::ResourceQuota, [stored("8")]);
+        assert!(matches!(
+            &differ.writes(&quotas(4))[..],
+            [Write::Apply { .. }]
+        ));
+        // An apply that did change the object is compared again when the watch brings it.
+        differ.applied(&key, Some("9"));
+        assert!(matches!(
+            &differ.writes(&quotas(4))[..],
+            [Write::Apply { .. }]
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn the_kept_differ_agrees_with_the_full_comparison(
+            mut steps in proptest::collection::vec(step(), 1..16),
+            quiet in proptest::collection::vec(any::<bool>(), 16),
+        ) {
+            // Most passes see no live change: a quiet step keeps the live side as it was.
+            for i in 1..steps.len() {
+                if quiet[i] {
+                    steps[i].live = steps[i - 1].live;
+                    steps[i].class_live = steps[i - 1].class_live;
+                }
+            }
+            let mut differ = Differ::default();
+            let mut previous: Option<Step> = None;
+            let mut shared = std::collections::HashMap::new();
+            for step in &steps {
+                let namespaces = ["a", "b"];
+                let mut objects = DesiredObjects::default();
+                // Quotas are shared while unchanged, as the planner does; classes are new
+                // objects every time, as for the planner's few cluster-wide objects.
+                for (ns, d) in namespaces.iter().zip(step.desired) {
+                    objects.resource_quotas.extend(d.map(|d| {
+                        shared
+                            .entry((*ns, d))
+                            .or_insert_with(|| Arc::new(desired_quota(ns, d)))
+                            .clone()
+                    }));
+                }
+                objects
+                    .device_classes
+                    .extend(step.class_desired.map(|d| Arc::new(class(d))));
+                if step.retained {
+                    objects.retained_device_classes.insert("x.teamgpu.io".into());
+                }
+                let live_quotas: Vec<DynamicObject> = namespaces
+                    .iter()
+                    .zip(step.live)
+                    .filter_map(|(ns, l)| l.map(|(d, drift)| live_quota(ns, d, drift)))
+                    .collect();
+                let live_class = step.class_live.map(class);
+                let live_quotas: Vec<Arc<DynamicObject>> =
+                    live_quotas.into_iter().map(Arc::new).collect();
+                let live_class = live_class.map(Arc::new);
+                let full_live: BTreeMap<ObjectKey, Value> = live_quotas
+                    .iter()
+                    .map(|q| LiveObject::owned(Kind::ResourceQuota, q))
+                    .chain(live_class.iter().cloned().map(LiveObject::DeviceClass))
+                    .map(|o| (o.key(), o.to_json().unwrap()))
+                    .collect();
+                let expected = writes(
+                    &desired(&objects),
+                    &objects.retained_device_classes,
+                    &objects.retained_owners,
+                    &full_live,
+                );
+                // As the operator does: a kind is passed again only when its watch saw an
+                // event (here: when it changed, or at random).
+                if previous.as_ref().is_none_or(|p: &Step| p.live != step.live || step.retained) {
+                    differ.update_live(
+                        Kind::ResourceQuota,
+                        live_quotas
+                            .iter()
+                            .map(|q| LiveObject::owned(Kind::ResourceQuota, q)),
+                    );
+                }
+                if previous.as_ref().is_none_or(|p| p.class_live != step.class_live) {
+                    differ.update_live(
+                        Kind::DeviceClass,
+                        live_class.iter().cloned().map(LiveObject::DeviceClass),
+                    );
+                }
+                previous = Some(step.clone());
+                prop_assert_eq!(differ.writes(&objects), expected, "at {:?}", step);
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! What a pass does to the cluster, as data: the differ's writes, statuses that differ from the
+//! live ones, Events for findings nobody has been told of yet, and evictions for reclaim. Pure;
+//! `controller::executor` performs the effects and is the only code that writes.
+//!
+//! Every decision is here, over plain data, so it can be tested without an API server:
+//! [`status_changes`] and [`malformed_statuses`] (which statuses to write), [`event_transitions`]
+//! and [`Published`] (which Events to publish), [`ReclaimTracker::evictions`] and [`victims`]
+//! (which Pods to evict, and when), [`eviction_events`] (what to say of an eviction's outcome).
+
+mod events;
+mod reclaim;
+mod status;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::core::ApiResource;
+use serde_json::Value;
+
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::core::diff::{ObjectKey, Payload, Write};
+use crate::core::plan::ReclaimOrder;
+pub use events::{EventKey, Published, event_transitions, in_team_namespaces};
+pub use reclaim::{ReclaimDefaults, ReclaimTracker, eviction_events, victims};
+pub use status::{Malformed, malformed_status, malformed_statuses, status_changes};
+
+/// One thing to do to the cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Server-side apply of the whole object (creates it when missing, restores drift).
+    Apply { key: ObjectKey, payload: Payload },
+    /// Delete, then apply: the object's spec is immutable and has changed.
+    Recreate { key: ObjectKey, payload: Payload },
+    /// The object carries teamgpu's label but is no longer wanted.
+    Delete { key: ObjectKey },
+    /// A policy's status, applied to its status subresource.
+    Status {
+        kind: PolicyKind,
+        name: String,
+        status: Value,
+    },
+    /// An Event for a person to read.
+    Event(Event),
+    /// Evict a borrower's Pod to give devices back.
+    Evict(Eviction),
+}
+
+impl From<Write> for Effect {
+    fn from(write: Write) -> Self {
+        match write {
+            Write::Apply { key, object } => Effect::Apply {
+                key,
+                payload: object,
+            },
+            Write::Recreate { key, object } => Effect::Recreate {
+                key,
+                payload: object,
+            },
+            Write::Delete { key } => Effect::Delete { key },
+        }
+    }
+}
+
+impl Effect {
+    /// What the effect does to which object, one per object: the key a failure backs off by,
+    /// and what the logs name.
+    pub fn id(&self) -> String {
+        match self {
+            Effect::Apply { key, .. } | Effect::Recreate { key, .. } | Effect::Delete { key } => {
+                key.to_string()
+            }
+            Effect::Status { kind, name, .. } => format!("{} {name} status", kind.kind()),
+            Effect::Event(event) => {
+                let (object, reason, note) = event.key();
+                format!("event {object} {reason}: {note}")
+            }
+            Effect::Evict(e) => format!("pod {}/{} eviction", e.namespace, e.pod),
+        }
+    }
+
+    /// What the effect does, for logs.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Effect::Apply { .. } => "apply",
+            Effect::Recreate { .. } => "recreate",
+            Effect::Delete { .. } => "delete",
+            Effect::Status { .. } => "status",
+            Effect::Event(_) => "publish",
+            Effect::Evict(_) => "evict",
+        }
+    }
+}
+
+/// The two custom resources teamgpu writes statuses of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    GpuSharingPolicy,
+    TeamGpuPolicy,
+}
+
+impl PolicyKind {
+    pub fn api_resource(self) -> ApiResource {
+        match self {
+            PolicyKind::GpuSharingPolicy => ApiResource::erase::<GpuSharingPolicy>(&()),
+            PolicyKind::TeamGpuPolicy => ApiResource::erase::<TeamGpuPolicy>(&()),
+        }
+    }
+
+    /// The kind, as in an object's `kind`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            PolicyKind::GpuSharingPolicy => "GpuSharingPolicy",
+            PolicyKind::TeamGpuPolicy => "TeamGpuPolicy",
+        }
+    }
+
+    /// Lower-case name for metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            PolicyKind::GpuSharingPolicy => "gpusharingpolicy",
+            PolicyKind::TeamGpuPolicy => "teamgpupolicy",
+        }
+    }
+}
+
+/// Whether an Event reports something normal or something a person should act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// An Event to publish about `regarding`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub regarding: ObjectReference,
+    pub type_: EventType,
+    pub reason: &'static str,
+    /// What teamgpu did: `Plan` for findings of the plan, `Evict` for reclaim.
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// One Pod to evict, and whom to tell of the outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Eviction {
+    pub namespace: String,
+    pub pod: String,
+    /// The reclaim the eviction serves.
+    pub order: ReclaimOrder,
+    /// Where the outcome is told, each with the prefix of its note: the Pod, the borrowing
+    /// team, and the quota in each namespace of both teams.
+    pub notify: Vec<(ObjectReference, String)>,
+}

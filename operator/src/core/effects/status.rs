@@ -1,0 +1,237 @@
+//! Which statuses to write: only those that differ from the live ones, so a steady state
+//! writes none.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::core::DynamicObject;
+use serde_json::{Value, json};
+
+use super::{Effect, PolicyKind};
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::core::plan::Plan;
+
+/// The status of every policy whose status in `plan` differs from its live one.
+pub fn status_changes(
+    plan: &Plan,
+    sharing: &[GpuSharingPolicy],
+    teams: &[TeamGpuPolicy],
+    now: &Time,
+) -> Vec<Effect> {
+    let sharing_changes = sharing.iter().filter_map(|p| {
+        let status = plan.sharing_status(&p.name_any(), p.status.as_ref(), now);
+        changed(PolicyKind::GpuSharingPolicy, p, p.status.as_ref(), status)
+    });
+    let team_changes = teams.iter().filter_map(|t| {
+        let status = plan.team_status(&t.name_any(), t.status.as_ref(), now);
+        changed(PolicyKind::TeamGpuPolicy, t, t.status.as_ref(), status)
+    });
+    sharing_changes.chain(team_changes).collect()
+}
+
+/// The write of `status` to `policy`, unless it is none or the `live` one already.
+fn changed<S: PartialEq + serde::Serialize>(
+    kind: PolicyKind,
+    policy: &impl ResourceExt,
+    live: Option<&S>,
+    status: Option<S>,
+) -> Option<Effect> {
+    let status = status.filter(|s| live != Some(s))?;
+    Some(Effect::Status {
+        kind,
+        name: policy.name_any(),
+        status: json!(status),
+    })
+}
+
+/// A custom resource teamgpu could not read into its type (say, written by a newer version).
+#[derive(Debug, Clone)]
+pub struct Malformed {
+    pub object: DynamicObject,
+    pub kind: PolicyKind,
+    pub message: String,
+}
+
+/// The status that tells a person why teamgpu skips a malformed policy: `Ready=False`, reason
+/// `Malformed`; `None` when the live status says so already.
+pub fn malformed_status(
+    live: &Value,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> Option<Value> {
+    let conditions = live["status"]["conditions"].as_array();
+    let current = conditions.and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
+    if current.is_some_and(|c| c["reason"] == "Malformed" && c["message"] == message) {
+        return None;
+    }
+    Some(json!({"conditions": [{
+        "type": "Ready", "status": "False", "reason": "Malformed", "message": message,
+        "observedGeneration": generation, "lastTransitionTime": now,
+    }]}))
+}
+
+/// The status of each malformed policy that does not report it yet (its status is the only
+/// place a person looks).
+pub fn malformed_statuses(malformed: &[Malformed], now: &Time) -> Vec<Effect> {
+    malformed
+        .iter()
+        .filter_map(|m| {
+            let live = serde_json::to_value(&m.object).unwrap_or_default();
+            let status = malformed_status(&live, &m.message, m.object.metadata.generation, now)?;
+            Some(Effect::Status {
+                kind: m.kind,
+                name: m.object.name_any(),
+                status,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::api::QuotaStatus;
+    use crate::core::plan::conditions::DesiredCondition;
+    use crate::core::plan::{SharingPolicyReport, TeamReport};
+
+    use super::*;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    /// Team `ml`, generation 2, in `ml-dev`, entitled to 4 devices of `a100`, Ready; and the
+    /// sharing policy `a100` with 8 devices.
+    fn plan() -> Plan {
+        Plan {
+            teams: vec![TeamReport {
+                name: "ml".into(),
+                generation: Some(2),
+                namespaces: vec!["ml-dev".into()],
+                quotas: vec![QuotaStatus {
+                    sharing_policy: "a100".into(),
+                    entitlement: 4,
+                    ..QuotaStatus::default()
+                }],
+                conditions: vec![DesiredCondition::new("Ready", true, "Planned", "ok")],
+                ..TeamReport::default()
+            }],
+            sharing_policies: vec![SharingPolicyReport {
+                name: "a100".into(),
+                device_class: "a100.teamgpu.io".into(),
+                capacity: 8,
+                ..SharingPolicyReport::default()
+            }],
+            ..Plan::default()
+        }
+    }
+
+    /// What the API server holds of team `ml` after teamgpu wrote its status at second 100 for
+    /// `entitlement` devices.
+    fn team(name: &str, entitlement: u32) -> TeamGpuPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": name, "generation": 2}, "spec": {},
+            "status": {
+                "observedGeneration": 2,
+                "namespaces": ["ml-dev"],
+                "quotas": [{"sharingPolicy": "a100", "guaranteed": 0, "effectiveGuarantee": 0,
+                            "limit": 0, "weight": 0, "capacity": 0, "entitlement": entitlement,
+                            "borrowed": 0, "requested": 0, "allocated": 0, "pending": 0,
+                            "reserved": 0}],
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Planned",
+                                "message": "ok", "observedGeneration": 2,
+                                "lastTransitionTime": "1970-01-01T00:01:40Z"}]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_statuses_that_differ_from_the_live_ones_are_written() {
+        let policy: GpuSharingPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+            "metadata": {"name": "a100"}, "spec": {}
+        }))
+        .unwrap();
+        // The team's status is as planned; a team the plan does not know of gets none.
+        let written = status_changes(
+            &plan(),
+            &[policy],
+            &[team("ml", 4), team("gone", 1)],
+            &at(200),
+        );
+        assert_eq!(
+            written,
+            [Effect::Status {
+                kind: PolicyKind::GpuSharingPolicy,
+                name: "a100".into(),
+                status: json!({"deviceClassName": "a100.teamgpu.io", "devices": 8}),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_changed_entitlement_rewrites_the_status_and_keeps_the_transition_time() {
+        let written = status_changes(&plan(), &[], &[team("ml", 3)], &at(200));
+        let expected = json!({
+            "observedGeneration": 2,
+            "namespaces": ["ml-dev"],
+            "quotas": [{"sharingPolicy": "a100", "guaranteed": 0, "effectiveGuarantee": 0,
+                        "limit": 0, "weight": 0, "capacity": 0, "entitlement": 4,
+                        "borrowed": 0, "requested": 0, "allocated": 0, "pending": 0,
+                        "reserved": 0}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Planned",
+                            "message": "ok", "observedGeneration": 2,
+                            "lastTransitionTime": "1970-01-01T00:01:40Z"}]
+        });
+        assert_eq!(
+            written,
+            [Effect::Status {
+                kind: PolicyKind::TeamGpuPolicy,
+                name: "ml".into(),
+                status: expected,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_malformed_policy_is_reported_once() {
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap());
+        let status = malformed_status(&json!({}), "bad weight", Some(3), &now).unwrap();
+        assert_eq!(status["conditions"][0]["reason"], "Malformed");
+        assert_eq!(status["conditions"][0]["observedGeneration"], 3);
+        let live = json!({"status": status});
+        assert_eq!(malformed_status(&live, "bad weight", Some(3), &now), None);
+        assert!(malformed_status(&live, "another problem", Some(4), &now).is_some());
+    }
+
+    #[test]
+    fn a_malformed_policy_gets_a_status_of_its_kind_until_it_shows_the_problem() {
+        let object = |status: Value| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+                "metadata": {"name": "t", "generation": 5}, "spec": {"weight": "many"},
+                "status": status
+            }))
+            .unwrap()
+        };
+        let malformed = |status| Malformed {
+            object: object(status),
+            kind: PolicyKind::TeamGpuPolicy,
+            message: "bad weight".into(),
+        };
+        let reported = json!({"conditions": [{
+            "type": "Ready", "status": "False", "reason": "Malformed", "message": "bad weight",
+            "observedGeneration": 5, "lastTransitionTime": "1970-01-01T00:00:07Z",
+        }]});
+        assert_eq!(
+            malformed_statuses(&[malformed(json!({}))], &at(7)),
+            [Effect::Status {
+                kind: PolicyKind::TeamGpuPolicy,
+                name: "t".into(),
+                status: reported.clone(),
+            }]
+        );
+        assert_eq!(malformed_statuses(&[malformed(reported)], &at(9)), []);
+    }
+}
