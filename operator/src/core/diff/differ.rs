@@ -168,7 +168,7 @@ impl Differ {
             if !known {
                 self.dirty.insert(key.clone());
                 let covers = match &object {
-                    LiveObject::Owned(view) => view.written,
+                    LiveObject::Owned(view) => view.written(),
                     LiveObject::DeviceClass(_) => None,
                 };
                 self.live.insert(key.clone(), LiveEntry { object, covers });
@@ -220,10 +220,12 @@ impl Differ {
                     let LiveObject::Owned(view) = &entry.object else {
                         unreachable!("a DeviceClass is always known whole")
                     };
+                    // An own apply's answer may have claimed the version after it was taken in.
+                    let covers = entry.covers.or_else(|| view.written());
                     Some(Live::Known {
                         content_hash: view.content_hash.as_deref(),
                         owner: view.owner.as_deref(),
-                        covers: entry.covers.is_some() && entry.covers == desired_fingerprint,
+                        covers: covers.is_some() && covers == desired_fingerprint,
                     })
                 }
                 (None, None) => None,

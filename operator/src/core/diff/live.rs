@@ -31,25 +31,48 @@ pub struct LiveView {
     /// For a ResourceClaimTemplate: what quota charges per DeviceClass for a claim made from
     /// it (for pending demand).
     pub template_charge: Option<BTreeMap<String, u64>>,
-    /// The object as the API server stores it (managed fields left out), until compared.
-    body: std::sync::Mutex<Option<Box<str>>>,
+    /// The object as the API server stores it (managed fields left out) until compared, or
+    /// what it is known to hold. Shared with [`OwnWrites`] while it is text nobody claimed.
+    content: Arc<std::sync::Mutex<Content>>,
+}
+
+/// What a [`LiveView`] knows of its object's content.
+#[derive(Debug)]
+enum Content {
+    /// The object as JSON text, until the differ has compared it.
+    Text(Box<str>),
     /// This version is what teamgpu's own apply of the desired object with this fingerprint
-    /// stored: it holds that object, and its content is not needed.
-    pub(super) written: Option<u64>,
+    /// stored: it holds that object, and its text is not needed.
+    Written(u64),
+    /// Compared: what the differ found is kept there.
+    Forgotten,
 }
 
 /// The versions teamgpu's own applies stored, with the fingerprint of what each applied, so
 /// that the watch event of an operator's own write is known without its content: during a
 /// first converge, 10,000 events would otherwise hold their content until the next pass.
+///
+/// The event often comes back before the apply's answer: a view whose version nobody claimed
+/// yet is remembered, and forgets its text when the answer names its version.
 #[derive(Debug, Default)]
-pub struct OwnWrites(std::sync::Mutex<HashMap<Box<str>, u64>>);
+pub struct OwnWrites(std::sync::Mutex<Versions>);
+
+#[derive(Debug, Default)]
+struct Versions {
+    /// Versions of own applies whose watch event has not come yet.
+    written: HashMap<Box<str>, u64>,
+    /// Views whose version no own apply has named yet, by version, with their content.
+    unclaimed: HashMap<Box<str>, Arc<std::sync::Mutex<Content>>>,
+    /// `unclaimed` is swept of views that are gone or compared when it grows past this.
+    sweep_at: usize,
+}
 
 /// Versions remembered at most: one is forgotten when its watch event arrives, and a watch
 /// that missed events (it listed again) must not make the map grow without end.
 const OWN_WRITES_KEPT: usize = 100_000;
 
 impl OwnWrites {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Versions> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -57,36 +80,86 @@ impl OwnWrites {
 
     /// An apply of the desired object with `fingerprint` was stored as `resource_version`.
     pub fn record(&self, resource_version: &str, fingerprint: u64) {
-        let mut written = self.lock();
-        if written.len() >= OWN_WRITES_KEPT {
-            written.clear();
+        let mut versions = self.lock();
+        if let Some(content) = versions.unclaimed.remove(resource_version) {
+            // Its watch event came first: the view forgets its text now.
+            let mut content = lock(&content);
+            if matches!(*content, Content::Text(_)) {
+                *content = Content::Written(fingerprint);
+            }
+            return;
         }
-        written.insert(resource_version.into(), fingerprint);
+        if versions.written.len() >= OWN_WRITES_KEPT {
+            versions.written.clear();
+        }
+        versions
+            .written
+            .insert(resource_version.into(), fingerprint);
     }
 
-    fn take(&self, resource_version: &str) -> Option<u64> {
-        self.lock().remove(resource_version)
+    /// What a view of `resource_version` holds: what an own apply stored, or `text`, which an
+    /// own apply's answer may still claim (it is remembered for that).
+    fn content(
+        &self,
+        resource_version: Option<&str>,
+        text: impl FnOnce() -> Box<str>,
+    ) -> Arc<std::sync::Mutex<Content>> {
+        let Some(version) = resource_version else {
+            return Arc::new(std::sync::Mutex::new(Content::Text(text())));
+        };
+        let written = |versions: &mut Versions| {
+            let fingerprint = versions.written.remove(version)?;
+            Some(Arc::new(std::sync::Mutex::new(Content::Written(
+                fingerprint,
+            ))))
+        };
+        if let Some(content) = written(&mut self.lock()) {
+            return content;
+        }
+        // Made outside the lock; an answer that came meanwhile still wins.
+        let text = text();
+        let mut versions = self.lock();
+        if let Some(content) = written(&mut versions) {
+            return content;
+        }
+        if versions.unclaimed.len() >= versions.sweep_at {
+            // Views that were replaced, or compared, are no one's to claim.
+            versions
+                .unclaimed
+                .retain(|_, c| Arc::strong_count(c) > 1 && matches!(*lock(c), Content::Text(_)));
+            versions.sweep_at = (versions.unclaimed.len() * 2).max(1024);
+        }
+        let content = Arc::new(std::sync::Mutex::new(Content::Text(text)));
+        versions.unclaimed.insert(version.into(), content.clone());
+        content
     }
+}
+
+fn lock(content: &std::sync::Mutex<Content>) -> std::sync::MutexGuard<'_, Content> {
+    content
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl LiveView {
     /// `object` (of `kind`) as the watch cache keeps it; without its content when it is the
     /// version one of teamgpu's own applies stored.
     pub fn observed(kind: Kind, object: &DynamicObject, own: &OwnWrites) -> Self {
-        let written = object
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| own.take(v));
-        Self::make(kind, object, written)
+        let version = object.metadata.resource_version.as_deref();
+        Self::make(
+            kind,
+            object,
+            own.content(version, || Self::text(kind, object)),
+        )
     }
 
     /// `object` (of `kind`) as the watch cache keeps it.
     pub fn new(kind: Kind, object: &DynamicObject) -> Self {
-        Self::make(kind, object, None)
+        let text = Content::Text(Self::text(kind, object));
+        Self::make(kind, object, Arc::new(std::sync::Mutex::new(text)))
     }
 
-    fn make(kind: Kind, object: &DynamicObject, written: Option<u64>) -> Self {
+    fn make(kind: Kind, object: &DynamicObject, content: Arc<std::sync::Mutex<Content>>) -> Self {
         let meta = &object.metadata;
         let annotation = |name: &str| {
             meta.annotations
@@ -112,10 +185,29 @@ impl LiveView {
                 .map(|v| Box::from(v.as_str())),
             content_hash: annotation(CONTENT_HASH_ANNOTATION),
             template_charge,
-            // The text of an own apply is never needed (see [`OwnWrites`]).
-            body: std::sync::Mutex::new(written.is_none().then(|| Self::text(kind, object))),
-            written,
+            content,
         }
+    }
+
+    /// The fingerprint of the desired object whose apply stored this version, if one did.
+    pub(super) fn written(&self) -> Option<u64> {
+        match *lock(&self.content) {
+            Content::Written(fingerprint) => Some(fingerprint),
+            Content::Text(_) | Content::Forgotten => None,
+        }
+    }
+
+    /// The object's JSON text, while the view holds it.
+    pub(super) fn text_json(&self) -> Option<Value> {
+        match &*lock(&self.content) {
+            Content::Text(text) => serde_json::from_str(text).ok(),
+            Content::Written(_) | Content::Forgotten => None,
+        }
+    }
+
+    /// Whether the view holds its object's text.
+    pub fn holds_text(&self) -> bool {
+        matches!(*lock(&self.content), Content::Text(_))
     }
 
     /// `object` as JSON text, as the API server stores it, without its managed fields. Items of
@@ -131,12 +223,6 @@ impl LiveView {
             }
         }
         value.to_string().into_boxed_str()
-    }
-
-    pub(super) fn body(&self) -> std::sync::MutexGuard<'_, Option<Box<str>>> {
-        self.body
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -179,14 +265,14 @@ impl LiveObject {
                 }
                 Some(value)
             }
-            LiveObject::Owned(v) => serde_json::from_str(v.body().as_deref()?).ok(),
+            LiveObject::Owned(v) => v.text_json(),
         }
     }
 
     /// Forgets the content once it has been compared: what is kept decides from now on.
     pub(super) fn compared(&self) {
         if let LiveObject::Owned(v) = self {
-            *v.body() = None;
+            *lock(&v.content) = Content::Forgotten;
         }
     }
 }

@@ -224,10 +224,10 @@ mod differ {
         };
         let mut differ = Differ::default();
         differ.update_live(Kind::ResourceQuota, [live.clone()]);
-        assert!(view.body().is_some());
+        assert!(view.holds_text());
         assert!(differ.writes(&quotas(3)).is_empty());
         assert!(
-            view.body().is_none(),
+            !view.holds_text(),
             "the content is dropped once it is found converged"
         );
         // The same version passed again (the next event of another quota) keeps that.
@@ -260,13 +260,51 @@ mod differ {
             object.fingerprint().expect("the differ's payload"),
         );
         let view = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, false), &own);
-        assert!(view.body().is_none());
+        assert!(!view.holds_text());
         differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(view))]);
         assert!(differ.writes(&quotas(3)).is_empty());
         // Someone else's version is kept whole until compared.
         let edited = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, true), &own);
-        assert!(edited.body().is_some());
+        assert!(edited.holds_text());
         differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(edited))]);
+        assert!(matches!(
+            &differ.writes(&quotas(3))[..],
+            [Write::Apply { .. }]
+        ));
+    }
+
+    #[test]
+    fn an_own_apply_whose_watch_event_came_before_its_answer_forgets_the_text_at_the_answer() {
+        let mut differ = Differ::default();
+        let writes = differ.writes(&quotas(3));
+        let [Write::Apply { object, .. }] = &writes[..] else {
+            panic!("{writes:?}")
+        };
+        let own = OwnWrites::default();
+        // The event of version "3-false" (see `live_quota`) is taken in, then the apply's
+        // answer names that version.
+        let view = Arc::new(LiveView::observed(
+            Kind::ResourceQuota,
+            &live_quota("a", 3, false),
+            &own,
+        ));
+        assert!(view.holds_text());
+        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(view.clone())]);
+        own.record(
+            "3-false",
+            object.fingerprint().expect("the differ's payload"),
+        );
+        assert!(!view.holds_text());
+        assert!(differ.writes(&quotas(3)).is_empty());
+        // A version no answer named stays whole until compared, and then a change is written.
+        let edited = Arc::new(LiveView::observed(
+            Kind::ResourceQuota,
+            &live_quota("a", 3, true),
+            &own,
+        ));
+        own.record("another", 1);
+        assert!(edited.holds_text());
+        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(edited)]);
         assert!(matches!(
             &differ.writes(&quotas(3))[..],
             [Write::Apply { .. }]
