@@ -12,6 +12,7 @@ pub mod crd;
 pub mod dra_cel;
 pub mod example;
 pub mod input;
+pub mod intern;
 pub mod live;
 pub mod manifests;
 pub mod output;

@@ -220,25 +220,7 @@ pub struct ClaimDevice {
 }
 
 /// Shares the text of names that repeat across objects (namespaces, classes, drivers, pools).
-#[derive(Debug, Default)]
-pub struct Names(std::collections::HashSet<Arc<str>, rustc_hash::FxBuildHasher>);
-
-impl Names {
-    pub fn get(&mut self, name: &str) -> Arc<str> {
-        if let Some(shared) = self.0.get(name) {
-            return shared.clone();
-        }
-        let shared: Arc<str> = Arc::from(name);
-        self.0.insert(shared.clone());
-        shared
-    }
-
-    /// Forgets the names nothing else holds.
-    pub fn prune(&mut self) {
-        self.0.retain(|n| Arc::strong_count(n) > 1);
-        self.0.shrink_to_fit();
-    }
-}
+pub type Names = crate::intern::Interner<str>;
 
 impl ClaimView {
     pub fn project(claim: &ResourceClaim, names: &mut Names) -> Self {
@@ -252,13 +234,13 @@ impl ClaimView {
             .map(|r| Arc::from(r.name.as_str()))
             .collect();
         ClaimView {
-            namespace: names.get(claim.metadata.namespace.as_deref().unwrap_or_default()),
+            namespace: names.intern(claim.metadata.namespace.as_deref().unwrap_or_default()),
             name: Arc::from(claim.metadata.name.as_deref().unwrap_or_default()),
             identity: hasher.finish(),
             created: claim.metadata.creation_timestamp.as_ref().map(|t| t.0),
             charge: quota_charge(&claim.spec)
                 .into_iter()
-                .map(|(class, n)| (names.get(&class), n))
+                .map(|(class, n)| (names.intern(&class), n))
                 .collect(),
             allocated: claim
                 .status
@@ -267,11 +249,11 @@ impl ClaimView {
             devices: allocated_devices(claim)
                 .into_iter()
                 .map(|d| ClaimDevice {
-                    class: d.class.as_deref().map(|c| names.get(c)),
+                    class: d.class.as_deref().map(|c| names.intern(c)),
                     id: DeviceId {
-                        driver: names.get(&d.driver),
-                        pool: names.get(&d.pool),
-                        device: names.get(&d.device),
+                        driver: names.intern(&d.driver),
+                        pool: names.intern(&d.pool),
+                        device: names.intern(&d.device),
                     },
                     admin_access: d.admin_access,
                 })

@@ -123,7 +123,7 @@ impl SliceView {
                     .iter()
                     .flatten()
                     .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"),
-                env: envs.share(DeviceEnv::projected(&spec.driver, d, reads)),
+                env: envs.project(&spec.driver, d, reads),
             })
             .collect();
         SliceView {

@@ -1,0 +1,196 @@
+//! [`CompiledSelectors`]: a list of selector expressions that must all be true, evaluated with
+//! kube-cel on a device, or answered from a memo keyed by the few values the list reads.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use kube_cel::cel::parser::Expression;
+use kube_cel::cel::{ExecutionError, Value};
+use rustc_hash::{FxBuildHasher, FxHasher};
+
+use super::SelectorError;
+use super::compile::compile_one;
+use super::context::root_context;
+use super::device::{AttrValue, CapValue, DeviceEnv};
+use super::reads::{DeviceReads, Footprint, Leaf};
+
+/// Entries kept per [`CompiledSelectors`] memo before it stops remembering new devices.
+const MEMO_CAPACITY: usize = 16 * 1024;
+
+#[derive(Debug)]
+struct CompiledExpr {
+    source: String,
+    expr: Expression,
+}
+
+type Memo = HashMap<u64, Vec<(Vec<LeafKey>, Result<bool, SelectorError>)>, FxBuildHasher>;
+
+/// A list of selector expressions that must all be true (DeviceClass or request selectors).
+#[derive(Debug)]
+pub struct CompiledSelectors {
+    exprs: Vec<CompiledExpr>,
+    pub(super) footprint: Footprint,
+    leaves: Vec<Leaf>,
+    memo: Mutex<Memo>,
+}
+
+impl CompiledSelectors {
+    /// Compiles `expressions`; the first invalid one is reported with its index.
+    pub fn compile(expressions: &[String]) -> Result<Self, SelectorError> {
+        let mut exprs = Vec::with_capacity(expressions.len());
+        let mut footprint = Footprint::default();
+        for (index, source) in expressions.iter().enumerate() {
+            let (expr, fp) = compile_one(index, source)?;
+            footprint.merge(&fp);
+            exprs.push(CompiledExpr {
+                source: source.clone(),
+                expr,
+            });
+        }
+        let leaves = footprint.leaves.iter().cloned().collect();
+        Ok(Self {
+            exprs,
+            footprint,
+            leaves,
+            memo: Mutex::new(Memo::default()),
+        })
+    }
+
+    /// What these selectors read of a device.
+    pub fn reads(&self) -> DeviceReads {
+        DeviceReads::of(&self.footprint)
+    }
+
+    /// Whether every expression is true for `device`, evaluated in order like the Kubernetes
+    /// allocator does (`selectorsMatch`): the first false stops with false, the first error
+    /// stops with that error. An empty list matches every device.
+    pub fn matches(&self, device: &DeviceEnv) -> Result<bool, SelectorError> {
+        if let Some(e) = device.invalid()
+            && !self.exprs.is_empty()
+        {
+            return Err(e.clone());
+        }
+        if self.footprint.full {
+            return self.evaluate(device);
+        }
+        // The leaves' values, on the stack for the usual handful of leaves.
+        let mut stack = [LeafValue::Bool(false); 16];
+        let heap: Vec<LeafValue<'_>>;
+        let values: &[LeafValue<'_>] = if self.leaves.len() <= stack.len() {
+            for (slot, leaf) in stack.iter_mut().zip(&self.leaves) {
+                *slot = device.leaf(leaf);
+            }
+            &stack[..self.leaves.len()]
+        } else {
+            heap = self.leaves.iter().map(|l| device.leaf(l)).collect();
+            &heap
+        };
+        let mut h = FxHasher::default();
+        for v in values {
+            v.hash_into(&mut h);
+        }
+        let hash = h.finish();
+        if let Ok(memo) = self.memo.lock()
+            && let Some(bucket) = memo.get(&hash)
+        {
+            for (k, result) in bucket {
+                if k.len() == values.len() && values.iter().zip(k).all(|(v, k)| v.matches_key(k)) {
+                    return result.clone();
+                }
+            }
+        }
+        let result = self.evaluate(device);
+        if let Ok(mut memo) = self.memo.lock()
+            && memo.len() < MEMO_CAPACITY
+        {
+            let k = values.iter().map(|v| v.memo_key()).collect();
+            memo.entry(hash).or_default().push((k, result.clone()));
+        }
+        result
+    }
+
+    /// Every expression evaluated with kube-cel on `device`, as far as it reads it.
+    pub(super) fn evaluate(&self, device: &DeviceEnv) -> Result<bool, SelectorError> {
+        if self.exprs.is_empty() {
+            return Ok(true);
+        }
+        let mut scope = root_context().new_inner_scope();
+        scope.add_variable_from_value("device", device.to_cel(&self.footprint));
+        for (index, e) in self.exprs.iter().enumerate() {
+            let err = |message: String| SelectorError::Evaluation {
+                index,
+                expression: e.source.clone(),
+                message,
+            };
+            match Value::resolve(&e.expr, &scope) {
+                Ok(Value::Bool(true)) => {}
+                Ok(Value::Bool(false)) => return Ok(false),
+                Ok(other) => {
+                    return Err(err(format!(
+                        "CEL result of type {} is not a bool",
+                        other.type_of()
+                    )));
+                }
+                Err(e) => return Err(err(execution_message(&e))),
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn execution_message(e: &ExecutionError) -> String {
+    e.to_string()
+}
+
+/// The value of one [`Leaf`] on a device, as the memo compares it.
+#[derive(Clone, Copy)]
+pub(super) enum LeafValue<'a> {
+    Driver(&'a str),
+    Bool(bool),
+    Attr(Option<&'a AttrValue>),
+    Cap(Option<&'a CapValue>),
+}
+
+impl LeafValue<'_> {
+    fn hash_into<H: Hasher>(&self, h: &mut H) {
+        match self {
+            Self::Driver(s) => (0u8, *s).hash(h),
+            Self::Bool(b) => (1u8, b).hash(h),
+            Self::Attr(None) | Self::Cap(None) => 2u8.hash(h),
+            Self::Attr(Some(v)) => {
+                3u8.hash(h);
+                v.hash_into(h);
+            }
+            Self::Cap(Some(c)) => (4u8, &*c.raw).hash(h),
+        }
+    }
+
+    fn memo_key(self) -> LeafKey {
+        match self {
+            Self::Driver(s) => LeafKey::Driver(Arc::from(s)),
+            Self::Bool(b) => LeafKey::Bool(b),
+            Self::Attr(v) => LeafKey::Attr(v.cloned()),
+            Self::Cap(c) => LeafKey::Cap(c.map(|c| c.raw.clone())),
+        }
+    }
+
+    fn matches_key(&self, k: &LeafKey) -> bool {
+        match (self, k) {
+            (Self::Driver(a), LeafKey::Driver(b)) => *a == &**b,
+            (Self::Bool(a), LeafKey::Bool(b)) => a == b,
+            (Self::Attr(a), LeafKey::Attr(b)) => *a == b.as_ref(),
+            (Self::Cap(a), LeafKey::Cap(b)) => a.map(|c| &*c.raw) == b.as_deref(),
+            _ => false,
+        }
+    }
+}
+
+/// A [`LeafValue`] as the memo keeps it.
+#[derive(Debug, Clone)]
+enum LeafKey {
+    Driver(Arc<str>),
+    Bool(bool),
+    Attr(Option<AttrValue>),
+    Cap(Option<Arc<str>>),
+}
