@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 
 use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::core::diff::{Kind, LiveView, OwnWrites};
+use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::core::plan::usage::{ClaimView, Names};
@@ -323,7 +323,11 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
             Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource()),
             owned_cfg(),
             watch::channel(Some(())).1,
-            OwnedProjector(kind, own_writes.clone()),
+            OwnedProjector {
+                kind,
+                own_writes: own_writes.clone(),
+                charges: TemplateCharges::default(),
+            },
             wake.clone(),
             Watch::Owned(kind),
         );
@@ -386,15 +390,24 @@ impl Projector<ResourceClaim> for ClaimProjector {
     }
 }
 
-/// Objects teamgpu owns, as the differ needs them.
+/// Objects teamgpu owns, as the differ needs them; the templates' charges shared (a team's
+/// templates are the same in each of its namespaces).
 #[derive(Debug)]
-struct OwnedProjector(Kind, Arc<OwnWrites>);
+struct OwnedProjector {
+    kind: Kind,
+    own_writes: Arc<OwnWrites>,
+    charges: TemplateCharges,
+}
 
 impl Projector<DynamicObject> for OwnedProjector {
     type View = LiveView;
     type Params = ();
 
     fn project(&mut self, object: &DynamicObject, (): &()) -> LiveView {
-        LiveView::observed(self.0, object, &self.1)
+        LiveView::observed(self.kind, object, &self.own_writes, &mut self.charges)
+    }
+
+    fn relisted(&mut self) {
+        self.charges.prune();
     }
 }

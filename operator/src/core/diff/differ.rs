@@ -295,7 +295,7 @@ impl Differ {
             name: name.to_owned(),
         };
         match &self.live.get(&key)?.object {
-            LiveObject::Owned(view) => view.template_charge.as_ref(),
+            LiveObject::Owned(view) => view.template_charge.as_deref(),
             LiveObject::DeviceClass(_) => None,
         }
     }

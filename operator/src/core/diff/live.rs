@@ -30,7 +30,7 @@ pub struct LiveView {
     pub(super) content_hash: Option<Box<str>>,
     /// For a ResourceClaimTemplate: what quota charges per DeviceClass for a claim made from
     /// it (for pending demand).
-    pub template_charge: Option<BTreeMap<String, u64>>,
+    pub template_charge: Option<Arc<BTreeMap<String, u64>>>,
     /// The object as the API server stores it (managed fields left out) until compared, or
     /// what it is known to hold. Shared with [`OwnWrites`] while it is text nobody claimed.
     content: Arc<std::sync::Mutex<Content>>,
@@ -47,6 +47,10 @@ enum Content {
     /// Compared: what the differ found is kept there.
     Forgotten,
 }
+
+/// What quota charges for a claim of a template, shared by the templates that charge the same:
+/// 9,000 templates of 100 teams charge a few distinct ways.
+pub type TemplateCharges = crate::intern::Interner<BTreeMap<String, u64>>;
 
 /// The versions teamgpu's own applies stored, with the fingerprint of what each applied, so
 /// that the watch event of an operator's own write is known without its content: during a
@@ -144,22 +148,34 @@ fn lock(content: &std::sync::Mutex<Content>) -> std::sync::MutexGuard<'_, Conten
 impl LiveView {
     /// `object` (of `kind`) as the watch cache keeps it; without its content when it is the
     /// version one of teamgpu's own applies stored.
-    pub fn observed(kind: Kind, object: &DynamicObject, own: &OwnWrites) -> Self {
+    pub fn observed(
+        kind: Kind,
+        object: &DynamicObject,
+        own: &OwnWrites,
+        charges: &mut TemplateCharges,
+    ) -> Self {
         let version = object.metadata.resource_version.as_deref();
-        Self::make(
-            kind,
-            object,
-            own.content(version, || Self::text(kind, object)),
-        )
+        let content = own.content(version, || Self::text(kind, object));
+        Self::make(kind, object, content, |charge| charges.share(charge))
     }
 
     /// `object` (of `kind`) as the watch cache keeps it.
     pub fn new(kind: Kind, object: &DynamicObject) -> Self {
         let text = Content::Text(Self::text(kind, object));
-        Self::make(kind, object, Arc::new(std::sync::Mutex::new(text)))
+        Self::make(
+            kind,
+            object,
+            Arc::new(std::sync::Mutex::new(text)),
+            Arc::new,
+        )
     }
 
-    fn make(kind: Kind, object: &DynamicObject, content: Arc<std::sync::Mutex<Content>>) -> Self {
+    fn make(
+        kind: Kind,
+        object: &DynamicObject,
+        content: Arc<std::sync::Mutex<Content>>,
+        share: impl FnOnce(BTreeMap<String, u64>) -> Arc<BTreeMap<String, u64>>,
+    ) -> Self {
         let meta = &object.metadata;
         let annotation = |name: &str| {
             meta.annotations
@@ -174,7 +190,7 @@ impl LiveView {
                     .ok()
             })
             .flatten()
-            .map(|spec| crate::core::plan::usage::quota_charge(&spec));
+            .map(|spec| share(crate::core::plan::usage::quota_charge(&spec)));
         LiveView {
             key: key_of_meta(kind, meta),
             resource_version: meta.resource_version.as_deref().map(Box::from),

@@ -20,7 +20,7 @@ use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
 pub use crate::core::state::{Kind, ObjectKey};
 use differ::DesiredObject;
 pub use differ::Differ;
-pub use live::{LiveObject, LiveView, OwnWrites};
+pub use live::{LiveObject, LiveView, OwnWrites, TemplateCharges};
 
 /// One write to perform.
 #[derive(Clone, Debug, PartialEq)]

@@ -259,12 +259,22 @@ mod differ {
             "3-false",
             object.fingerprint().expect("the differ's payload"),
         );
-        let view = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, false), &own);
+        let view = LiveView::observed(
+            Kind::ResourceQuota,
+            &live_quota("a", 3, false),
+            &own,
+            &mut TemplateCharges::default(),
+        );
         assert!(!view.holds_text());
         differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(view))]);
         assert!(differ.writes(&quotas(3)).is_empty());
         // Someone else's version is kept whole until compared.
-        let edited = LiveView::observed(Kind::ResourceQuota, &live_quota("a", 3, true), &own);
+        let edited = LiveView::observed(
+            Kind::ResourceQuota,
+            &live_quota("a", 3, true),
+            &own,
+            &mut TemplateCharges::default(),
+        );
         assert!(edited.holds_text());
         differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(edited))]);
         assert!(matches!(
@@ -287,6 +297,7 @@ mod differ {
             Kind::ResourceQuota,
             &live_quota("a", 3, false),
             &own,
+            &mut TemplateCharges::default(),
         ));
         assert!(view.holds_text());
         differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(view.clone())]);
@@ -301,6 +312,7 @@ mod differ {
             Kind::ResourceQuota,
             &live_quota("a", 3, true),
             &own,
+            &mut TemplateCharges::default(),
         ));
         own.record("another", 1);
         assert!(edited.holds_text());
@@ -437,4 +449,33 @@ mod differ {
             }
         }
     }
+}
+
+#[test]
+fn templates_that_charge_the_same_share_one_charge() {
+    let template = |namespace: &str, count: u32| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "a100", "namespace": namespace, "resourceVersion": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "a100.teamgpu.io", "count": count}}]}}}
+        }))
+        .unwrap()
+    };
+    let (own, mut charges) = (OwnWrites::default(), TemplateCharges::default());
+    let mut view = |namespace: &str, count: u32| {
+        LiveView::observed(
+            Kind::ResourceClaimTemplate,
+            &template(namespace, count),
+            &own,
+            &mut charges,
+        )
+        .template_charge
+        .expect("a template's charge")
+    };
+    let (a, b, two) = (view("a", 1), view("b", 1), view("c", 2));
+    assert_eq!(*a, [("a100.teamgpu.io".to_owned(), 1)].into());
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(*two, [("a100.teamgpu.io".to_owned(), 2)].into());
 }
