@@ -244,15 +244,23 @@ impl Executor {
             .filter(|e| self.backoff.ready(&e.id(), now))
             .collect();
         let mut follow_ups = Vec::new();
-        for batch in ready.chunk_by(|a, b| Phase::of(a) == Phase::of(b)) {
+        // Each effect is moved, never copied, and settled as soon as its request ends: a first
+        // converge's 10,000 applies are held once.
+        let mut ready = ready.into_iter().peekable();
+        while let Some(first) = ready.next() {
             if !self.is_leader() {
                 break;
             }
+            let phase = Phase::of(&first);
+            let mut batch = vec![first];
+            batch.extend(std::iter::from_fn(|| {
+                ready.next_if(|e| Phase::of(e) == phase)
+            }));
             let leader = self.leader.clone();
             let requests = self.requests.clone();
             // Owned futures: a future that borrows the executor would not be `Send` for every
             // lifetime, which `tokio::spawn` of the operator needs.
-            let results: Vec<_> = futures::stream::iter(batch.to_vec())
+            let mut results = futures::stream::iter(batch)
                 // Checked before every write: a replica that lost the lease starts no more.
                 .take_while(|_| std::future::ready(*leader.borrow()))
                 .map(|effect| {
@@ -262,10 +270,8 @@ impl Executor {
                         (effect, result)
                     }
                 })
-                .buffer_unordered(Phase::of(&batch[0]).in_flight())
-                .collect()
-                .await;
-            for (effect, result) in results {
+                .buffer_unordered(phase.in_flight());
+            while let Some((effect, result)) = results.next().await {
                 follow_ups.extend(self.settle(&effect, result, done));
             }
         }
