@@ -190,6 +190,32 @@ fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
     Arc::ptr_eq(a, b) || **a == **b
 }
 
+/// The one shared copy of an attribute or capacity name (a domain or an id), for every device
+/// input and every compiled selector: a selector then finds a device's attribute by pointer.
+/// Drivers publish a fixed set of names; past `KEPT` distinct names a name is not shared (and
+/// found by its text).
+pub(super) fn shared_name(name: &str) -> Arc<str> {
+    const KEPT: usize = 1 << 16;
+    static NAMES: std::sync::OnceLock<std::sync::Mutex<Interner<str>>> = std::sync::OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if names.len() >= KEPT {
+        return Arc::from(name);
+    }
+    names.intern(name)
+}
+
+/// The entry of a selector's leaf, whose names are shared with the devices' ([`shared_name`]).
+fn find_leaf<'a, T>(entries: &'a Entries<T>, domain: &Arc<str>, id: &Arc<str>) -> Option<&'a T> {
+    entries
+        .iter()
+        .find(|(d, i, _)| same(i, id) && same(d, domain))
+        .map(|(_, _, v)| v)
+}
+
+#[cfg(test)]
 fn find<'a, T>(entries: &'a Entries<T>, domain: &str, id: &str) -> Option<&'a T> {
     entries
         .iter()
@@ -225,7 +251,7 @@ impl DeviceEnv {
             let (domain, id) = parse_qualified_name(name, driver);
             match attr_value(attr) {
                 Ok(v) if reads.keeps(Kind::Attributes, domain, id) => {
-                    attributes.push((names.intern(domain), names.intern(id), v));
+                    attributes.push((shared_name(domain), shared_name(id), v));
                 }
                 Ok(_) => {}
                 Err(message) => note_invalid(&mut invalid, name, message),
@@ -237,7 +263,7 @@ impl DeviceEnv {
             match parse_with_kube_cel(ParseKind::Quantity, &cap.value.0) {
                 Ok(value) if reads.keeps(Kind::Capacity, domain, id) => {
                     let raw = names.intern(cap.value.0.as_str());
-                    let (domain, id) = (names.intern(domain), names.intern(id));
+                    let (domain, id) = (shared_name(domain), shared_name(id));
                     capacity.push((domain, id, CapValue { raw, value }));
                 }
                 Ok(_) => {}
@@ -289,8 +315,8 @@ impl DeviceEnv {
         match leaf {
             Leaf::Driver => LeafValue::Driver(&self.driver),
             Leaf::AllowMultipleAllocations => LeafValue::Bool(self.allow_multiple_allocations),
-            Leaf::Attribute(d, n) => LeafValue::Attr(find(&self.attributes, d, n)),
-            Leaf::Capacity(d, n) => LeafValue::Cap(find(&self.capacity, d, n)),
+            Leaf::Attribute(d, n) => LeafValue::Attr(find_leaf(&self.attributes, d, n)),
+            Leaf::Capacity(d, n) => LeafValue::Cap(find_leaf(&self.capacity, d, n)),
         }
     }
 
@@ -323,12 +349,12 @@ impl DeviceEnv {
             for leaf in &fp.leaves {
                 match leaf {
                     Leaf::Attribute(d, n) => {
-                        if let Some(v) = find(&self.attributes, d, n) {
+                        if let Some(v) = find_leaf(&self.attributes, d, n) {
                             put(Kind::Attributes, d, n, v.to_cel());
                         }
                     }
                     Leaf::Capacity(d, n) => {
-                        if let Some(v) = find(&self.capacity, d, n) {
+                        if let Some(v) = find_leaf(&self.capacity, d, n) {
                             put(Kind::Capacity, d, n, v.value.clone());
                         }
                     }

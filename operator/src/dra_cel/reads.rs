@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use kube_cel::cel::common::ast::{EntryExpr, Expr, IdedEntryExpr, LiteralValue, operators};
 
+use super::device::shared_name;
+
 /// Which parts of a device some selector reads, so that a device projected to them evaluates
 /// every such selector as the whole device would. `device.driver` and
 /// `device.allowMultipleAllocations` are always kept.
@@ -184,8 +186,8 @@ impl Footprint {
     fn add_leaf(&mut self, kind: Kind, domain: &str, id: &str) {
         self.add_domain(kind, domain);
         self.leaves.insert(match kind {
-            Kind::Attributes => Leaf::Attribute(Arc::from(domain), Arc::from(id)),
-            Kind::Capacity => Leaf::Capacity(Arc::from(domain), Arc::from(id)),
+            Kind::Attributes => Leaf::Attribute(shared_name(domain), shared_name(id)),
+            Kind::Capacity => Leaf::Capacity(shared_name(domain), shared_name(id)),
         });
     }
 
