@@ -57,14 +57,23 @@ async fn operator_writes(cluster: &TestCluster) -> u64 {
 
 /// [`operator_writes`] by (verb, resource).
 async fn writes_by_resource(cluster: &TestCluster) -> BTreeMap<(String, String), u64> {
+    requests(cluster, &["create", "patch", "delete"], &OPERATOR_RESOURCES).await
+}
+
+/// The requests the API server counted with one of `verbs` on one of `resources`, by (verb,
+/// resource).
+async fn requests(
+    cluster: &TestCluster,
+    verbs: &[&str],
+    resources: &[&str],
+) -> BTreeMap<(String, String), u64> {
     cluster
         .server_request_counts()
         .await
         .expect("API server metrics")
         .into_iter()
         .filter(|((verb, resource), _)| {
-            ["create", "patch", "delete"].contains(&verb.as_str())
-                && OPERATOR_RESOURCES.contains(&resource.as_str())
+            verbs.contains(&verb.to_lowercase().as_str()) && resources.contains(&resource.as_str())
         })
         .collect()
 }
@@ -262,20 +271,11 @@ async fn rejected_by_priority_and_fairness(cluster: &TestCluster) -> u64 {
 
 /// The list and watch requests on the big collections, by (verb, resource).
 async fn reads_of_big_collections(cluster: &TestCluster) -> BTreeMap<(String, String), u64> {
-    cluster
-        .server_request_counts()
-        .await
-        .expect("API server metrics")
-        .into_iter()
-        .filter(|((verb, resource), _)| {
-            ["list", "watch"].contains(&verb.to_lowercase().as_str())
-                && [
-                    "resourceslices.resource.k8s.io",
-                    "resourceclaims.resource.k8s.io",
-                ]
-                .contains(&resource.as_str())
-        })
-        .collect()
+    let big = [
+        "resourceslices.resource.k8s.io",
+        "resourceclaims.resource.k8s.io",
+    ];
+    requests(cluster, &["list", "watch"], &big).await
 }
 
 struct Operator(Child);

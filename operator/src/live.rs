@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, ObjectKey};
-use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL, is_managed};
 use crate::core::plan::pending;
 use crate::core::state::{ClusterState, NamespaceInfo};
 
@@ -171,7 +171,7 @@ pub async fn read(
         }
     };
     for class in &device_classes {
-        if class.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY) {
+        if is_managed(class) {
             keep(Kind::DeviceClass, listed_json(Kind::DeviceClass, class));
         }
     }

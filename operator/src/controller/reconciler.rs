@@ -203,12 +203,7 @@ impl Reconciler {
         }
         if changed.contains(Watch::DeviceClasses) {
             let classes = self.stores.device_classes.state();
-            let managed = classes.iter().filter(|c| {
-                c.labels()
-                    .get(objects::MANAGED_BY_LABEL)
-                    .map(String::as_str)
-                    == Some(objects::MANAGED_BY)
-            });
+            let managed = classes.iter().filter(|c| objects::is_managed(&***c));
             self.differ.update_live(
                 Kind::DeviceClass,
                 managed.map(|c| diff::LiveObject::DeviceClass(c.clone())),

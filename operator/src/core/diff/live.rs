@@ -222,7 +222,8 @@ impl LiveView {
     }
 
     /// Whether the view holds its object's text.
-    pub fn holds_text(&self) -> bool {
+    #[cfg(test)]
+    pub(super) fn holds_text(&self) -> bool {
         matches!(*lock(&self.content), Content::Text(_))
     }
 

@@ -11,8 +11,8 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 
 use super::cache::Cache;
 use super::membership::Membership;
-use super::objects::{self, TemplateShape, device_class_name};
-use super::policies::{CompiledPolicy, is_managed};
+use super::objects::{self, TemplateShape, device_class_name, is_managed};
+use super::policies::CompiledPolicy;
 use super::usage::quota_resource_name as quota_resource;
 use super::{DesiredObjects, NamespacedTemplate, admission, name_of, namespace_admission};
 use crate::api::TeamGpuPolicy;
@@ -117,7 +117,7 @@ fn device_classes(inputs: &Inputs, out: &mut DesiredObjects) {
         if inputs
             .live_classes
             .get(&device_class_name(name))
-            .is_none_or(|c| is_managed(c))
+            .is_none_or(|c| is_managed(*c))
         {
             out.retained_device_classes.insert(device_class_name(name));
         }

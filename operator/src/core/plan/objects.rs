@@ -33,6 +33,17 @@ pub const TEMPLATE_REQUEST: &str = "gpu";
 /// The NVIDIA driver's opaque configuration API.
 const NVIDIA_CONFIG_API_VERSION: &str = "resource.nvidia.com/v1beta1";
 
+/// Whether teamgpu manages `object` (by its managed-by label).
+pub fn is_managed<K: kube::Resource + ?Sized>(object: &K) -> bool {
+    object
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .map(String::as_str)
+        == Some(MANAGED_BY)
+}
+
 /// The DeviceClass generated for a GpuSharingPolicy.
 pub fn device_class_name(policy: &str) -> String {
     format!("{policy}.{GROUP}")

@@ -7,7 +7,7 @@ use std::hash::BuildHasher;
 use k8s_openapi::api::resource::v1::DeviceClass;
 
 use super::cache::Cache;
-use super::objects::{MANAGED_BY, MANAGED_BY_LABEL, device_class_name};
+use super::objects::{device_class_name, is_managed};
 use super::{name_of, selector};
 use crate::api::GpuSharingPolicy;
 use crate::dra_cel::{CompiledSelectors, SelectorError};
@@ -55,7 +55,7 @@ pub fn compile<'a>(
                 .map_err(Clone::clone);
             let foreign_class = live_classes
                 .get(&device_class_name(&name))
-                .is_some_and(|c| !is_managed(c));
+                .is_some_and(|c| !is_managed(*c));
             CompiledPolicy {
                 policy,
                 name,
@@ -85,15 +85,4 @@ pub fn selectors_identity(policies: &[CompiledPolicy]) -> u64 {
         .map(|p| (p.name.as_str(), p.selectors.as_slice()))
         .collect();
     std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(&matched_for)
-}
-
-/// Whether teamgpu manages `class` (by its managed-by label).
-pub fn is_managed(class: &DeviceClass) -> bool {
-    class
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .map(String::as_str)
-        == Some(MANAGED_BY)
 }
