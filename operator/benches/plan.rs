@@ -112,7 +112,7 @@ fn bench(c: &mut Criterion) {
         .iter_mut()
         .find(|n| n.labels.contains_key("teamgpu.io/team"))
         .expect("a team namespace");
-    moved
+    std::sync::Arc::make_mut(moved)
         .labels
         .insert("teamgpu.io/team".into(), "team-0".into());
     changes.push((

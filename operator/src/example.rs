@@ -3,6 +3,7 @@
 //! driver's ResourceSlice shape, and some claims in use.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
@@ -93,12 +94,14 @@ pub fn state() -> Result<ClusterState, InputError> {
     }
     state.namespaces = NAMESPACES
         .iter()
-        .map(|(name, team)| NamespaceInfo {
-            name: (*name).to_owned(),
-            labels: team
-                .iter()
-                .map(|t| ("teamgpu.io/team".to_owned(), (*t).to_owned()))
-                .collect(),
+        .map(|(name, team)| {
+            Arc::new(NamespaceInfo {
+                name: (*name).to_owned(),
+                labels: team
+                    .iter()
+                    .map(|t| ("teamgpu.io/team".to_owned(), (*t).to_owned()))
+                    .collect(),
+            })
         })
         .collect();
     state.claims = claims(&state.slices);
@@ -303,10 +306,10 @@ pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
         }));
         state.teams.extend(team.ok());
         for n in 0..scale.namespaces_per_team {
-            state.namespaces.push(NamespaceInfo {
+            state.namespaces.push(Arc::new(NamespaceInfo {
                 name: format!("team-{t:03}-ns-{n:02}"),
                 labels: [("teamgpu.io/team".to_owned(), format!("team-{t:03}"))].into(),
-            });
+            }));
         }
     }
     // Claims: round-robin over namespaces; each takes one device of one of its team's products

@@ -1,6 +1,7 @@
 //! Reading cluster state from YAML files (`teamgpu plan -f`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -142,10 +143,10 @@ fn add_value(
         ("teamgpu.io/v1alpha1", "TeamGpuPolicy") => state.teams.push(typed(doc).map_err(at)?),
         ("v1", "Namespace") => {
             let ns: Namespace = typed(doc).map_err(at)?;
-            state.namespaces.push(NamespaceInfo {
+            state.namespaces.push(Arc::new(NamespaceInfo {
                 name: ns.metadata.name.unwrap_or_default(),
                 labels: ns.metadata.labels.unwrap_or_default(),
-            });
+            }));
         }
         ("resource.k8s.io/v1", "DeviceClass") => state
             .device_classes

@@ -3,6 +3,7 @@
 //! (`controller::Reconciler::snapshot`), read here with one list per kind.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::{
@@ -148,9 +149,11 @@ pub async fn read(
         .await?
         .into_iter()
         .filter(|n| n.metadata.deletion_timestamp.is_none())
-        .map(|n| NamespaceInfo {
-            name: n.name_any(),
-            labels: n.labels().clone(),
+        .map(|n| {
+            Arc::new(NamespaceInfo {
+                name: n.name_any(),
+                labels: n.labels().clone(),
+            })
         })
         .collect();
     let device_classes: Vec<DeviceClass> =

@@ -2,6 +2,7 @@
 //! example (config/samples on six nodes shaped like the NVIDIA driver's ResourceSlice).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use serde_json::json;
@@ -414,10 +415,10 @@ fn unknown_sharing_policies_and_empty_selectors_are_reported() {
     let mut state = example();
     state.teams.push(team(json!({"metadata": {"name": "robotics"},
         "spec": {"namespaces": ["robotics"], "quotas": [{"sharingPolicy": "h100", "guaranteed": 4}]}})));
-    state.namespaces.push(NamespaceInfo {
+    state.namespaces.push(Arc::new(NamespaceInfo {
         name: "robotics".into(),
         labels: BTreeMap::new(),
-    });
+    }));
     state
         .sharing_policies
         .push(policy(json!({"metadata": {"name": "b200"},
@@ -641,20 +642,20 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
         }
         Change::Relabel(n, team) => {
             if let Some(i) = pick(*n, state.namespaces.len()) {
-                let labels = &mut state.namespaces[i].labels;
+                let labels = &mut Arc::make_mut(&mut state.namespaces[i]).labels;
                 labels.remove("teamgpu.io/team");
                 if let Some(t) = team {
                     labels.insert("teamgpu.io/team".into(), (*t).into());
                 }
             }
         }
-        Change::NewNamespace(team) => state.namespaces.push(NamespaceInfo {
+        Change::NewNamespace(team) => state.namespaces.push(Arc::new(NamespaceInfo {
             name: format!("ns-{}", state.namespaces.len()),
             labels: team
                 .iter()
                 .map(|t| ("teamgpu.io/team".to_owned(), (*t).to_owned()))
                 .collect(),
-        }),
+        })),
         Change::TaintDevice(n, d) => {
             if let Some(i) = pick(*n, state.slices.len()) {
                 let slice = &mut state.slices[i];
@@ -869,10 +870,10 @@ fn report_of<'a>(plan: &'a Plan, name: &str) -> &'a teamgpu::core::plan::Sharing
 fn devices_allocated_outside_teams_are_taken_from_the_teams_capacity_and_reported() {
     let mut state = example();
     let free = free_80gb_devices(&state);
-    state.namespaces.push(NamespaceInfo {
+    state.namespaces.push(Arc::new(NamespaceInfo {
         name: "legacy-batch".into(),
         ..Default::default()
-    });
+    }));
     state
         .claims
         .push(driver_claim("legacy-batch", &free[..2], false));

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::api::{ListParams, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -231,7 +231,7 @@ pub async fn run(
         client.clone(),
         metrics.clone(),
         leader.clone(),
-        Recorder::new(client.clone(), reporter),
+        reporter,
         stores.own_writes.clone(),
     );
     let notify = wake.notify.clone();

@@ -19,7 +19,7 @@ use crate::core::effects::{
     self, Effect, Malformed, PolicyKind, Published, ReclaimDefaults, ReclaimTracker,
 };
 use crate::core::plan::{self, objects};
-use crate::core::state::{ClusterState, NamespaceInfo};
+use crate::core::state::ClusterState;
 
 /// Plans with what the watches changed, and has the executor do what the plan asks for.
 pub(super) struct Reconciler {
@@ -143,16 +143,11 @@ impl Reconciler {
             self.malformed = malformed;
         }
         if changed.contains(Watch::Namespaces) {
-            state.namespaces = self
-                .stores
-                .namespaces
-                .state()
+            let ((), namespaces) = self.stores.namespaces.state().unwrap_or_default();
+            state.namespaces = namespaces
                 .iter()
-                .filter(|n| n.metadata.deletion_timestamp.is_none())
-                .map(|n| NamespaceInfo {
-                    name: n.name_any(),
-                    labels: n.labels().clone(),
-                })
+                .filter(|n| !n.terminating)
+                .map(|n| n.info.clone())
                 .collect();
         }
         if changed.contains(Watch::DeviceClasses) {
@@ -290,7 +285,7 @@ impl Reconciler {
             self.published
                 .unpublished(events)
                 .into_iter()
-                .map(Effect::Event),
+                .map(|e| Effect::Event(Box::new(e))),
         );
         // Most passes order no reclaim: then there is no claim to look at.
         let claims = if plan.reclaims.is_empty() {
@@ -306,7 +301,7 @@ impl Reconciler {
         let evictions = self
             .reclaim
             .evictions(plan, teams, &claims, defaults, Instant::now());
-        out.extend(evictions.into_iter().map(Effect::Evict));
+        out.extend(evictions.into_iter().map(|e| Effect::Evict(Box::new(e))));
         out
     }
 

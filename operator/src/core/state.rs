@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -30,7 +31,8 @@ pub struct PendingDemand {
 pub struct ClusterState {
     pub sharing_policies: Vec<GpuSharingPolicy>,
     pub teams: Vec<TeamGpuPolicy>,
-    pub namespaces: Vec<NamespaceInfo>,
+    /// Shared with the operator's watch cache.
+    pub namespaces: Vec<Arc<NamespaceInfo>>,
     /// All DeviceClasses in the cluster, not only teamgpu's.
     pub device_classes: Vec<DeviceClass>,
     pub slices: Vec<ResourceSlice>,

@@ -200,7 +200,8 @@ impl Differ {
             self.retained_owners.clone_from(&objects.retained_owners);
         }
         let mut out = Vec::new();
-        self.applying.clear();
+        // A new table, not a cleared one: a first converge's 10,000 applies would keep theirs.
+        self.applying = HashMap::new();
         for key in std::mem::take(&mut self.dirty) {
             let desired = match self.desired.get(&key).map(DesiredObject::to_json) {
                 Some(Some(value)) => Some(value),

@@ -2,7 +2,7 @@
 //! recognised when its watch event comes back.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimSpec};
 use kube::core::DynamicObject;
@@ -65,8 +65,10 @@ pub struct OwnWrites(std::sync::Mutex<Versions>);
 struct Versions {
     /// Versions of own applies whose watch event has not come yet.
     written: HashMap<Box<str>, u64>,
-    /// Views whose version no own apply has named yet, by version, with their content.
-    unclaimed: HashMap<Box<str>, Arc<std::sync::Mutex<Content>>>,
+    /// Views whose version no own apply has named yet, by version, with their content. Weak:
+    /// a view replaced before it was compared (the quota controller writes a quota's status
+    /// right after teamgpu's apply) takes its text with it, instead of leaving it here.
+    unclaimed: HashMap<Box<str>, Weak<std::sync::Mutex<Content>>>,
     /// `unclaimed` is swept of views that are gone or compared when it grows past this.
     sweep_at: usize,
 }
@@ -85,11 +87,13 @@ impl OwnWrites {
     /// An apply of the desired object with `fingerprint` was stored as `resource_version`.
     pub fn record(&self, resource_version: &str, fingerprint: u64) {
         let mut versions = self.lock();
-        if let Some(content) = versions.unclaimed.remove(resource_version) {
+        if let Some(unclaimed) = versions.unclaimed.remove(resource_version) {
             // Its watch event came first: the view forgets its text now.
-            let mut content = lock(&content);
-            if matches!(*content, Content::Text(_)) {
-                *content = Content::Written(fingerprint);
+            if let Some(content) = unclaimed.upgrade() {
+                let mut content = lock(&content);
+                if matches!(*content, Content::Text(_)) {
+                    *content = Content::Written(fingerprint);
+                }
             }
             return;
         }
@@ -128,14 +132,28 @@ impl OwnWrites {
         }
         if versions.unclaimed.len() >= versions.sweep_at {
             // Views that were replaced, or compared, are no one's to claim.
-            versions
-                .unclaimed
-                .retain(|_, c| Arc::strong_count(c) > 1 && matches!(*lock(c), Content::Text(_)));
+            versions.unclaimed.retain(|_, c| {
+                c.upgrade()
+                    .is_some_and(|c| matches!(*lock(&c), Content::Text(_)))
+            });
             versions.sweep_at = (versions.unclaimed.len() * 2).max(1024);
         }
         let content = Arc::new(std::sync::Mutex::new(Content::Text(text)));
-        versions.unclaimed.insert(version.into(), content.clone());
+        versions
+            .unclaimed
+            .insert(version.into(), Arc::downgrade(&content));
         content
+    }
+
+    /// How many texts of views no apply claimed are held (by their views).
+    #[cfg(test)]
+    pub(super) fn texts_held(&self) -> usize {
+        self.lock()
+            .unclaimed
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|c| matches!(*lock(c), Content::Text(_)))
+            .count()
     }
 }
 

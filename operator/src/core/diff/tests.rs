@@ -324,6 +324,28 @@ mod differ {
     }
 
     #[test]
+    fn a_view_replaced_before_it_was_compared_takes_its_text_with_it() {
+        let own = OwnWrites::default();
+        let observe = |edited| {
+            Arc::new(LiveView::observed(
+                Kind::ResourceQuota,
+                &live_quota("a", 3, edited),
+                &own,
+                &mut TemplateCharges::default(),
+            ))
+        };
+        // Another writer's version (the quota controller's status, say): no answer claims it.
+        let first = observe(false);
+        assert_eq!(own.texts_held(), 1);
+        // The watch cache replaces it with a newer version before any pass compared it.
+        let newer = observe(true);
+        drop(first);
+        assert_eq!(own.texts_held(), 1, "only the newer view's text");
+        drop(newer);
+        assert_eq!(own.texts_held(), 0);
+    }
+
+    #[test]
     fn a_listed_object_without_api_version_and_kind_is_converged() {
         // A watch cache filled by a list holds items without apiVersion and kind (the API
         // server leaves them out of list items); only events carry them.

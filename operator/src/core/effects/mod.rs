@@ -37,10 +37,11 @@ pub enum Effect {
         name: String,
         status: Value,
     },
-    /// An Event for a person to read.
-    Event(Event),
+    /// An Event for a person to read. Boxed, as is an eviction: the other effects are a third of
+    /// their size, and a first converge holds 10,000 of them.
+    Event(Box<Event>),
     /// Evict a borrower's Pod to give devices back.
-    Evict(Eviction),
+    Evict(Box<Eviction>),
 }
 
 impl From<Write> for Effect {

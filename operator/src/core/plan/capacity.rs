@@ -77,15 +77,14 @@ pub fn used_outside_teams<'u>(
             driver: allocation.device.driver.clone(),
             pool: allocation.device.pool.clone(),
         };
-        let Some(device) = inventory
-            .pools()
-            .get(&key)
-            .and_then(|pool| pool.counted().find(|d| d.id == allocation.device))
-        else {
+        let Some(device) = inventory.pools().get(&key).and_then(|pool| {
+            pool.counted()
+                .find(|d| d.name() == &*allocation.device.device)
+        }) else {
             continue;
         };
         for (name, set) in sets {
-            if set.matches(&device.env).unwrap_or(false) {
+            if set.matches(device.env()).unwrap_or(false) {
                 outside
                     .entry(name.clone())
                     .or_default()
@@ -140,8 +139,8 @@ pub fn governed_foreign(
             *governed.get(name.clone(), hasher.finish(), |_| {
                 inventory::class_selectors(class).is_ok_and(|compiled| {
                     inventory.counted().any(|d| {
-                        compiled.matches(&d.env).unwrap_or(false)
-                            && sets.values().any(|p| p.matches(&d.env).unwrap_or(false))
+                        compiled.matches(d.env()).unwrap_or(false)
+                            && sets.values().any(|p| p.matches(d.env()).unwrap_or(false))
                     })
                 })
             })

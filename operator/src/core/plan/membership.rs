@@ -5,6 +5,7 @@
 //! it to either would be a guess, and both teams report the conflict.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -90,7 +91,7 @@ impl Membership {
 }
 
 /// Resolve which namespaces belong to which team.
-pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[NamespaceInfo]) -> Membership {
+pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Membership {
     let existing: BTreeSet<&str> = namespaces.iter().map(|n| n.name.as_str()).collect();
     let mut claims: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     let mut membership = Membership::default();
@@ -163,14 +164,14 @@ mod tests {
     use crate::api::TeamGpuPolicySpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
-    fn ns(name: &str, labels: &[(&str, &str)]) -> NamespaceInfo {
-        NamespaceInfo {
+    fn ns(name: &str, labels: &[(&str, &str)]) -> Arc<NamespaceInfo> {
+        Arc::new(NamespaceInfo {
             name: name.into(),
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-        }
+        })
     }
 
     fn team(name: &str, label: Option<&str>, names: &[&str]) -> TeamGpuPolicy {

@@ -286,9 +286,9 @@ impl Planner {
     ) -> Vec<inventory::PoolKey> {
         let mut envs = dra_cel::DeviceEnvs::default();
         let everything = dra_cel::DeviceReads::everything();
-        let views: Vec<inventory::SliceView> = slices
+        let views: Vec<Arc<inventory::SliceView>> = slices
             .into_iter()
-            .map(|s| inventory::SliceView::project(s, &everything, &mut envs))
+            .map(|s| Arc::new(inventory::SliceView::project(s, &everything, &mut envs)))
             .collect();
         self.slice_reads = Some(everything);
         self.inventory.update(&views)

@@ -69,15 +69,47 @@ impl PoolStatus {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct InventoryDevice {
-    pub id: DeviceId,
-    pub slice: Arc<str>,
-    pub node: Option<Arc<str>>,
+/// One device of a pool, read from the slice that publishes it (the pool keeps the slices, not a
+/// copy of each device: 40,000 devices would be 4 MiB of copies).
+#[derive(Debug, Clone, Copy)]
+pub struct InventoryDevice<'a> {
+    pool: &'a PoolKey,
+    slice: &'a SliceView,
+    device: &'a SliceDevice,
+}
+
+impl<'a> InventoryDevice<'a> {
+    pub fn id(&self) -> DeviceId {
+        DeviceId {
+            driver: self.pool.driver.clone(),
+            pool: self.pool.pool.clone(),
+            device: self.device.name.clone(),
+        }
+    }
+
+    /// The device's name in its pool.
+    pub fn name(&self) -> &'a str {
+        &self.device.name
+    }
+
+    /// The slice that publishes the device.
+    pub fn slice(&self) -> &'a str {
+        &self.slice.name
+    }
+
+    pub fn node(&self) -> Option<&'a str> {
+        self.slice.node.as_deref()
+    }
+
     /// A taint with effect NoSchedule or NoExecute.
-    pub tainted: bool,
-    /// Shared by the devices with equal CEL input (see [`DeviceEnvs`]).
-    pub env: Arc<DeviceEnv>,
+    pub fn tainted(&self) -> bool {
+        self.device.tainted
+    }
+
+    /// The device's CEL input, shared by the devices with equal input (see [`DeviceEnvs`]).
+    pub fn env(&self) -> &'a DeviceEnv {
+        &self.device.env
+    }
 }
 
 /// What the inventory keeps of a ResourceSlice: its pool, node and generation, and per device
@@ -148,17 +180,33 @@ impl SliceView {
 #[derive(Debug, Clone)]
 pub struct Pool {
     pub status: PoolStatus,
-    /// Every device of the newest generation, counted or not, sorted by (id, slice).
-    pub devices: Vec<InventoryDevice>,
+    key: PoolKey,
+    /// The slices of the newest generation, shared with the watch cache.
+    slices: Vec<Arc<SliceView>>,
+    /// Every device of the newest generation, counted or not, sorted by (name, slice): its
+    /// slice's index in `slices` and its index in that slice.
+    order: Box<[(u32, u32)]>,
     /// Identity of every slice of the pool, all generations (see [`slice_identity`]).
     fingerprint: u64,
 }
 
 impl Pool {
+    /// Every device of the newest generation, counted or not, in [`DeviceId`] order.
+    pub fn devices(&self) -> impl Iterator<Item = InventoryDevice<'_>> {
+        self.order.iter().map(|&(slice, device)| {
+            let slice = &*self.slices[slice as usize];
+            InventoryDevice {
+                pool: &self.key,
+                slice,
+                device: &slice.devices[device as usize],
+            }
+        })
+    }
+
     /// The devices that count as capacity.
-    pub fn counted(&self) -> impl Iterator<Item = &InventoryDevice> {
+    pub fn counted(&self) -> impl Iterator<Item = InventoryDevice<'_>> {
         let usable = self.status.usable();
-        self.devices.iter().filter(move |d| usable && !d.tainted)
+        self.devices().filter(move |d| usable && !d.tainted())
     }
 
     /// Identity of the slices this pool was built from: equal fingerprints, equal pools.
@@ -227,9 +275,9 @@ impl Inventory {
     /// The inventory of whole slices (every attribute kept), e.g. for a plan made once.
     pub fn from_slices(slices: &[ResourceSlice]) -> Self {
         let mut envs = DeviceEnvs::default();
-        let views: Vec<SliceView> = slices
+        let views: Vec<Arc<SliceView>> = slices
             .iter()
-            .map(|s| SliceView::project(s, &DeviceReads::everything(), &mut envs))
+            .map(|s| Arc::new(SliceView::project(s, &DeviceReads::everything(), &mut envs)))
             .collect();
         let mut inventory = Inventory::default();
         inventory.update(&views);
@@ -238,10 +286,9 @@ impl Inventory {
 
     /// Brings the inventory up to date with `slices` (all of the cluster's), rebuilding only
     /// the pools whose slices changed. Returns the pools rebuilt or removed.
-    pub fn update<S: Borrow<SliceView>>(&mut self, slices: &[S]) -> Vec<PoolKey> {
-        let mut by_pool: BTreeMap<PoolKey, Vec<&SliceView>> = BTreeMap::new();
+    pub fn update(&mut self, slices: &[Arc<SliceView>]) -> Vec<PoolKey> {
+        let mut by_pool: BTreeMap<PoolKey, Vec<&Arc<SliceView>>> = BTreeMap::new();
         for s in slices {
-            let s = s.borrow();
             let key = PoolKey {
                 driver: s.driver.clone(),
                 pool: s.pool.clone(),
@@ -291,18 +338,18 @@ impl Inventory {
     }
 
     /// Every device of every pool's newest generation, counted or not, in [`DeviceId`] order.
-    pub fn devices(&self) -> impl Iterator<Item = &InventoryDevice> {
-        self.pools.values().flat_map(|p| &p.devices)
+    pub fn devices(&self) -> impl Iterator<Item = InventoryDevice<'_>> {
+        self.pools.values().flat_map(Pool::devices)
     }
 
     /// The devices that count as capacity.
-    pub fn counted(&self) -> impl Iterator<Item = &InventoryDevice> {
+    pub fn counted(&self) -> impl Iterator<Item = InventoryDevice<'_>> {
         self.pools.values().flat_map(Pool::counted)
     }
 
     /// How many devices the pools' newest generations publish, counted or not.
     pub fn device_count(&self) -> usize {
-        self.pools.values().map(|p| p.devices.len()).sum()
+        self.pools.values().map(|p| p.order.len()).sum()
     }
 
     pub fn incomplete_pools(&self) -> impl Iterator<Item = &PoolKey> {
@@ -331,7 +378,7 @@ impl Inventory {
     /// which evaluation fails do not match.
     pub fn any_device_matches(&self, selectors: &CompiledSelectors) -> bool {
         self.devices()
-            .any(|d| selectors.matches(&d.env) == Ok(true))
+            .any(|d| selectors.matches(d.env()) == Ok(true))
     }
 
     /// [`Self::any_device_matches`] for a DeviceClass, e.g. to decide whether a foreign class
@@ -352,7 +399,7 @@ pub fn match_pool<S: Borrow<CompiledSelectors>>(
     for device in pool.counted() {
         let mut names: Vec<&String> = Vec::new();
         for (name, set) in sets {
-            match set.borrow().matches(&device.env) {
+            match set.borrow().matches(device.env()) {
                 Ok(true) => {
                     names.push(name);
                     match report.counts.get_mut(name) {
@@ -367,7 +414,7 @@ pub fn match_pool<S: Borrow<CompiledSelectors>>(
                     let errs = report.errors.entry(name.clone()).or_default();
                     errs.devices += 1;
                     if errs.first.len() < ERRORS_KEPT {
-                        errs.first.push((device.id.clone(), e));
+                        errs.first.push((device.id(), e));
                     }
                 }
             }
@@ -383,60 +430,61 @@ pub fn match_pool<S: Borrow<CompiledSelectors>>(
             }
             report
                 .overlaps
-                .push((device.id.clone(), names.into_iter().cloned().collect()));
+                .push((device.id(), names.into_iter().cloned().collect()));
         }
     }
     report
 }
 
 /// One pool from its slices (all generations, sorted by name): only the newest generation counts.
-fn build_pool(key: &PoolKey, slices: &[&SliceView], fingerprint: u64) -> Pool {
+fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Pool {
     let generation = slices
         .iter()
         .map(|s| s.generation)
         .max()
         .unwrap_or_default();
-    let newest: Vec<&SliceView> = slices
+    let newest: Vec<Arc<SliceView>> = slices
         .iter()
-        .copied()
         .filter(|s| s.generation == generation)
+        .map(|s| Arc::clone(s))
         .collect();
     let resource_slice_count = newest.first().map_or(0, |s| s.resource_slice_count);
     let mut names = BTreeSet::new();
     let mut invalid = None;
-    let mut devices = Vec::with_capacity(newest.iter().map(|s| s.devices.len()).sum());
-    for s in &newest {
-        for d in &s.devices {
+    let mut order = Vec::with_capacity(newest.iter().map(|s| s.devices.len()).sum());
+    for (i, s) in newest.iter().enumerate() {
+        for (j, d) in s.devices.iter().enumerate() {
             if !names.insert(&*d.name) && invalid.is_none() {
                 invalid = Some(format!("duplicate device name {}", d.name));
             }
-            devices.push(InventoryDevice {
-                id: DeviceId {
-                    driver: key.driver.clone(),
-                    pool: key.pool.clone(),
-                    device: d.name.clone(),
-                },
-                slice: s.name.clone(),
-                node: s.node.clone(),
-                tainted: d.tainted,
-                env: d.env.clone(),
-            });
+            // A slice holds at most 128 devices, and a pool not four billion slices.
+            order.push((clamp_index(i), clamp_index(j)));
         }
     }
-    devices.sort_by(|a, b| a.id.cmp(&b.id).then_with(|| a.slice.cmp(&b.slice)));
+    let place = |&(i, j): &(u32, u32)| {
+        let slice = &newest[i as usize];
+        (&*slice.devices[j as usize].name, &*slice.name)
+    };
+    order.sort_by(|a, b| place(a).cmp(&place(b)));
     let status = PoolStatus {
         generation,
         resource_slice_count,
         slices: newest.len(),
         incomplete: i64::try_from(newest.len()) != Ok(resource_slice_count),
         invalid,
-        devices: devices.len(),
+        devices: order.len(),
     };
     Pool {
         status,
-        devices,
+        key: key.clone(),
+        slices: newest,
+        order: order.into_boxed_slice(),
         fingerprint,
     }
+}
+
+fn clamp_index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
 }
 
 /// The compiled selectors of a DeviceClass. A selector without `cel` is of a type this version

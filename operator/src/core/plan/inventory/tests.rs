@@ -75,9 +75,9 @@ fn a_projected_slice_keeps_what_selectors_read_and_shares_one_env_per_model() {
     // Counted alike either way.
     let sets = BTreeMap::from([("a100".to_owned(), product)]);
     let mut projected = Inventory::default();
-    projected.update(&[view]);
+    projected.update(&[view.into()]);
     let mut unprojected = Inventory::default();
-    unprojected.update(&[full]);
+    unprojected.update(&[full.into()]);
     assert_eq!(projected.match_sets(&sets), unprojected.match_sets(&sets));
     assert_eq!(projected.match_sets(&sets).counts["a100"], 8);
 }
@@ -187,7 +187,7 @@ fn generations_incomplete_and_invalid_pools() {
         .for_each(|d| d.name = format!("old-{}", d.name));
     let inv = Inventory::from_slices(&[old.clone(), node_slice()]);
     assert_eq!(inv.devices().count(), 8);
-    assert!(inv.devices().all(|d| !d.id.device.starts_with("old-")));
+    assert!(inv.devices().all(|d| !d.name().starts_with("old-")));
 
     // Pool says 2 slices, only 1 present: incomplete, devices not counted.
     let mut half = node_slice();
