@@ -327,7 +327,7 @@ fn copies(
         .resource_quotas
         .iter()
         .map(|q| {
-            let mut q = (**q).clone();
+            let mut q = q.to_object();
             change(&mut q.metadata);
             q
         })

@@ -19,8 +19,9 @@ fn hard(plan: &Plan, namespace: &str) -> BTreeMap<String, String> {
         .objects
         .resource_quotas
         .iter()
-        .find(|q| q.metadata.namespace.as_deref() == Some(namespace))
-        .unwrap_or_else(|| panic!("no quota in {namespace}"));
+        .find(|q| &*q.namespace == namespace)
+        .unwrap_or_else(|| panic!("no quota in {namespace}"))
+        .to_object();
     quota
         .spec
         .as_ref()
@@ -100,7 +101,7 @@ fn the_example_plans_every_kind_of_object() {
         .objects
         .resource_quotas
         .iter()
-        .map(|q| q.metadata.namespace.clone().unwrap())
+        .map(|q| q.to_object().metadata.namespace.unwrap())
         .collect();
     assert_eq!(
         team_namespaces,
@@ -245,7 +246,7 @@ fn a_namespace_claimed_by_two_teams_gets_nothing_and_both_say_so() {
             .objects
             .resource_quotas
             .iter()
-            .any(|q| q.metadata.namespace.as_deref() == Some("ml-research-dev"))
+            .any(|q| &*q.namespace == "ml-research-dev")
     );
     assert!(
         !plan

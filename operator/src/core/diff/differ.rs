@@ -6,7 +6,6 @@ use std::sync::Arc;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
@@ -16,7 +15,7 @@ use super::{
     verdict,
 };
 use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
-use crate::core::plan::{DesiredObjects, NamespacedTemplate};
+use crate::core::plan::{DesiredObjects, NamespacedQuota, NamespacedTemplate};
 
 /// A live object in the differ, with the fingerprint of the desired object this version was
 /// found to hold everything of.
@@ -38,18 +37,19 @@ pub(super) enum DesiredObject {
     DeviceClass(Arc<DeviceClass>),
     AdmissionPolicy(Arc<ValidatingAdmissionPolicy>),
     AdmissionBinding(Arc<ValidatingAdmissionPolicyBinding>),
-    ResourceQuota(Arc<ResourceQuota>),
+    ResourceQuota(Arc<NamespacedQuota>),
     ResourceClaimTemplate(NamespacedTemplate),
 }
 
 impl DesiredObject {
-    fn meta(&self) -> &ObjectMeta {
+    /// The metadata of a cluster-wide object, or of a namespaced one's shared object.
+    fn meta(&self) -> Option<&ObjectMeta> {
         match self {
-            DesiredObject::DeviceClass(o) => &o.metadata,
-            DesiredObject::AdmissionPolicy(o) => &o.metadata,
-            DesiredObject::AdmissionBinding(o) => &o.metadata,
-            DesiredObject::ResourceQuota(o) => &o.metadata,
-            DesiredObject::ResourceClaimTemplate(o) => &o.template.metadata,
+            DesiredObject::DeviceClass(o) => Some(&o.metadata),
+            DesiredObject::AdmissionPolicy(o) => Some(&o.metadata),
+            DesiredObject::AdmissionBinding(o) => Some(&o.metadata),
+            DesiredObject::ResourceQuota(_) => None,
+            DesiredObject::ResourceClaimTemplate(o) => Some(&o.template.metadata),
         }
     }
 
@@ -60,7 +60,30 @@ impl DesiredObject {
                 namespace: Some(t.namespace.to_string()),
                 name: t.name().to_owned(),
             },
-            _ => key_of_meta(kind, self.meta()),
+            DesiredObject::ResourceQuota(q) => ObjectKey {
+                kind,
+                namespace: Some(q.namespace.to_string()),
+                name: q.name().to_owned(),
+            },
+            _ => key_of_meta(kind, self.meta().unwrap_or(&ObjectMeta::default())),
+        }
+    }
+
+    /// Whether `self` is `known` unchanged without comparing content: the same object, or one
+    /// with equal metadata that carries the hash of its spec.
+    fn same_as(&self, known: &DesiredObject) -> bool {
+        if std::ptr::eq(known.address(), self.address()) {
+            return true;
+        }
+        match (self, known) {
+            (DesiredObject::ResourceQuota(a), DesiredObject::ResourceQuota(b)) => a.same_as(b),
+            _ => self.meta().is_some_and(|meta| {
+                let hashed = meta
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(CONTENT_HASH_ANNOTATION));
+                hashed && known.meta() == Some(meta)
+            }),
         }
     }
 
@@ -304,15 +327,11 @@ impl Differ {
     fn update_desired(&mut self, objects: &DesiredObjects) {
         let mut seen = HashSet::with_capacity(self.desired.len());
         for (kind, object) in DesiredObject::all(objects) {
-            let meta = object.meta();
             let key = object.key(kind);
-            let hashed = meta
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(CONTENT_HASH_ANNOTATION));
-            let same = self.desired.get(&key).is_some_and(|known| {
-                std::ptr::eq(known.address(), object.address()) || (hashed && known.meta() == meta)
-            });
+            let same = self
+                .desired
+                .get(&key)
+                .is_some_and(|known| object.same_as(known));
             if !same {
                 self.dirty.insert(key.clone());
             }

@@ -120,19 +120,24 @@ fn classes_are_applied_before_the_templates_that_use_them() {
 /// the full comparison asks for, at every step.
 mod differ {
     use super::*;
-    use k8s_openapi::api::core::v1::ResourceQuota;
+    use crate::core::plan::NamespacedQuota;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use proptest::prelude::*;
 
     /// A quota in `namespace` allowing `devices`, stamped with its content hash.
-    fn desired_quota(namespace: &str, devices: u8) -> ResourceQuota {
-        let mut q: ResourceQuota = serde_json::from_value(json!({
-            "metadata": {"name": "teamgpu", "namespace": namespace},
-            "spec": {"hard": {"x.deviceclass.resource.k8s.io/devices": devices.to_string()}}
-        }))
-        .unwrap();
-        let hash = crate::core::plan::objects::content_hash(&q.spec);
-        q.metadata.annotations = Some([(CONTENT_HASH_ANNOTATION.to_owned(), hash)].into());
-        q
+    fn desired_quota(namespace: &str, devices: u8) -> NamespacedQuota {
+        let meta = ObjectMeta {
+            name: Some("teamgpu".into()),
+            ..ObjectMeta::default()
+        };
+        NamespacedQuota::new(
+            Arc::new(meta),
+            namespace,
+            [(
+                Arc::from("x.deviceclass.resource.k8s.io/devices"),
+                u32::from(devices),
+            )],
+        )
     }
 
     /// The live side: absent, as desired with `devices`, or that edited by someone

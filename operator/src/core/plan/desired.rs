@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 
 use super::cache::Cache;
@@ -14,7 +13,9 @@ use super::membership::Membership;
 use super::objects::{self, TemplateShape, device_class_name, is_managed};
 use super::policies::CompiledPolicy;
 use super::usage::quota_resource_name as quota_resource;
-use super::{DesiredObjects, NamespacedTemplate, admission, name_of, namespace_admission};
+use super::{
+    DesiredObjects, NamespacedQuota, NamespacedTemplate, admission, name_of, namespace_admission,
+};
 use crate::api::TeamGpuPolicy;
 use crate::core::fairshare::PoolShares;
 use crate::core::state::ClusterState;
@@ -40,7 +41,7 @@ pub struct Kept {
 }
 
 /// A team namespace's claim templates and quota.
-type NamespaceObjects = (Vec<NamespacedTemplate>, Arc<ResourceQuota>);
+type NamespaceObjects = (Vec<NamespacedTemplate>, Arc<NamespacedQuota>);
 
 impl Kept {
     pub fn new(keep: bool) -> Self {
@@ -70,12 +71,14 @@ pub fn objects(inputs: &Inputs, kept: &mut Kept) -> DesiredObjects {
         )
         .chain(inputs.governed_foreign.clone())
         .collect();
-    let zero_hard: Vec<String> = governed
+    // One copy of each resource name, shared by every quota.
+    let zero_hard: Vec<Arc<str>> = governed
         .iter()
         .flat_map(|(class, extended)| {
             std::iter::once(quota_resource(class))
                 .chain(extended.iter().map(|e| format!("requests.{e}")))
         })
+        .map(Arc::from)
         .collect();
     // Each policy's templates are the same in every namespace: built (and hashed) once.
     let shapes: BTreeMap<&str, Vec<TemplateShape>> = inputs
@@ -137,7 +140,7 @@ fn team_objects(
     kept: &mut Kept,
     (team, zero_hard, shapes): (
         &TeamGpuPolicy,
-        &[String],
+        &[Arc<str>],
         &BTreeMap<&str, Vec<TemplateShape>>,
     ),
     out: &mut DesiredObjects,
@@ -175,8 +178,9 @@ fn team_objects(
             .map(Arc::new)
             .collect()
     });
+    let meta = Arc::new(objects::quota_meta(team));
     for namespace in &namespaces {
-        let mut hard: BTreeMap<String, u32> = zero_hard.iter().map(|r| (r.clone(), 0)).collect();
+        let mut hard: BTreeMap<Arc<str>, u32> = zero_hard.iter().map(|r| (r.clone(), 0)).collect();
         for policy in &usable {
             let ns_hard = inputs
                 .shares
@@ -184,13 +188,19 @@ fn team_objects(
                 .and_then(|pool| pool.teams.iter().find(|t| t.team == team_name))
                 .and_then(|t| t.namespaces.iter().find(|n| &n.namespace == namespace))
                 .map_or(0, |n| n.hard);
-            hard.insert(quota_resource(&device_class_name(&policy.name)), ns_hard);
+            let resource = quota_resource(&device_class_name(&policy.name));
+            match hard.get_mut(resource.as_str()) {
+                Some(devices) => *devices = ns_hard,
+                None => {
+                    hard.insert(Arc::from(resource), ns_hard);
+                }
+            }
         }
         let mut hasher = std::hash::DefaultHasher::new();
         (&team.metadata.name, &team.metadata.uid, &hard, templates_id).hash(&mut hasher);
         let key = (team_name.clone(), namespace.clone());
         let (templates, quota) = kept.namespaces.get(key, hasher.finish(), |_| {
-            namespace_objects(team, namespace, &hard, templates)
+            namespace_objects(&meta, namespace, &hard, templates)
         });
         out.claim_templates.extend(templates.iter().cloned());
         out.resource_quotas.push(quota.clone());
@@ -215,9 +225,9 @@ fn templates_identity(team: &TeamGpuPolicy, shapes: &[(&str, &[TemplateShape])])
 
 /// A team namespace's claim templates (the team's, in this namespace) and its quota.
 fn namespace_objects(
-    team: &TeamGpuPolicy,
+    quota_meta: &Arc<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
     namespace: &str,
-    hard: &BTreeMap<String, u32>,
+    hard: &BTreeMap<Arc<str>, u32>,
     templates: &[Arc<ResourceClaimTemplate>],
 ) -> NamespaceObjects {
     let shared_namespace: Arc<str> = Arc::from(namespace);
@@ -228,8 +238,7 @@ fn namespace_objects(
             template: template.clone(),
         })
         .collect();
-    let mut quota = objects::resource_quota(team, namespace, hard);
-    stamp(&mut quota.metadata, &quota.spec);
+    let quota = objects::resource_quota(quota_meta.clone(), namespace, hard);
     (templates, Arc::new(quota))
 }
 

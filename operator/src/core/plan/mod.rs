@@ -30,11 +30,12 @@ use std::sync::Arc;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::api::{GpuSharingPolicyStatus, QuotaStatus, TeamGpuPolicy, TeamGpuPolicyStatus};
 use crate::core::state::ClusterState;
@@ -53,7 +54,7 @@ use objects::is_teamgpu_class;
 pub struct DesiredObjects {
     pub device_classes: Vec<Arc<DeviceClass>>,
     pub claim_templates: Vec<NamespacedTemplate>,
-    pub resource_quotas: Vec<Arc<ResourceQuota>>,
+    pub resource_quotas: Vec<Arc<NamespacedQuota>>,
     pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
     pub admission_bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
     /// DeviceClasses of policies whose spec is invalid now: kept as they are rather than applied
@@ -87,6 +88,96 @@ impl NamespacedTemplate {
 }
 
 impl serde::Serialize for NamespacedTemplate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_object().serialize(serializer)
+    }
+}
+
+/// The ResourceQuota of one team namespace, kept compact: the names of its resources are one
+/// copy for every quota, and the metadata one copy for a team's quotas (1,000 quotas of 20
+/// resources were 5 MiB as objects, and few are alike). [`NamespacedQuota::to_object`] is the
+/// quota as it is applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamespacedQuota {
+    pub namespace: Arc<str>,
+    /// Name, labels and owner reference, without namespace and content hash.
+    meta: Arc<ObjectMeta>,
+    /// Devices per quota resource name, in name order.
+    hard: Box<[(Arc<str>, u32)]>,
+    /// The hash of the spec (see [`objects::content_hash`]).
+    content_hash: Box<str>,
+}
+
+impl NamespacedQuota {
+    /// The quota with `meta` (name, labels, owner) in `namespace`, limiting each resource of
+    /// `hard` to its devices.
+    pub fn new(
+        meta: Arc<ObjectMeta>,
+        namespace: &str,
+        hard: impl IntoIterator<Item = (Arc<str>, u32)>,
+    ) -> Self {
+        let mut hard: Vec<(Arc<str>, u32)> = hard.into_iter().collect();
+        hard.sort();
+        hard.dedup_by(|a, b| a.0 == b.0);
+        let mut quota = NamespacedQuota {
+            namespace: Arc::from(namespace),
+            meta,
+            hard: hard.into_boxed_slice(),
+            content_hash: Box::default(),
+        };
+        quota.content_hash = objects::content_hash(&quota.spec()).into_boxed_str();
+        quota
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or_default()
+    }
+
+    /// Devices per quota resource name.
+    pub fn hard(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.hard.iter().map(|(name, n)| (&**name, *n))
+    }
+
+    /// Whether `self` and `other` are the same quota of the same namespace, told by their
+    /// metadata and content hash.
+    pub fn same_as(&self, other: &NamespacedQuota) -> bool {
+        self.namespace == other.namespace
+            && self.content_hash == other.content_hash
+            && (Arc::ptr_eq(&self.meta, &other.meta) || self.meta == other.meta)
+    }
+
+    fn spec(&self) -> ResourceQuotaSpec {
+        ResourceQuotaSpec {
+            hard: Some(
+                self.hard
+                    .iter()
+                    .map(|(name, n)| (name.to_string(), Quantity(n.to_string())))
+                    .collect(),
+            ),
+            ..ResourceQuotaSpec::default()
+        }
+    }
+
+    /// The quota as it is applied, in its namespace, with its content hash.
+    pub fn to_object(&self) -> ResourceQuota {
+        let mut metadata = (*self.meta).clone();
+        metadata.namespace = Some(self.namespace.to_string());
+        metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                objects::CONTENT_HASH_ANNOTATION.to_owned(),
+                self.content_hash.to_string(),
+            );
+        ResourceQuota {
+            metadata,
+            spec: Some(self.spec()),
+            status: None,
+        }
+    }
+}
+
+impl serde::Serialize for NamespacedQuota {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.to_object().serialize(serializer)
     }

@@ -2,18 +2,18 @@
 //! ResourceQuotas. Pure builders; the admission policy lives in [`super::admission`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClaim, DeviceClass, DeviceClassConfiguration, DeviceClassSpec,
     DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
     ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
 
+use super::NamespacedQuota;
 use crate::api::{
     DEFAULT_DRIVER, DeviceType, GROUP, GpuSharingPolicy, SharingStrategy, TeamGpuPolicy,
     TimeSliceInterval,
@@ -249,24 +249,22 @@ pub fn claim_templates(
 }
 
 /// The ResourceQuota of one team namespace: `hard` holds, per DeviceClass resource name, the
-/// devices this namespace may request.
+/// devices this namespace may request. `meta` is the team's [`quota_meta`].
 pub fn resource_quota(
-    team: &TeamGpuPolicy,
+    meta: Arc<ObjectMeta>,
     namespace: &str,
-    hard: &BTreeMap<String, u32>,
-) -> ResourceQuota {
-    ResourceQuota {
-        metadata: owned_meta(team, QUOTA_NAME.to_owned(), Some(namespace.to_owned())),
-        spec: Some(ResourceQuotaSpec {
-            hard: Some(
-                hard.iter()
-                    .map(|(k, v)| (k.clone(), Quantity(v.to_string())))
-                    .collect(),
-            ),
-            ..ResourceQuotaSpec::default()
-        }),
-        status: None,
-    }
+    hard: &BTreeMap<Arc<str>, u32>,
+) -> NamespacedQuota {
+    NamespacedQuota::new(
+        meta,
+        namespace,
+        hard.iter().map(|(name, n)| (name.clone(), *n)),
+    )
+}
+
+/// The metadata of a team's quotas (the same in each of its namespaces).
+pub fn quota_meta(team: &TeamGpuPolicy) -> ObjectMeta {
+    owned_meta(team, QUOTA_NAME.to_owned(), None)
 }
 
 /// A stable hash of an object's content (FNV-1a over its JSON), so that a toolchain upgrade
@@ -300,6 +298,47 @@ mod tests {
         let mut p = GpuSharingPolicy::new("a100", spec);
         p.metadata.uid = Some("uid-1".into());
         p
+    }
+
+    #[test]
+    fn a_quota_is_applied_in_its_namespace_with_the_hash_of_its_spec() {
+        let team: TeamGpuPolicy = serde_json::from_value(json!({
+            "metadata": {"name": "ml", "uid": "uid-ml"},
+            "spec": {"namespaces": ["ml-dev"]}
+        }))
+        .unwrap();
+        let hard: BTreeMap<Arc<str>, u32> = [
+            (
+                Arc::from("b.teamgpu.io.deviceclass.resource.k8s.io/devices"),
+                0,
+            ),
+            (
+                Arc::from("a.teamgpu.io.deviceclass.resource.k8s.io/devices"),
+                4,
+            ),
+        ]
+        .into();
+        let quota = resource_quota(Arc::new(quota_meta(&team)), "ml-dev", &hard).to_object();
+        assert_eq!(quota.metadata.name.as_deref(), Some("teamgpu"));
+        assert_eq!(quota.metadata.namespace.as_deref(), Some("ml-dev"));
+        assert_eq!(
+            quota.metadata.labels.as_ref().unwrap()[OWNER_LABEL],
+            "TeamGpuPolicy.ml"
+        );
+        assert_eq!(
+            quota.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "uid-ml"
+        );
+        let spec = quota.spec.as_ref().unwrap();
+        assert_eq!(
+            serde_json::to_value(spec).unwrap(),
+            json!({"hard": {"a.teamgpu.io.deviceclass.resource.k8s.io/devices": "4",
+                            "b.teamgpu.io.deviceclass.resource.k8s.io/devices": "0"}})
+        );
+        assert_eq!(
+            quota.metadata.annotations.as_ref().unwrap()[CONTENT_HASH_ANNOTATION],
+            content_hash(&quota.spec)
+        );
     }
 
     #[test]
