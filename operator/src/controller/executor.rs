@@ -148,7 +148,8 @@ enum Outcome {
 
 /// Effects of one phase may run concurrently; phases run one after another, in the order the
 /// pass gives: objects (applies in dependency order, then deletions in reverse), statuses,
-/// Events, evictions.
+/// Events, evictions. The applies of admission objects run beside those of quotas and
+/// templates ([`Phase::lane`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Phase {
     Object { delete: bool, kind: Kind },
@@ -182,6 +183,62 @@ impl Phase {
             _ => WRITE_CONCURRENCY,
         }
     }
+
+    /// The lane of an apply that runs beside the other lane's. The admission policies and
+    /// their bindings need nothing of the quotas and templates, nor these of them (teamgpu's
+    /// own writes are exempt from its policies): a policy the API server takes seconds to
+    /// admit does not hold up the quotas. Each lane keeps its order: policies before their
+    /// bindings, the quotas that enforce an entitlement before the templates that invite
+    /// claims.
+    fn lane(self) -> Option<usize> {
+        match self {
+            Phase::Object {
+                delete: false,
+                kind: Kind::ValidatingAdmissionPolicy | Kind::ValidatingAdmissionPolicyBinding,
+            } => Some(0),
+            Phase::Object {
+                delete: false,
+                kind: Kind::ResourceQuota | Kind::ResourceClaimTemplate,
+            } => Some(1),
+            _ => None,
+        }
+    }
+}
+
+/// Lanes that run side by side; a lane is phases that run one after another.
+type Lanes = Vec<Vec<Vec<Effect>>>;
+
+/// `effects`, in the pass's order, as steps that run one after another: a phase alone, or the
+/// phases that have a [`Phase::lane`] in their lanes.
+fn steps(effects: Vec<Effect>) -> Vec<Lanes> {
+    let mut phases: Vec<(Phase, Vec<Effect>)> = Vec::new();
+    for effect in effects {
+        let phase = Phase::of(&effect);
+        match phases.last_mut() {
+            Some((last, batch)) if *last == phase => batch.push(effect),
+            _ => phases.push((phase, vec![effect])),
+        }
+    }
+    let mut steps: Vec<Lanes> = Vec::new();
+    let mut in_lanes = false;
+    for (phase, batch) in phases {
+        match phase.lane() {
+            Some(lane) => {
+                if !in_lanes {
+                    steps.push(vec![Vec::new(), Vec::new()]);
+                    in_lanes = true;
+                }
+                if let Some(lanes) = steps.last_mut() {
+                    lanes[lane].push(batch);
+                }
+            }
+            None => {
+                steps.push(vec![vec![batch]]);
+                in_lanes = false;
+            }
+        }
+    }
+    steps
 }
 
 /// Performs effects: server-side apply as [`FIELD_MANAGER`], status patches, Events, evictions.
@@ -216,6 +273,7 @@ impl Executor {
             client,
             metrics: metrics.clone(),
             own_writes,
+            in_flight: tokio::sync::Semaphore::new(WRITE_CONCURRENCY),
         };
         Self {
             requests: Arc::new(requests),
@@ -256,36 +314,48 @@ impl Executor {
         let mut follow_ups = Vec::new();
         // Each effect is moved, never copied, and settled as soon as its request ends: a first
         // converge's 10,000 applies are held once.
-        let mut ready = ready.into_iter().peekable();
-        while let Some(first) = ready.next() {
+        for lanes in steps(ready) {
             if !self.is_leader() {
                 break;
             }
-            let phase = Phase::of(&first);
-            let mut batch = vec![first];
-            batch.extend(std::iter::from_fn(|| {
-                ready.next_if(|e| Phase::of(e) == phase)
-            }));
-            let leader = self.leader.clone();
-            let requests = self.requests.clone();
-            // Owned futures: a future that borrows the executor would not be `Send` for every
-            // lifetime, which `tokio::spawn` of the operator needs.
-            let mut results = futures::stream::iter(batch)
-                // Checked before every write: a replica that lost the lease starts no more.
-                .take_while(|_| std::future::ready(*leader.borrow()))
-                .map(|effect| {
-                    let requests = requests.clone();
-                    async move {
-                        let result = requests.perform(&effect).await;
-                        (effect, result)
-                    }
-                })
-                .buffer_unordered(phase.in_flight());
+            let lanes = lanes
+                .into_iter()
+                .filter(|lane| !lane.is_empty())
+                .map(|lane| self.lane(lane));
+            let mut results = futures::stream::select_all(lanes);
             while let Some((effect, result)) = results.next().await {
                 follow_ups.extend(self.settle(&effect, result, done));
             }
         }
         follow_ups
+    }
+
+    /// The results of a lane's phases, one phase after another, each with up to its
+    /// [`Phase::in_flight`] requests; all lanes together have at most [`WRITE_CONCURRENCY`].
+    fn lane(
+        &self,
+        phases: Vec<Vec<Effect>>,
+    ) -> impl futures::Stream<Item = (Effect, Result<Outcome, WriteError>)> + Unpin + use<> {
+        // Owned futures: a future that borrows the executor would not be `Send` for every
+        // lifetime, which `tokio::spawn` of the operator needs.
+        let leader = self.leader.clone();
+        let requests = self.requests.clone();
+        Box::pin(futures::stream::iter(phases).flat_map(move |phase| {
+            let in_flight = phase.first().map_or(1, |e| Phase::of(e).in_flight());
+            let (leader, requests) = (leader.clone(), requests.clone());
+            futures::stream::iter(phase)
+                // Checked before every write: a replica that lost the lease starts no more.
+                .take_while(move |_| std::future::ready(*leader.borrow()))
+                .map(move |effect| {
+                    let requests = requests.clone();
+                    async move {
+                        let _turn = requests.in_flight.acquire().await;
+                        let result = requests.perform(&effect).await;
+                        (effect, result)
+                    }
+                })
+                .buffer_unordered(in_flight)
+        }))
     }
 
     /// Takes in the result of `effect`: logged, counted, and backed off when it failed.
@@ -392,6 +462,8 @@ struct Requests {
     recorder: std::sync::Mutex<Rotating<Recorder>>,
     /// Where an apply's resourceVersion is recorded, for the watch to recognise it.
     own_writes: Arc<OwnWrites>,
+    /// Requests in flight across the lanes of a step ([`WRITE_CONCURRENCY`]).
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl Requests {
@@ -581,6 +653,87 @@ mod tests {
         let handed: Vec<usize> = (0..7).map(|_| recorders.next()).collect();
         assert_eq!(handed, [0, 0, 0, 1, 1, 1, 2]);
         assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn admission_objects_are_written_beside_quotas_and_templates_each_in_its_order() {
+        let apply = |kind, name: &str| Effect::Apply {
+            key: ObjectKey {
+                kind,
+                namespace: None,
+                name: name.into(),
+            },
+            payload: serde_json::Value::Null.into(),
+        };
+        let effects = vec![
+            apply(Kind::DeviceClass, "class"),
+            apply(Kind::ValidatingAdmissionPolicy, "policy"),
+            apply(Kind::ValidatingAdmissionPolicyBinding, "binding"),
+            apply(Kind::ResourceQuota, "quota-1"),
+            apply(Kind::ResourceQuota, "quota-2"),
+            apply(Kind::ResourceClaimTemplate, "template"),
+            Effect::Delete {
+                key: ObjectKey {
+                    kind: Kind::ResourceClaimTemplate,
+                    namespace: None,
+                    name: "old".into(),
+                },
+            },
+            Effect::Status {
+                kind: PolicyKind::TeamGpuPolicy,
+                name: "team".into(),
+                status: serde_json::Value::Null,
+            },
+        ];
+        let names: Vec<Vec<Vec<Vec<String>>>> = steps(effects)
+            .into_iter()
+            .map(|lanes| {
+                lanes
+                    .into_iter()
+                    .map(|lane| {
+                        lane.into_iter()
+                            .map(|phase| phase.iter().map(Effect::id).collect())
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let id = |kind: Kind, name: &str| {
+            ObjectKey {
+                kind,
+                namespace: None,
+                name: name.into(),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            names,
+            vec![
+                vec![vec![vec![id(Kind::DeviceClass, "class")]]],
+                vec![
+                    vec![
+                        vec![id(Kind::ValidatingAdmissionPolicy, "policy")],
+                        vec![id(Kind::ValidatingAdmissionPolicyBinding, "binding")],
+                    ],
+                    vec![
+                        vec![
+                            id(Kind::ResourceQuota, "quota-1"),
+                            id(Kind::ResourceQuota, "quota-2")
+                        ],
+                        vec![id(Kind::ResourceClaimTemplate, "template")],
+                    ],
+                ],
+                vec![vec![vec![id(Kind::ResourceClaimTemplate, "old")]]],
+                vec![vec![vec![
+                    Effect::Status {
+                        kind: PolicyKind::TeamGpuPolicy,
+                        name: "team".into(),
+                        status: serde_json::Value::Null,
+                    }
+                    .id()
+                ]]],
+            ]
+        );
     }
 
     #[test]

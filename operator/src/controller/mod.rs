@@ -216,7 +216,9 @@ pub async fn run(
     let (leader, lease) = election?;
 
     tokio::select! {
-        synced = stores.wait_until_ready() => if !synced { return Err(Error::NotSynced) },
+        (synced, ()) = async { futures::join!(stores.wait_until_ready(), stores.list_slices_early()) } => {
+            if !synced { return Err(Error::NotSynced) }
+        },
         () = tokio::time::sleep(Duration::from_secs(300)) => return Err(Error::NotSynced),
         () = stopped() => return Ok(()),
     }

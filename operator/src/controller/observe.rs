@@ -18,10 +18,11 @@ use tokio::task::JoinSet;
 use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
+use crate::core::plan;
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::core::plan::usage::{ClaimView, Names};
-use crate::core::state::NamespaceInfo;
+use crate::core::state::{ClusterState, NamespaceInfo};
 use crate::dra_cel::{DeviceEnvs, DeviceReads};
 
 /// One watch, for [`Changes`].
@@ -135,6 +136,45 @@ impl Stores {
             && namespaces
             && claims
             && owned.iter().all(|ready| *ready)
+    }
+
+    /// Asks for the slices' list as soon as what the selectors read is known from the policies
+    /// and DeviceClasses (short lists), rather than once every cache is complete: the slices
+    /// are the longest list, and the others complete meanwhile. The first pass asks again only
+    /// if it finds that the selectors read more.
+    pub async fn list_slices_early(&self) {
+        let (policies, classes) = futures::join!(
+            self.sharing_policies.wait_until_ready(),
+            self.device_classes.wait_until_ready()
+        );
+        if policies.is_err() || classes.is_err() {
+            return;
+        }
+        let state = ClusterState {
+            sharing_policies: self
+                .sharing_policies
+                .state()
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| (**p).clone().try_parse::<GpuSharingPolicy>().ok())
+                .collect(),
+            device_classes: self
+                .device_classes
+                .state()
+                .iter()
+                .map(|c| (**c).clone())
+                .collect(),
+            ..ClusterState::default()
+        };
+        let reads = plan::device_reads(&state);
+        self.slice_reads.send_if_modified(|wanted| {
+            let first = wanted.is_none();
+            if first {
+                tracing::info!(keep = %reads.describe(), "listing ResourceSlices");
+                *wanted = Some(Arc::new(reads));
+            }
+            first
+        });
     }
 }
 
