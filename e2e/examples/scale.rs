@@ -9,8 +9,8 @@
 //! Defaults 10 2 5 20 200 (20 team namespaces, 160 devices); the benchmark of `docs/operator.md`
 //! is `100 10 20 5000 10000` (1,000 namespaces, 40,000 devices, 10,000 claims). It prints:
 //! - the write floor: a plain client (the operator's ServiceAccount, so the same API priority
-//!   and fairness) with 16 requests in flight creating the same quotas and templates (in
-//!   namespaces of their own);
+//!   and fairness) with 16 requests in flight creating the same quotas and templates, owner
+//!   references included (in namespaces of their own);
 //! - the operator's time from an empty cluster to every quota and template in place, and the
 //!   ratio to the floor; its writes as the API server counted them, per object;
 //! - its resident memory (peak and settled, from /proc);
@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
+use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
@@ -445,7 +446,7 @@ async fn main() {
     println!("filled in {:.1?}", t.elapsed());
 
     // The write floor: the same quotas and templates, created by a plain client, in namespaces
-    // of their own (`f-<namespace>`), without owner references.
+    // of their own (`f-<namespace>`).
     let floor_ns = |ns: &str| format!("f-{ns}");
     create_all(
         &client,
@@ -456,11 +457,46 @@ async fn main() {
             .collect(),
     )
     .await;
-    // Not teamgpu's: no owner references, no labels (so no one takes them for the operator's).
+    // The policies first: the floor's objects are the operator's, owner references included
+    // (the garbage collector tracks every owned object), and their owners must exist.
+    create_all(
+        &client,
+        state
+            .sharing_policies
+            .iter()
+            .map(fresh)
+            .collect::<Vec<GpuSharingPolicy>>(),
+    )
+    .await;
+    create_all(
+        &client,
+        state
+            .teams
+            .iter()
+            .map(fresh)
+            .collect::<Vec<TeamGpuPolicy>>(),
+    )
+    .await;
+    let uids: BTreeMap<String, String> = Api::<TeamGpuPolicy>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("list the teams")
+        .items
+        .into_iter()
+        .map(|t| (t.name_any(), t.uid().unwrap_or_default()))
+        .collect();
+    let owned_by_the_live_team = |meta: &mut ObjectMeta| {
+        for owner in meta.owner_references.iter_mut().flatten() {
+            if let Some(uid) = uids.get(&owner.name) {
+                owner.uid.clone_from(uid);
+            }
+        }
+    };
+    // Not teamgpu's: no labels (so no one takes them for the operator's).
     let strip = |meta: &mut ObjectMeta| {
         meta.namespace = meta.namespace.as_deref().map(floor_ns);
-        meta.owner_references = None;
         meta.labels = None;
+        owned_by_the_live_team(meta);
     };
     let (quotas, templates) = copies(&planned, strip);
     let objects = quotas.len() + templates.len();
@@ -512,25 +548,7 @@ async fn main() {
         apply_floor - apply_quotas_took
     );
 
-    // The policies, then the operator as its own process, as its ServiceAccount.
-    create_all(
-        &client,
-        state
-            .sharing_policies
-            .iter()
-            .map(fresh)
-            .collect::<Vec<GpuSharingPolicy>>(),
-    )
-    .await;
-    create_all(
-        &client,
-        state
-            .teams
-            .iter()
-            .map(fresh)
-            .collect::<Vec<TeamGpuPolicy>>(),
-    )
-    .await;
+    // The operator as its own process, as its ServiceAccount.
     let dir = std::env::temp_dir().join(format!("teamgpu-scale-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = cluster
@@ -752,8 +770,8 @@ async fn main() {
     // governs costs any writer, not the operator's own overhead.
     let in_team = |meta: &mut ObjectMeta| {
         meta.name = meta.name.as_deref().map(|n| format!("floor-{n}"));
-        meta.owner_references = None;
         meta.labels = None;
+        owned_by_the_live_team(meta);
     };
     let (team_quotas, team_templates) = copies(&planned, in_team);
     let t = Instant::now();

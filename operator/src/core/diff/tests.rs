@@ -329,6 +329,18 @@ mod differ {
     }
 
     #[test]
+    fn a_live_quota_is_kept_without_its_status_and_converged() {
+        let mut live = live_quota("a", 3, false);
+        live.data["status"] = json!({"hard": {"x.deviceclass.resource.k8s.io/devices": "3"},
+                                     "used": {"x.deviceclass.resource.k8s.io/devices": "1"}});
+        let view = Arc::new(LiveView::new(Kind::ResourceQuota, &live));
+        assert_eq!(view.text_json().expect("text")["status"], Value::Null);
+        let mut differ = Differ::default();
+        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(view)]);
+        assert!(differ.writes(&quotas(3)).is_empty());
+    }
+
+    #[test]
     fn a_view_replaced_before_it_was_compared_takes_its_text_with_it() {
         let own = OwnWrites::default();
         let observe = |edited| {
