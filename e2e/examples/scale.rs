@@ -353,6 +353,18 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::main]
 async fn main() {
+    // Stopped early (Ctrl-C, SIGTERM), the benchmark is dropped, and with it the operator it
+    // started (see `Operator`): it would otherwise outlive the benchmark.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::select! {
+        () = benchmark() => {}
+        _ = tokio::signal::ctrl_c() => eprintln!("interrupted: stopping the operator"),
+        _ = terminate.recv() => eprintln!("terminated: stopping the operator"),
+    }
+}
+
+async fn benchmark() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
