@@ -24,13 +24,11 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
-use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
-};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu::api::TeamGpuPolicy;
 use teamgpu::example::{Scale, synthetic};
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::fixtures::fresh;
@@ -151,6 +149,14 @@ where
         .try_collect::<Vec<()>>()
         .await
         .expect("create");
+}
+
+/// Creates `objects` as new (see [`fresh`]).
+async fn create_fresh<K>(client: &kube::Client, objects: &[K])
+where
+    K: kube::Resource<DynamicType = ()> + serde::Serialize + Clone,
+{
+    create_all(client, objects.iter().map(fresh).collect()).await;
 }
 
 /// Applies `objects` (server-side apply, field manager `floor`) with [`PARALLEL`] requests in
@@ -400,24 +406,8 @@ async fn benchmark() {
 
     // Fill the cluster (the NVIDIA driver's classes, nodes' slices, namespaces, claims).
     let t = Instant::now();
-    create_all(
-        &client,
-        state
-            .device_classes
-            .iter()
-            .map(fresh)
-            .collect::<Vec<DeviceClass>>(),
-    )
-    .await;
-    create_all(
-        &client,
-        state
-            .slices
-            .iter()
-            .map(fresh)
-            .collect::<Vec<ResourceSlice>>(),
-    )
-    .await;
+    create_fresh(&client, &state.device_classes).await;
+    create_fresh(&client, &state.slices).await;
     create_all(
         &client,
         state
@@ -427,15 +417,7 @@ async fn benchmark() {
             .collect(),
     )
     .await;
-    create_all(
-        &client,
-        state
-            .claims
-            .iter()
-            .map(fresh)
-            .collect::<Vec<ResourceClaim>>(),
-    )
-    .await;
+    create_fresh(&client, &state.claims).await;
     futures::stream::iter(state.claims.iter().filter(|c| c.status.is_some()))
         .map(|c| {
             let api: Api<ResourceClaim> =
@@ -471,24 +453,8 @@ async fn benchmark() {
     .await;
     // The policies first: the floor's objects are the operator's, owner references included
     // (the garbage collector tracks every owned object), and their owners must exist.
-    create_all(
-        &client,
-        state
-            .sharing_policies
-            .iter()
-            .map(fresh)
-            .collect::<Vec<GpuSharingPolicy>>(),
-    )
-    .await;
-    create_all(
-        &client,
-        state
-            .teams
-            .iter()
-            .map(fresh)
-            .collect::<Vec<TeamGpuPolicy>>(),
-    )
-    .await;
+    create_fresh(&client, &state.sharing_policies).await;
+    create_fresh(&client, &state.teams).await;
     let uids: BTreeMap<String, String> = Api::<TeamGpuPolicy>::all(client.clone())
         .list(&Default::default())
         .await

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use super::FIELD_MANAGER;
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics, WriteLabels};
-use crate::core::diff::{Kind, ObjectKey, OwnWrites, Payload};
+use crate::core::diff::{Kind, ObjectKey, OwnWrites, Payload, Write};
 use crate::core::effects::{
     Effect, Event, EventKey, EventType, Eviction, PolicyKind, eviction_events,
 };
@@ -161,11 +161,13 @@ enum Phase {
 impl Phase {
     fn of(effect: &Effect) -> Phase {
         match effect {
-            Effect::Apply { key, .. } | Effect::Recreate { key, .. } => Phase::Object {
-                delete: false,
-                kind: key.kind,
-            },
-            Effect::Delete { key } => Phase::Object {
+            Effect::Object(Write::Apply { key, .. } | Write::Recreate { key, .. }) => {
+                Phase::Object {
+                    delete: false,
+                    kind: key.kind,
+                }
+            }
+            Effect::Object(Write::Delete { key }) => Phase::Object {
                 delete: true,
                 kind: key.kind,
             },
@@ -374,12 +376,11 @@ impl Executor {
             return self.evicted(eviction, result.err(), done);
         }
         match (effect, result) {
-            (Effect::Apply { key, .. } | Effect::Recreate { key, .. }, Ok(Outcome::Applied(v))) => {
-                tracing::info!(object = %key, action = effect.verb(), "wrote");
-                done.applied.push((key.clone(), v));
-            }
-            (Effect::Delete { key }, Ok(_)) => {
-                tracing::info!(object = %key, action = effect.verb(), "wrote");
+            (Effect::Object(write), Ok(outcome)) => {
+                tracing::info!(object = %write.key(), action = effect.verb(), "wrote");
+                if let Outcome::Applied(version) = outcome {
+                    done.applied.push((write.key().clone(), version));
+                }
             }
             (Effect::Event(event), Ok(_)) => done.published.push(event.key()),
             (_, Ok(_)) => tracing::debug!(object = %id, action = effect.verb(), "wrote"),
@@ -477,14 +478,14 @@ impl Requests {
     /// One effect, as one or two requests, each bounded by its timeout.
     async fn perform(&self, effect: &Effect) -> Result<Outcome, WriteError> {
         match effect {
-            Effect::Apply { key, payload } => self.apply(key, payload).await,
-            Effect::Recreate { key, payload } => {
+            Effect::Object(Write::Apply { key, object }) => self.apply(key, object).await,
+            Effect::Object(Write::Recreate { key, object }) => {
                 self.delete(key).await?;
-                self.apply(key, payload).await?;
+                self.apply(key, object).await?;
                 // The differ settles only an apply it decided on a live version.
                 Ok(Outcome::Applied(None))
             }
-            Effect::Delete { key } => self.delete(key).await,
+            Effect::Object(Write::Delete { key }) => self.delete(key).await,
             Effect::Status { kind, name, status } => self.patch_status(*kind, name, status).await,
             Effect::Event(event) => self.publish(event).await,
             Effect::Evict(e) => {
@@ -657,13 +658,15 @@ mod tests {
 
     #[test]
     fn admission_objects_are_written_beside_quotas_and_templates_each_in_its_order() {
-        let apply = |kind, name: &str| Effect::Apply {
-            key: ObjectKey {
-                kind,
-                namespace: None,
-                name: name.into(),
-            },
-            payload: serde_json::Value::Null.into(),
+        let apply = |kind, name: &str| {
+            Effect::Object(Write::Apply {
+                key: ObjectKey {
+                    kind,
+                    namespace: None,
+                    name: name.into(),
+                },
+                object: serde_json::Value::Null.into(),
+            })
         };
         let effects = vec![
             apply(Kind::DeviceClass, "class"),
@@ -672,13 +675,13 @@ mod tests {
             apply(Kind::ResourceQuota, "quota-1"),
             apply(Kind::ResourceQuota, "quota-2"),
             apply(Kind::ResourceClaimTemplate, "template"),
-            Effect::Delete {
+            Effect::Object(Write::Delete {
                 key: ObjectKey {
                     kind: Kind::ResourceClaimTemplate,
                     namespace: None,
                     name: "old".into(),
                 },
-            },
+            }),
             Effect::Status {
                 kind: PolicyKind::TeamGpuPolicy,
                 name: "team".into(),

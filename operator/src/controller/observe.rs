@@ -151,13 +151,8 @@ impl Stores {
             return;
         }
         let state = ClusterState {
-            sharing_policies: self
-                .sharing_policies
-                .state()
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter_map(|p| (**p).clone().try_parse::<GpuSharingPolicy>().ok())
-                .collect(),
+            // A policy that cannot be read is reported by the first pass.
+            sharing_policies: super::reconciler::parse_all(&self.sharing_policies, &mut Vec::new()),
             device_classes: self
                 .device_classes
                 .state()

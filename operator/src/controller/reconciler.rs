@@ -52,7 +52,9 @@ fn is_terminating(obj: &DynamicObject) -> bool {
 }
 
 /// The custom resources teamgpu reads, each with its [`PolicyKind`].
-trait Policy: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned {
+pub(super) trait Policy:
+    kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned
+{
     const KIND: PolicyKind;
 }
 
@@ -81,7 +83,7 @@ fn parse<K: Policy>(obj: &DynamicObject, malformed: &mut Vec<Malformed>) -> Opti
 
 /// Every policy of `store` not being deleted, read into its type; the ones that do not fit are
 /// added to `malformed`.
-fn parse_all<K: Policy>(
+pub(super) fn parse_all<K: Policy>(
     store: &kube::runtime::reflector::Store<DynamicObject>,
     malformed: &mut Vec<Malformed>,
 ) -> Vec<K> {
@@ -277,7 +279,7 @@ impl Reconciler {
         );
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let (sharing, teams) = (&state.sharing_policies, &state.teams);
-        let mut out: Vec<Effect> = writes.into_iter().map(Effect::from).collect();
+        let mut out: Vec<Effect> = writes.into_iter().map(Effect::Object).collect();
         out.extend(effects::malformed_statuses(malformed, &now));
         out.extend(effects::status_changes(plan, sharing, teams, &now));
         let events = effects::event_transitions(plan, sharing, teams);

@@ -42,7 +42,8 @@ pub(super) enum DesiredObject {
 }
 
 impl DesiredObject {
-    /// The metadata of a cluster-wide object, or of a namespaced one's shared object.
+    /// The metadata of a cluster-wide object, or a template's shared one; a quota keeps its
+    /// own (see [`NamespacedQuota::same_as`]).
     fn meta(&self) -> Option<&ObjectMeta> {
         match self {
             DesiredObject::DeviceClass(o) => Some(&o.metadata),
@@ -54,18 +55,17 @@ impl DesiredObject {
     }
 
     fn key(&self, kind: Kind) -> ObjectKey {
+        let in_namespace = |namespace: &str, name: &str| ObjectKey {
+            kind,
+            namespace: Some(namespace.to_owned()),
+            name: name.to_owned(),
+        };
         match self {
-            DesiredObject::ResourceClaimTemplate(t) => ObjectKey {
-                kind,
-                namespace: Some(t.namespace.to_string()),
-                name: t.name().to_owned(),
-            },
-            DesiredObject::ResourceQuota(q) => ObjectKey {
-                kind,
-                namespace: Some(q.namespace.to_string()),
-                name: q.name().to_owned(),
-            },
-            _ => key_of_meta(kind, self.meta().unwrap_or(&ObjectMeta::default())),
+            DesiredObject::DeviceClass(o) => key_of_meta(kind, &o.metadata),
+            DesiredObject::AdmissionPolicy(o) => key_of_meta(kind, &o.metadata),
+            DesiredObject::AdmissionBinding(o) => key_of_meta(kind, &o.metadata),
+            DesiredObject::ResourceQuota(q) => in_namespace(&q.namespace, q.name()),
+            DesiredObject::ResourceClaimTemplate(t) => in_namespace(&t.namespace, t.name()),
         }
     }
 

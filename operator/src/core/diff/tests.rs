@@ -153,6 +153,16 @@ mod differ {
         serde_json::from_value(v).unwrap()
     }
 
+    /// The watch cache's view of `live_quota("a", 3, drift)`, as `own` decides it.
+    fn observed(own: &OwnWrites, drift: bool) -> Arc<LiveView> {
+        Arc::new(LiveView::observed(
+            Kind::ResourceQuota,
+            &live_quota("a", 3, drift),
+            own,
+            &mut TemplateCharges::default(),
+        ))
+    }
+
     fn class(devices: u8) -> DeviceClass {
         serde_json::from_value(json!({
             "metadata": {"name": "x.teamgpu.io", "resourceVersion": devices.to_string(),
@@ -264,24 +274,14 @@ mod differ {
             "3-false",
             object.fingerprint().expect("the differ's payload"),
         );
-        let view = LiveView::observed(
-            Kind::ResourceQuota,
-            &live_quota("a", 3, false),
-            &own,
-            &mut TemplateCharges::default(),
-        );
+        let view = observed(&own, false);
         assert!(!view.holds_text());
-        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(view))]);
+        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(view)]);
         assert!(differ.writes(&quotas(3)).is_empty());
         // Someone else's version is kept whole until compared.
-        let edited = LiveView::observed(
-            Kind::ResourceQuota,
-            &live_quota("a", 3, true),
-            &own,
-            &mut TemplateCharges::default(),
-        );
+        let edited = observed(&own, true);
         assert!(edited.holds_text());
-        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(Arc::new(edited))]);
+        differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(edited)]);
         assert!(matches!(
             &differ.writes(&quotas(3))[..],
             [Write::Apply { .. }]
@@ -298,12 +298,7 @@ mod differ {
         let own = OwnWrites::default();
         // The event of version "3-false" (see `live_quota`) is taken in, then the apply's
         // answer names that version.
-        let view = Arc::new(LiveView::observed(
-            Kind::ResourceQuota,
-            &live_quota("a", 3, false),
-            &own,
-            &mut TemplateCharges::default(),
-        ));
+        let view = observed(&own, false);
         assert!(view.holds_text());
         differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(view.clone())]);
         own.record(
@@ -313,12 +308,7 @@ mod differ {
         assert!(!view.holds_text());
         assert!(differ.writes(&quotas(3)).is_empty());
         // A version no answer named stays whole until compared, and then a change is written.
-        let edited = Arc::new(LiveView::observed(
-            Kind::ResourceQuota,
-            &live_quota("a", 3, true),
-            &own,
-            &mut TemplateCharges::default(),
-        ));
+        let edited = observed(&own, true);
         own.record("another", 1);
         assert!(edited.holds_text());
         differ.update_live(Kind::ResourceQuota, [LiveObject::Owned(edited)]);
@@ -343,19 +333,11 @@ mod differ {
     #[test]
     fn a_view_replaced_before_it_was_compared_takes_its_text_with_it() {
         let own = OwnWrites::default();
-        let observe = |edited| {
-            Arc::new(LiveView::observed(
-                Kind::ResourceQuota,
-                &live_quota("a", 3, edited),
-                &own,
-                &mut TemplateCharges::default(),
-            ))
-        };
         // Another writer's version (the quota controller's status, say): no answer claims it.
-        let first = observe(false);
+        let first = observed(&own, false);
         assert_eq!(own.texts_held(), 1);
         // The watch cache replaces it with a newer version before any pass compared it.
-        let newer = observe(true);
+        let newer = observed(&own, true);
         drop(first);
         assert_eq!(own.texts_held(), 1, "only the newer view's text");
         drop(newer);

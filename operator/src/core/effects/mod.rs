@@ -16,7 +16,7 @@ use kube::core::ApiResource;
 use serde_json::Value;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::core::diff::{ObjectKey, Payload, Write};
+use crate::core::diff::Write;
 use crate::core::plan::ReclaimOrder;
 pub use events::{EventKey, Published, event_transitions, in_team_namespaces};
 pub use reclaim::{ReclaimDefaults, ReclaimTracker, eviction_events, victims};
@@ -25,12 +25,8 @@ pub use status::{Malformed, malformed_status, malformed_statuses, status_changes
 /// One thing to do to the cluster.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    /// Server-side apply of the whole object (creates it when missing, restores drift).
-    Apply { key: ObjectKey, payload: Payload },
-    /// Delete, then apply: the object's spec is immutable and has changed.
-    Recreate { key: ObjectKey, payload: Payload },
-    /// The object carries teamgpu's label but is no longer wanted.
-    Delete { key: ObjectKey },
+    /// An object teamgpu owns applied, recreated or deleted, as the differ asked.
+    Object(Write),
     /// A policy's status, applied to its status subresource.
     Status {
         kind: PolicyKind,
@@ -44,30 +40,12 @@ pub enum Effect {
     Evict(Box<Eviction>),
 }
 
-impl From<Write> for Effect {
-    fn from(write: Write) -> Self {
-        match write {
-            Write::Apply { key, object } => Effect::Apply {
-                key,
-                payload: object,
-            },
-            Write::Recreate { key, object } => Effect::Recreate {
-                key,
-                payload: object,
-            },
-            Write::Delete { key } => Effect::Delete { key },
-        }
-    }
-}
-
 impl Effect {
     /// What the effect does to which object, one per object: the key a failure backs off by,
     /// and what the logs name.
     pub fn id(&self) -> String {
         match self {
-            Effect::Apply { key, .. } | Effect::Recreate { key, .. } | Effect::Delete { key } => {
-                key.to_string()
-            }
+            Effect::Object(write) => write.key().to_string(),
             Effect::Status { kind, name, .. } => format!("{} {name} status", kind.kind()),
             Effect::Event(event) => {
                 let (object, reason, note) = event.key();
@@ -80,9 +58,7 @@ impl Effect {
     /// What the effect does, for logs.
     pub fn verb(&self) -> &'static str {
         match self {
-            Effect::Apply { .. } => "apply",
-            Effect::Recreate { .. } => "recreate",
-            Effect::Delete { .. } => "delete",
+            Effect::Object(write) => write.verb(),
             Effect::Status { .. } => "status",
             Effect::Event(_) => "publish",
             Effect::Evict(_) => "evict",
