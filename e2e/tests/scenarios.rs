@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -411,18 +411,22 @@ impl World {
             .unwrap();
     }
 
-    async fn binding_namespaces(&self, team: &str) -> Vec<String> {
-        let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
-        let Some(b) = api.get_opt(&format!("teamgpu-team-{team}")).await.unwrap() else {
-            return vec![];
+    /// Whether the non-team admission policy leaves `ns` to the team policy: its match condition
+    /// lists the team namespaces.
+    async fn admitted_as_team_namespace(&self, ns: &str) -> bool {
+        let api: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
+        let Some(policy) = api.get_opt("teamgpu-non-team-requests").await.unwrap() else {
+            return false;
         };
-        b.spec
-            .and_then(|s| s.match_resources)
-            .and_then(|m| m.namespace_selector)
-            .and_then(|s| s.match_expressions)
-            .and_then(|e| e.into_iter().next())
-            .and_then(|e| e.values)
+        policy
+            .spec
+            .and_then(|s| s.match_conditions)
             .unwrap_or_default()
+            .iter()
+            .any(|c| {
+                c.name == "outside-every-team"
+                    && c.expression.contains(&format!("'{}'", self.ns(ns)))
+            })
     }
 
     /// Every teamgpu-labelled object, by kind/namespace/name.
@@ -446,8 +450,8 @@ impl World {
     }
 
     /// The objects the samples ask for on the example's cluster, as `owned_objects` names
-    /// them: two DeviceClasses, three admission policies, a binding per team, one for who moves
-    /// namespaces and one for the other namespaces, and in every team namespace a quota and a
+    /// them: two DeviceClasses, three admission policies and their bindings, and in every team
+    /// namespace a quota and a
     /// template per offered count (a100-80gb offers 1, 2, 4 and 8 devices, a100-shared 1) of the
     /// team's sharing policies.
     fn expected_objects(&self) -> Vec<String> {
@@ -461,9 +465,7 @@ impl World {
         for binding in [
             "teamgpu-namespace-membership",
             "teamgpu-non-team-requests",
-            "teamgpu-team-data-science",
-            "teamgpu-team-inference",
-            "teamgpu-team-ml-research",
+            "teamgpu-team-requests",
         ] {
             out.push(format!("validatingadmissionpolicybinding//{binding}"));
         }
@@ -511,10 +513,7 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
         || async {
             let templates = world.templates("ml-new").await;
             let quota = world.quota_hard("ml-new").await;
-            let bound = world
-                .binding_namespaces("ml-research")
-                .await
-                .contains(&world.ns("ml-new"));
+            let bound = world.admitted_as_team_namespace("ml-new").await;
             if templates.len() == 5 && quota.is_ok() && bound {
                 Ok(())
             } else {
@@ -532,10 +531,7 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
         || async {
             let templates = world.templates("ml-new").await;
             let quota = world.quota_hard("ml-new").await;
-            let bound = world
-                .binding_namespaces("ml-research")
-                .await
-                .contains(&world.ns("ml-new"));
+            let bound = world.admitted_as_team_namespace("ml-new").await;
             if templates.is_empty() && quota.is_err() && !bound {
                 Ok(())
             } else {
@@ -733,7 +729,12 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
                     .any(|ns| o.contains(&format!("/{ns}/")))
             })
             .collect();
-        let bound = world.binding_namespaces("ml-research").await;
+        let mut bound = Vec::new();
+        for ns in ["ml-research-dev", "ml-research-train"] {
+            if world.admitted_as_team_namespace(ns).await {
+                bound.push(ns);
+            }
+        }
         if left.is_empty() && bound.is_empty() {
             Ok(())
         } else {
@@ -1649,7 +1650,7 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
                         v == "create" && calls.contains(&(g.clone(), r.clone(), "patch".into()));
                     // A binding with `paramRef.name` is authorized against `get` on the param.
                     let param_get = (g.as_str(), r.as_str(), v.as_str())
-                        == ("teamgpu.io", "teamgpupolicies", "get")
+                        == ("", "resourcequotas", "get")
                         && calls.contains(&(
                             "admissionregistration.k8s.io".into(),
                             "validatingadmissionpolicybindings".into(),

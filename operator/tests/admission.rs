@@ -24,14 +24,21 @@ fn governed() -> Governed {
     }
 }
 
-fn team_params() -> Value {
+/// The params of the team policy: the namespace's teamgpu quota, shaped as the operator writes
+/// it for a team with quotas of a100-80gb and a100-shared.
+fn quota_params(team: &str, classes: &str) -> Value {
     json!({
-        "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-        "metadata": {"name": "ml-research"},
-        "spec": {"namespaceSelector": {"matchLabels": {"teamgpu.io/team": "ml-research"}},
-                 "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 16},
-                            {"sharingPolicy": "a100-shared", "guaranteed": 2}]}
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "teamgpu", "namespace": "ml-dev",
+                     "annotations": {"teamgpu.io/team": team, "teamgpu.io/device-classes": classes}},
+        "spec": {"hard": {"a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices": "8",
+                          "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices": "2",
+                          "h100.teamgpu.io.deviceclass.resource.k8s.io/devices": "0"}}
     })
+}
+
+fn team_params() -> Value {
+    quota_params("ml-research", "a100-80gb.teamgpu.io a100-shared.teamgpu.io")
 }
 
 fn request(kind: &str, namespace: &str) -> kube_cel::AdmissionRequest {
@@ -227,7 +234,7 @@ fn allocation_mode_all_on_a_teamgpu_class_is_denied() {
 
 #[test]
 fn a_team_without_quotas_may_request_no_governed_class() {
-    let params = json!({"metadata": {"name": "empty"}, "spec": {"namespaces": ["ml-dev"]}});
+    let params = quota_params("empty", "");
     let object = claim(exactly("a100-80gb.teamgpu.io"));
     let denials = evaluate(
         &team_policy(&governed(), DEFAULT_OPERATOR_USER),
@@ -238,19 +245,29 @@ fn a_team_without_quotas_may_request_no_governed_class() {
     .unwrap();
     assert_eq!(denials.len(), 1, "{denials:?}");
     assert!(denials[0].contains("allowed: []"), "{denials:?}");
+    assert!(
+        denials[0].ends_with("(namespace ml-dev belongs to TeamGpuPolicy empty)"),
+        "{denials:?}"
+    );
 }
 
 #[test]
 fn namespaces_outside_every_team_get_no_governed_class() {
-    let deny = |object: &Value| {
+    let team_namespaces = ["ml-dev", "ml-train"].into();
+    let policy = non_team_policy(&governed(), DEFAULT_OPERATOR_USER, &team_namespaces);
+    let deny_in = |namespace: &str, object: &Value| {
         evaluate(
-            &non_team_policy(&governed(), DEFAULT_OPERATOR_USER),
+            &policy,
             object,
-            request(object["kind"].as_str().unwrap(), "web"),
+            request(object["kind"].as_str().unwrap(), namespace),
             None,
         )
         .unwrap()
     };
+    let deny = |object: &Value| deny_in("web", object);
+    // A team namespace is left to the team policy.
+    assert!(deny_in("ml-dev", &claim(exactly("a100-80gb.teamgpu.io"))).is_empty());
+    assert!(deny_in("ml-train", &claim(exactly("gpu.nvidia.com"))).is_empty());
     let outside = "namespace web belongs to no TeamGpuPolicy, so it may not use GPUs that teamgpu \
                    governs (teamgpu DeviceClasses and classes selecting the same devices): label \
                    it for a team, or ask a cluster admin to exempt it with teamgpu.io/exempt=true";
@@ -282,22 +299,25 @@ fn namespaces_outside_every_team_get_no_governed_class() {
 }
 
 #[test]
-fn the_non_team_binding_leaves_team_and_exempt_namespaces_out() {
-    let binding = teamgpu::core::plan::admission::non_team_binding(&["ml-dev"].into());
-    let selector = serde_json::to_value(
-        binding
-            .spec
-            .unwrap()
-            .match_resources
-            .unwrap()
-            .namespace_selector,
-    )
-    .unwrap();
+fn one_binding_per_policy_without_a_list_of_namespaces() {
+    use teamgpu::core::plan::admission::{non_team_binding, team_binding};
+    // The team policy: the namespace's teamgpu quota as params; none, no team, no check.
+    let team = serde_json::to_value(team_binding().spec.unwrap()).unwrap();
     assert_eq!(
-        selector,
-        json!({"matchExpressions": [
-            {"key": "teamgpu.io/exempt", "operator": "NotIn", "values": ["true"]},
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["ml-dev"]}]})
+        team,
+        json!({"policyName": "teamgpu-team-requests",
+               "paramRef": {"name": "teamgpu", "parameterNotFoundAction": "Allow"},
+               "validationActions": ["Deny"]})
+    );
+    // The non-team policy: every namespace but the exempt ones (the policy's match condition
+    // leaves the team namespaces out).
+    let non_team = serde_json::to_value(non_team_binding().spec.unwrap()).unwrap();
+    assert_eq!(
+        non_team,
+        json!({"policyName": "teamgpu-non-team-requests",
+               "matchResources": {"namespaceSelector": {"matchExpressions": [
+                   {"key": "teamgpu.io/exempt", "operator": "NotIn", "values": ["true"]}]}},
+               "validationActions": ["Deny"]})
     );
 }
 
@@ -309,10 +329,9 @@ fn both_policies_leave_the_operator_and_only_the_operator_alone() {
     let user = "system:serviceaccount:gpu-ops:team'gpu";
     for policy in [
         team_policy(&Governed::default(), user),
-        non_team_policy(&Governed::default(), user),
+        non_team_policy(&Governed::default(), user, &["ml-dev"].into()),
     ] {
         let conditions = policy.spec.unwrap().match_conditions.unwrap();
-        assert_eq!(conditions.len(), 1);
         assert_eq!(
             conditions[0].expression,
             r"request.userInfo.username != 'system:serviceaccount:gpu-ops:team\'gpu'"

@@ -362,11 +362,7 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     let apply = set(&["list", "watch", "create", "patch", "delete"]);
     let expected: [(&str, &str, BTreeSet<&str>); 16] = [
         ("teamgpu.io", "gpusharingpolicies", read.clone()),
-        (
-            "teamgpu.io",
-            "teamgpupolicies",
-            set(&["get", "list", "watch"]),
-        ),
+        ("teamgpu.io", "teamgpupolicies", read.clone()),
         ("teamgpu.io", "gpusharingpolicies/status", set(&["patch"])),
         ("teamgpu.io", "teamgpupolicies/status", set(&["patch"])),
         ("events.k8s.io", "events", set(&["create", "patch"])),
@@ -375,7 +371,12 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
         ("resource.k8s.io", "resourceclaims", read.clone()),
         ("resource.k8s.io", "deviceclasses", apply.clone()),
         ("resource.k8s.io", "resourceclaimtemplates", apply.clone()),
-        ("", "resourcequotas", apply.clone()),
+        // A quota is also the team admission policy's params, named by its binding.
+        (
+            "",
+            "resourcequotas",
+            set(&["get", "list", "watch", "create", "patch", "delete"]),
+        ),
         (
             "admissionregistration.k8s.io",
             "validatingadmissionpolicies",

@@ -139,13 +139,11 @@ fn the_example_plans_every_kind_of_object() {
                 .collect()
         ),
         [
-            "teamgpu-team-data-science",
-            "teamgpu-team-inference",
-            "teamgpu-team-ml-research",
+            "teamgpu-team-requests",
             "teamgpu-namespace-membership",
             "teamgpu-non-team-requests"
         ],
-        "three teams, who moves namespaces, and the non-team binding"
+        "one binding per policy"
     );
     for report in &plan.sharing_policies {
         assert!(condition(&report.conditions, "Ready").status, "{report:?}");

@@ -133,8 +133,8 @@ fn device_classes(inputs: &Inputs, out: &mut DesiredObjects) {
         .collect();
 }
 
-/// The templates and quota of every namespace of `team`, and the binding of its admission
-/// policy.
+/// The templates and quota of every namespace of `team` (the quota names the team's classes for
+/// the team admission policy, which takes it as params).
 fn team_objects(
     inputs: &Inputs,
     kept: &mut Kept,
@@ -178,7 +178,8 @@ fn team_objects(
             .map(Arc::new)
             .collect()
     });
-    let meta = Arc::new(objects::quota_meta(team));
+    let classes: Vec<String> = usable.iter().map(|p| device_class_name(&p.name)).collect();
+    let meta = Arc::new(objects::quota_meta(team, &classes));
     for namespace in &namespaces {
         let mut hard: BTreeMap<Arc<str>, u32> = zero_hard.iter().map(|r| (r.clone(), 0)).collect();
         for policy in &usable {
@@ -197,16 +198,20 @@ fn team_objects(
             }
         }
         let mut hasher = std::hash::DefaultHasher::new();
-        (&team.metadata.name, &team.metadata.uid, &hard, templates_id).hash(&mut hasher);
+        (
+            &team.metadata.name,
+            &team.metadata.uid,
+            &classes,
+            &hard,
+            templates_id,
+        )
+            .hash(&mut hasher);
         let key = (team_name.clone(), namespace.clone());
         let (templates, quota) = kept.namespaces.get(key, hasher.finish(), |_| {
             namespace_objects(&meta, namespace, &hard, templates)
         });
         out.claim_templates.extend(templates.iter().cloned());
         out.resource_quotas.push(quota.clone());
-    }
-    if let Some(binding) = admission::team_binding(team, &namespaces) {
-        out.admission_bindings.push(Arc::new(binding));
     }
 }
 
@@ -271,7 +276,11 @@ fn admission_objects(
     });
     out.admission_policies.extend([
         Arc::new(admission::team_policy(&classes, operator)),
-        Arc::new(admission::non_team_policy(&classes, operator)),
+        Arc::new(admission::non_team_policy(
+            &classes,
+            operator,
+            &inputs.membership.all_team_namespaces(),
+        )),
         Arc::new(namespace_admission::membership_policy(
             inputs.teams,
             &admin_groups,
@@ -279,10 +288,9 @@ fn admission_objects(
         )),
     ]);
     out.admission_bindings.extend([
+        Arc::new(admission::team_binding()),
         Arc::new(namespace_admission::membership_binding()),
-        Arc::new(admission::non_team_binding(
-            &inputs.membership.all_team_namespaces(),
-        )),
+        Arc::new(admission::non_team_binding()),
     ]);
 }
 

@@ -125,7 +125,9 @@ impl NamespacedQuota {
             hard: hard.into_boxed_slice(),
             content_hash: Box::default(),
         };
-        quota.content_hash = objects::content_hash(&quota.spec()).into_boxed_str();
+        // The annotations tell the team admission policy which classes the team has.
+        quota.content_hash =
+            objects::content_hash(&(&quota.meta.annotations, quota.spec())).into_boxed_str();
         quota
     }
 

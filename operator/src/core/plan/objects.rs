@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
 
-use super::NamespacedQuota;
+use super::{NamespacedQuota, admission};
 use crate::api::{
     DEFAULT_DRIVER, DeviceType, GROUP, GpuSharingPolicy, SharingStrategy, TeamGpuPolicy,
     TimeSliceInterval,
@@ -263,8 +263,21 @@ pub fn resource_quota(
 }
 
 /// The metadata of a team's quotas (the same in each of its namespaces).
-pub fn quota_meta(team: &TeamGpuPolicy) -> ObjectMeta {
-    owned_meta(team, QUOTA_NAME.to_owned(), None)
+/// The metadata of a team's quotas. Its annotations name the team and its DeviceClasses
+/// (`classes`) for the team admission policy, which takes the quota as params.
+pub fn quota_meta(team: &TeamGpuPolicy, classes: &[String]) -> ObjectMeta {
+    let mut meta = owned_meta(team, QUOTA_NAME.to_owned(), None);
+    meta.annotations = Some(BTreeMap::from([
+        (
+            admission::QUOTA_TEAM_ANNOTATION.to_owned(),
+            team.metadata.name.clone().unwrap_or_default(),
+        ),
+        (
+            admission::QUOTA_CLASSES_ANNOTATION.to_owned(),
+            classes.join(" "),
+        ),
+    ]));
+    meta
 }
 
 /// A stable hash of an object's content (FNV-1a over its JSON), so that a toolchain upgrade
@@ -318,7 +331,9 @@ mod tests {
             ),
         ]
         .into();
-        let quota = resource_quota(Arc::new(quota_meta(&team)), "ml-dev", &hard).to_object();
+        let classes = ["a.teamgpu.io".to_owned()];
+        let quota =
+            resource_quota(Arc::new(quota_meta(&team, &classes)), "ml-dev", &hard).to_object();
         assert_eq!(quota.metadata.name.as_deref(), Some("teamgpu"));
         assert_eq!(quota.metadata.namespace.as_deref(), Some("ml-dev"));
         assert_eq!(
@@ -335,9 +350,17 @@ mod tests {
             json!({"hard": {"a.teamgpu.io.deviceclass.resource.k8s.io/devices": "4",
                             "b.teamgpu.io.deviceclass.resource.k8s.io/devices": "0"}})
         );
+        // What the team admission policy reads, with the quota as its params.
+        let annotations = quota.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations["teamgpu.io/team"], "ml");
+        assert_eq!(annotations["teamgpu.io/device-classes"], "a.teamgpu.io");
+        // The hash covers those annotations too: a team's classes can change while every hard
+        // stays the same.
+        let mut read = annotations.clone();
+        read.remove(CONTENT_HASH_ANNOTATION);
         assert_eq!(
-            quota.metadata.annotations.as_ref().unwrap()[CONTENT_HASH_ANNOTATION],
-            content_hash(&quota.spec)
+            annotations[CONTENT_HASH_ANNOTATION],
+            content_hash(&(Some(read), &quota.spec))
         );
     }
 
