@@ -450,7 +450,7 @@ impl World {
     }
 
     /// The objects the samples ask for on the example's cluster, as `owned_objects` names
-    /// them: two DeviceClasses, three admission policies and their bindings, and in every team
+    /// them: two DeviceClasses, four admission policies and their bindings, and in every team
     /// namespace a quota and a
     /// template per offered count (a100-80gb offers 1, 2, 4 and 8 devices, a100-shared 1) of the
     /// team's sharing policies.
@@ -458,11 +458,13 @@ impl World {
         let mut out = vec![
             "deviceclass//a100-80gb.teamgpu.io".to_owned(),
             "deviceclass//a100-shared.teamgpu.io".to_owned(),
+            "validatingadmissionpolicy//teamgpu-namespace-exemption".to_owned(),
             "validatingadmissionpolicy//teamgpu-namespace-membership".to_owned(),
             "validatingadmissionpolicy//teamgpu-non-team-requests".to_owned(),
             "validatingadmissionpolicy//teamgpu-team-requests".to_owned(),
         ];
         for binding in [
+            "teamgpu-namespace-exemption",
             "teamgpu-namespace-membership",
             "teamgpu-non-team-requests",
             "teamgpu-team-requests",
@@ -1648,9 +1650,11 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
                     let call = (g.clone(), r.clone(), v.clone());
                     let apply_create =
                         v == "create" && calls.contains(&(g.clone(), r.clone(), "patch".into()));
-                    // A binding with `paramRef.name` is authorized against `get` on the param.
-                    let param_get = (g.as_str(), r.as_str(), v.as_str())
-                        == ("", "resourcequotas", "get")
+                    // A policy's `paramKind` and a binding's `paramRef.name` are authorized
+                    // against `get` on the param kind.
+                    let param_get = [("", "resourcequotas"), ("teamgpu.io", "teamgpupolicies")]
+                        .contains(&(g.as_str(), r.as_str()))
+                        && v == "get"
                         && calls.contains(&(
                             "admissionregistration.k8s.io".into(),
                             "validatingadmissionpolicybindings".into(),

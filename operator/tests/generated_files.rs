@@ -362,7 +362,12 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     let apply = set(&["list", "watch", "create", "patch", "delete"]);
     let expected: [(&str, &str, BTreeSet<&str>); 16] = [
         ("teamgpu.io", "gpusharingpolicies", read.clone()),
-        ("teamgpu.io", "teamgpupolicies", read.clone()),
+        // The namespace-membership policy's paramKind.
+        (
+            "teamgpu.io",
+            "teamgpupolicies",
+            set(&["get", "list", "watch"]),
+        ),
         ("teamgpu.io", "gpusharingpolicies/status", set(&["patch"])),
         ("teamgpu.io", "teamgpupolicies/status", set(&["patch"])),
         ("events.k8s.io", "events", set(&["create", "patch"])),

@@ -1,5 +1,6 @@
 //! Who may move a namespace into or out of a team: the generated namespace policy, evaluated
-//! with kube-cel (match conditions included) for requests of members, non-members and admins.
+//! with kube-cel (match conditions included) for requests of members, non-members and admins,
+//! once per team as the API server does (the policy takes every TeamGpuPolicy as params).
 //! The e2e scenario `only_members_move_namespaces_into_and_out_of_their_team` shows the same on
 //! a real API server, with the exemption label.
 //!
@@ -12,10 +13,17 @@ use teamgpu::core::plan::admission::{DEFAULT_OPERATOR_USER, evaluate_change};
 use teamgpu::core::plan::namespace_admission::membership_policy;
 
 fn team(name: &str, selector: Value, members: Value) -> TeamGpuPolicy {
+    team_spec(
+        name,
+        json!({"namespaceSelector": selector, "members": members}),
+    )
+}
+
+fn team_spec(name: &str, spec: Value) -> TeamGpuPolicy {
     serde_json::from_value(json!({
         "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
         "metadata": {"name": name},
-        "spec": {"namespaceSelector": selector, "members": members}
+        "spec": spec
     }))
     .unwrap()
 }
@@ -42,6 +50,19 @@ fn teams() -> Vec<TeamGpuPolicy> {
             json!({"matchLabels": {"team": "closed"}}),
             json!([]),
         ),
+        // Namespaces named, not selected: no label moves one in or out.
+        team_spec("named", json!({"namespaces": ["ns"], "members": []})),
+        // Selectors Kubernetes rejects select nothing, as in the planner.
+        team(
+            "no-values",
+            json!({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": []}]}),
+            json!([]),
+        ),
+        team(
+            "exists-with-values",
+            json!({"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["x"]}]}),
+            json!([]),
+        ),
     ]
 }
 
@@ -65,23 +86,24 @@ fn request(user: &str, groups: &[&str], operation: &str) -> kube_cel::AdmissionR
 }
 
 /// The denials of `user` (in `groups`) changing the namespace's labels from `old` (`None`:
-/// creating it) to `new`.
+/// creating it) to `new`, of every team's evaluation.
 fn denials(user: &str, groups: &[&str], old: Option<Value>, new: Value) -> Vec<String> {
-    let teams = teams();
-    let policy = membership_policy(
-        &teams.iter().collect::<Vec<_>>(),
-        &["platform-admins".to_owned()],
-        DEFAULT_OPERATOR_USER,
-    );
+    let policy = membership_policy(&["platform-admins".to_owned()], DEFAULT_OPERATOR_USER);
     let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
-    evaluate_change(
-        &policy,
-        &namespace(new),
-        old.map(namespace).as_ref(),
-        request(user, groups, operation),
-        None,
-    )
-    .unwrap()
+    let old = old.map(namespace);
+    teams()
+        .iter()
+        .flat_map(|team| {
+            evaluate_change(
+                &policy,
+                &namespace(new.clone()),
+                old.as_ref(),
+                request(user, groups, operation),
+                Some(&serde_json::to_value(team).unwrap()),
+            )
+            .unwrap()
+        })
+        .collect()
 }
 
 const AUTHENTICATED: &[&str] = &["system:authenticated"];
@@ -169,6 +191,8 @@ fn changes_that_join_or_leave_no_team_are_left_alone() {
     let relabelled = json!({"team": "ml-research", "cost-center": "42"});
     assert!(denials("dave", AUTHENTICATED, Some(ml), relabelled).is_empty());
     assert!(denials("dave", AUTHENTICATED, None, json!({"env": "dev"})).is_empty());
+    // Labels the invalid selectors would select if they were read leniently.
+    assert!(denials("dave", AUTHENTICATED, None, json!({"team": "other"})).is_empty());
     // A label value no selector matches, and a NotIn that keeps a namespace out of inference.
     assert!(denials("dave", AUTHENTICATED, None, json!({"team": "nobody"})).is_empty());
     assert!(
@@ -207,4 +231,22 @@ fn a_team_without_members_is_moved_only_by_admins() {
 fn the_operator_is_not_checked() {
     let ml = json!({"team": "ml-research"});
     assert!(denials(DEFAULT_OPERATOR_USER, AUTHENTICATED, None, ml).is_empty());
+}
+
+#[test]
+fn every_team_is_a_param_and_no_team_means_nothing_to_check() {
+    use teamgpu::core::plan::namespace_admission::{exemption_binding, membership_binding};
+    let binding = serde_json::to_value(membership_binding().spec.unwrap()).unwrap();
+    assert_eq!(
+        binding,
+        json!({"policyName": "teamgpu-namespace-membership",
+               "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
+               "validationActions": ["Deny"]})
+    );
+    // The exemption label is guarded without params: with no team at all too.
+    let binding = serde_json::to_value(exemption_binding().spec.unwrap()).unwrap();
+    assert_eq!(
+        binding,
+        json!({"policyName": "teamgpu-namespace-exemption", "validationActions": ["Deny"]})
+    );
 }

@@ -127,7 +127,8 @@ fn the_example_plans_every_kind_of_object() {
         [
             "teamgpu-team-requests",
             "teamgpu-non-team-requests",
-            "teamgpu-namespace-membership"
+            "teamgpu-namespace-membership",
+            "teamgpu-namespace-exemption"
         ]
     );
     assert_eq!(
@@ -141,6 +142,7 @@ fn the_example_plans_every_kind_of_object() {
         [
             "teamgpu-team-requests",
             "teamgpu-namespace-membership",
+            "teamgpu-namespace-exemption",
             "teamgpu-non-team-requests"
         ],
         "one binding per policy"

@@ -376,12 +376,15 @@ pub fn non_team_binding() -> ValidatingAdmissionPolicyBinding {
     }
 }
 
-/// `expr` with the quota annotation keys it looks up escaped as kube-cel escapes every key of
-/// the values it binds (`.` → `__dot__`, `-` → `__dash__`, `/` → `__slash__`). Kubernetes
-/// escapes only schema property names, never the keys of a map such as `annotations`, so the
-/// policy quotes the keys as they are; kube-cel needs them escaped to find them.
-fn escaped_annotation_keys(expr: &str) -> String {
-    [QUOTA_TEAM_ANNOTATION, QUOTA_CLASSES_ANNOTATION]
+/// `expr` as kube-cel needs it, which escapes every key of the values it binds where
+/// Kubernetes 1.36 escapes only some schema property names:
+/// - the quota annotation keys the policy looks up (`.` → `__dot__`, `-` → `__dash__`, `/` →
+///   `__slash__`): Kubernetes never escapes the keys of a map such as `annotations`;
+/// - the property `namespace` (a member's, an object's), which kube-cel escapes as a CEL reserved
+///   word (`__namespace__`) and Kubernetes does not (checked on the API server). kube-cel's own
+///   `request.namespace` is not escaped.
+fn escaped_for_kube_cel(expr: &str) -> String {
+    let expr = [QUOTA_TEAM_ANNOTATION, QUOTA_CLASSES_ANNOTATION]
         .iter()
         .fold(expr.to_owned(), |expr, key| {
             let escaped = key
@@ -389,7 +392,22 @@ fn escaped_annotation_keys(expr: &str) -> String {
                 .replace('-', "__dash__")
                 .replace('/', "__slash__");
             expr.replace(&format!("'{key}'"), &format!("'{escaped}'"))
-        })
+        });
+    let mut out = String::with_capacity(expr.len());
+    let mut rest = expr.as_str();
+    while let Some(at) = rest.find(".namespace") {
+        let (before, after) = rest.split_at(at + ".namespace".len());
+        let whole_word = !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        if whole_word && !before.ends_with("request.namespace") {
+            out.push_str(&before[..at]);
+            out.push_str(".__namespace__");
+        } else {
+            out.push_str(before);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Why a policy could not be evaluated.
@@ -440,7 +458,7 @@ pub fn evaluate_change(
         .collect();
     let inline = |expr: &str| {
         inline_variables(&variables, expr)
-            .map(|e| escaped_annotation_keys(&e))
+            .map(|e| escaped_for_kube_cel(&e))
             .ok_or_else(|| EvaluationError::CyclicVariable {
                 policy: name.clone(),
                 name: expr.to_owned(),

@@ -282,7 +282,10 @@ fn admission_objects(
             &inputs.membership.all_team_namespaces(),
         )),
         Arc::new(namespace_admission::membership_policy(
-            inputs.teams,
+            &admin_groups,
+            operator,
+        )),
+        Arc::new(namespace_admission::exemption_policy(
             &admin_groups,
             operator,
         )),
@@ -290,6 +293,7 @@ fn admission_objects(
     out.admission_bindings.extend([
         Arc::new(admission::team_binding()),
         Arc::new(namespace_admission::membership_binding()),
+        Arc::new(namespace_admission::exemption_binding()),
         Arc::new(admission::non_team_binding()),
     ]);
 }
