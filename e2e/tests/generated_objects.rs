@@ -229,7 +229,8 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
     }
 
     // In force (this binary's control plane has no operator), it stays within the API server's
-    // runtime cost budget: a member joins a namespace to team-099, a non-member is refused.
+    // runtime cost budget: members (a user, a ServiceAccount) join a namespace to team-099, a
+    // non-member is refused.
     let client = cluster.client();
     let params = PatchParams::apply("teamgpu").force();
     let vap: Api<DynamicObject> = Api::all_with(
@@ -269,7 +270,9 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
         "metadata": {"name": "e2e-namespace-creators"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "lead-99@example.com"},
-                     {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]});
+                     {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"},
+                     {"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": "system:serviceaccount:argocd:argocd-application-controller"}]});
     Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
         .patch("e2e-namespace-creators", &params, &Patch::Apply(&rbac))
         .await
@@ -317,6 +320,13 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
         .create(&dry, &labelled("lead-joins"))
         .await
         .unwrap();
+    // A ServiceAccount member, told by its namespace and name.
+    Api::<Namespace>::all(as_user(
+        "system:serviceaccount:argocd:argocd-application-controller",
+    ))
+    .create(&dry, &labelled("argocd-joins"))
+    .await
+    .unwrap();
     binding.delete(name, &Default::default()).await.unwrap();
     vap.delete(name, &Default::default()).await.unwrap();
     for team in &state.teams {
