@@ -152,10 +152,10 @@ fn rules() -> MatchResources {
 }
 
 /// A CEL list literal of `items`.
-fn cel_list<'a>(items: impl IntoIterator<Item = &'a String>) -> String {
+fn cel_list(items: impl IntoIterator<Item = impl AsRef<str>>) -> String {
     let items: Vec<String> = items
         .into_iter()
-        .map(|c| super::selector::cel_string(c))
+        .map(|c| super::selector::cel_string(c.as_ref()))
         .collect();
     format!("[{}]", items.join(", "))
 }
@@ -175,7 +175,7 @@ fn pod_asks_for(pred: &str) -> String {
 }
 
 /// Requests by anyone but the operator (`operator`, its user name).
-fn not_the_operator(operator: &str) -> Vec<MatchCondition> {
+pub(super) fn not_the_operator(operator: &str) -> Vec<MatchCondition> {
     vec![MatchCondition {
         name: "not-the-teamgpu-operator".into(),
         expression: format!(
@@ -185,7 +185,7 @@ fn not_the_operator(operator: &str) -> Vec<MatchCondition> {
     }]
 }
 
-fn meta(name: &str) -> ObjectMeta {
+pub(super) fn meta(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_owned()),
         labels: Some(managed_labels(MANAGED_OWNER)),
@@ -196,7 +196,7 @@ fn meta(name: &str) -> ObjectMeta {
 /// Owner label of the cluster-wide admission objects, which no single policy owns.
 const MANAGED_OWNER: &str = "teamgpu";
 
-fn validation(expression: String, message_expression: &str) -> Validation {
+pub(super) fn validation(expression: String, message_expression: &str) -> Validation {
     Validation {
         expression,
         message_expression: Some(message_expression.to_owned()),
@@ -298,10 +298,9 @@ pub fn non_team_policy(
 ) -> ValidatingAdmissionPolicy {
     let variables = governed_variables(governed);
     let mut match_conditions = not_the_operator(operator);
-    let team_namespaces: Vec<String> = team_namespaces.iter().map(|n| (*n).to_owned()).collect();
     match_conditions.push(MatchCondition {
         name: "outside-every-team".into(),
-        expression: format!("!(request.namespace in {})", cel_list(&team_namespaces)),
+        expression: format!("!(request.namespace in {})", cel_list(team_namespaces)),
     });
     let outside = format!(
         "'namespace ' + request.namespace + ' belongs to no TeamGpuPolicy, so it may not use GPUs that teamgpu governs (teamgpu DeviceClasses and classes selecting the same devices): label it for a team, or ask a cluster admin to exempt it with {EXEMPT_LABEL}=true'"
@@ -393,21 +392,8 @@ fn escaped_for_kube_cel(expr: &str) -> String {
                 .replace('/', "__slash__");
             expr.replace(&format!("'{key}'"), &format!("'{escaped}'"))
         });
-    let mut out = String::with_capacity(expr.len());
-    let mut rest = expr.as_str();
-    while let Some(at) = rest.find(".namespace") {
-        let (before, after) = rest.split_at(at + ".namespace".len());
-        let whole_word = !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
-        if whole_word && !before.ends_with("request.namespace") {
-            out.push_str(&before[..at]);
-            out.push_str(".__namespace__");
-        } else {
-            out.push_str(before);
-        }
-        rest = after;
-    }
-    out.push_str(rest);
-    out
+    replace_identifier(&expr, ".namespace", ".__namespace__")
+        .replace("request.__namespace__", "request.namespace")
 }
 
 /// Why a policy could not be evaluated.

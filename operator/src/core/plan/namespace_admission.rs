@@ -23,10 +23,9 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::admission::EXEMPT_LABEL;
-use super::objects::managed_labels;
+use super::admission::{EXEMPT_LABEL, meta, not_the_operator, validation};
 use super::selector::cel_string;
 use crate::api::GROUP;
 
@@ -36,14 +35,6 @@ pub const EXEMPTION_POLICY_NAME: &str = "teamgpu-namespace-exemption";
 /// operator is told otherwise (`--admin-group`): Kubernetes' superuser group and the group of
 /// kubeadm's `admin.conf`.
 pub const DEFAULT_ADMIN_GROUPS: [&str; 2] = ["system:masters", "kubeadm:cluster-admins"];
-
-fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_owned()),
-        labels: Some(managed_labels("teamgpu")),
-        ..ObjectMeta::default()
-    }
-}
 
 /// Whether `params.spec.namespaceSelector` (a TeamGpuPolicy's) matches the label map `labels`,
 /// as CEL, with Kubernetes' semantics. As in the planner's membership, a selector Kubernetes
@@ -94,18 +85,14 @@ fn not_an_admin(admin_groups: &[String], operator: &str) -> Vec<MatchCondition> 
         .map(|g| cel_string(g))
         .collect::<Vec<_>>()
         .join(", ");
-    vec![
-        MatchCondition {
-            name: "not-the-teamgpu-operator".into(),
-            expression: format!("request.userInfo.username != {}", cel_string(operator)),
-        },
-        MatchCondition {
-            name: "not-an-admin".into(),
-            expression: format!(
-                "!has(request.userInfo.groups) || !request.userInfo.groups.exists(g, g in [{admins}])"
-            ),
-        },
-    ]
+    let mut conditions = not_the_operator(operator);
+    conditions.push(MatchCondition {
+        name: "not-an-admin".into(),
+        expression: format!(
+            "!has(request.userInfo.groups) || !request.userInfo.groups.exists(g, g in [{admins}])"
+        ),
+    });
+    conditions
 }
 
 /// The namespace's labels after (`newLabels`) and before (`oldLabels`) the request.
@@ -122,15 +109,6 @@ fn label_variables() -> Vec<Variable> {
                     .into(),
         },
     ]
-}
-
-fn forbidden(expression: &str, message_expression: &str) -> Validation {
-    Validation {
-        expression: expression.into(),
-        message_expression: Some(message_expression.into()),
-        reason: Some("Forbidden".into()),
-        ..Validation::default()
-    }
 }
 
 /// The membership policy, with a TeamGpuPolicy as params. Requests of `admin_groups` and of the
@@ -168,12 +146,12 @@ pub fn membership_policy(admin_groups: &[String], operator: &str) -> ValidatingA
             match_conditions: Some(not_an_admin(admin_groups, operator)),
             variables: Some(variables),
             validations: Some(vec![
-                forbidden(
-                    "!variables.inTeamAfter || variables.inTeamBefore || variables.member",
+                validation(
+                    "!variables.inTeamAfter || variables.inTeamBefore || variables.member".into(),
                     &only_members("add a namespace to the team"),
                 ),
-                forbidden(
-                    "!variables.inTeamBefore || variables.inTeamAfter || variables.member",
+                validation(
+                    "!variables.inTeamBefore || variables.inTeamAfter || variables.member".into(),
                     &only_members("take a namespace out of the team"),
                 ),
             ]),
