@@ -98,6 +98,10 @@ struct RunArgs {
     /// Seconds a team waits below its guarantee before borrowers are evicted.
     #[arg(long, env = "TEAMGPU_RECLAIM_GRACE_SECONDS", default_value_t = 120)]
     reclaim_grace_seconds: u64,
+    /// Seconds a borrower's workload runs before reclaim may evict it (a team's
+    /// `spec.reclaim.minRuntimeSeconds` overrides it).
+    #[arg(long, env = "TEAMGPU_RECLAIM_MIN_RUNTIME_SECONDS", default_value_t = 0)]
+    reclaim_min_runtime_seconds: u64,
     /// Seconds between safety-net passes (they write nothing when nothing differs).
     #[arg(long, env = "TEAMGPU_RESYNC_SECONDS", default_value_t = 3600)]
     resync_seconds: u64,
@@ -288,6 +292,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         health_addr: Some(args.health_addr),
         reclaim_default: args.reclaim,
         reclaim_grace: std::time::Duration::from_secs(args.reclaim_grace_seconds),
+        reclaim_min_runtime: std::time::Duration::from_secs(args.reclaim_min_runtime_seconds),
         resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),
         admin_groups: (!args.admin_groups.is_empty()).then_some(args.admin_groups),
         ..teamgpu::controller::Config::default()

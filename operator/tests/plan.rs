@@ -727,6 +727,7 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
                     namespace: state.namespaces[i].name.clone(),
                     device_class: "a100-80gb.teamgpu.io".into(),
                     devices: *devices,
+                    oldest: None,
                 }];
             }
         }

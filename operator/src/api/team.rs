@@ -176,7 +176,7 @@ impl TeamQuota {
     }
 }
 
-/// Reclaim: evicting borrowers' newest Pods when this team waits below its guarantee.
+/// Reclaim: evicting borrowers' workloads when this team waits below its guarantee.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Reclaim {
@@ -188,6 +188,11 @@ pub struct Reclaim {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 86400))]
     pub grace_period_seconds: Option<u32>,
+    /// A borrower's workload that has run for less than this is not evicted for this team
+    /// (its Pods keep their devices until then); unset uses the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 604800))]
+    pub min_runtime_seconds: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -229,6 +234,9 @@ pub struct QuotaStatus {
     pub allocated: u32,
     /// Devices the team's Pods wait for.
     pub pending: u32,
+    /// When the longest-waiting of those Pods was created: how long the team has waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_pending_since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// Unused guaranteed devices kept back from lending by `lendingLimit`.
     #[serde(default)]
     pub reserved: u32,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{self, Recorder, Reporter};
 use serde_json::json;
 use tokio::sync::watch;
@@ -19,7 +19,7 @@ use super::FIELD_MANAGER;
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics, WriteLabels};
 use crate::core::diff::{Kind, ObjectKey, OwnWrites, Payload, Write};
 use crate::core::effects::{
-    Effect, Event, EventKey, EventType, Eviction, PolicyKind, eviction_events,
+    Effect, Event, EventKey, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION, eviction_events,
 };
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
@@ -148,12 +148,13 @@ enum Outcome {
 
 /// Effects of one phase may run concurrently; phases run one after another, in the order the
 /// pass gives: objects (applies in dependency order, then deletions in reverse), statuses,
-/// Events, evictions. The applies of admission objects run beside those of quotas and
+/// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions. The applies of admission objects run beside those of quotas and
 /// templates ([`Phase::lane`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Phase {
     Object { delete: bool, kind: Kind },
     Status,
+    Requeue,
     Event,
     Evict,
 }
@@ -172,6 +173,7 @@ impl Phase {
                 kind: key.kind,
             },
             Effect::Status { .. } => Phase::Status,
+            Effect::Requeue(_) => Phase::Requeue,
             Effect::Event(_) => Phase::Event,
             Effect::Evict(_) => Phase::Evict,
         }
@@ -395,19 +397,21 @@ impl Executor {
     /// Counts an eviction's outcome; returns the Events that tell of it.
     fn evicted(&self, e: &Eviction, error: Option<WriteError>, done: &mut Done) -> Vec<Effect> {
         let labels = EvictionLabels {
+            team: e.order.borrower.clone(),
+            reason: "reclaim",
             sharing_policy: e.order.sharing_policy.clone(),
             for_team: e.order.for_team.clone(),
-            borrower: e.order.borrower.clone(),
         };
         let refusal = error.map(|error| error.refusal());
         let events = eviction_events(e, refusal.as_deref().map_or(Ok(()), Err));
         let note = events.first().map(|e| e.note.as_str()).unwrap_or_default();
+        let pods = e.pods.len() as u64;
         if refusal.is_some() {
             self.metrics.evictions_refused.get_or_create(&labels).inc();
             done.eviction_refused = true;
             tracing::info!(%note, "eviction refused");
         } else {
-            self.metrics.evictions.get_or_create(&labels).inc();
+            self.metrics.evictions.get_or_create(&labels).inc_by(pods);
             tracing::info!(%note, "reclaim");
         }
         events
@@ -488,13 +492,53 @@ impl Requests {
             Effect::Object(Write::Delete { key }) => self.delete(key).await,
             Effect::Status { kind, name, status } => self.patch_status(*kind, name, status).await,
             Effect::Event(event) => self.publish(event).await,
-            Effect::Evict(e) => {
-                self.count_write("pod", "evict");
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), &e.namespace);
-                bounded(EVICTION_TIMEOUT, api.evict(&e.pod, &EvictParams::default())).await?;
+            Effect::Evict(e) => self.evict(e).await,
+            Effect::Requeue(r) => {
+                self.count_write("resourceclaimtemplate", "requeue");
+                let api: Api<DynamicObject> = Api::namespaced_with(
+                    self.client.clone(),
+                    &r.namespace,
+                    &Kind::ResourceClaimTemplate.api_resource(),
+                );
+                let patch =
+                    serde_json::json!({"metadata": {"annotations": {REQUEUE_ANNOTATION: r.value}}});
+                let params = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..PatchParams::default()
+                };
+                let patch = Patch::Merge(patch);
+                bounded(WRITE_TIMEOUT, api.patch(&r.template, &params, &patch)).await?;
                 Ok(Outcome::Done)
             }
         }
+    }
+
+    /// Evicts every Pod of a workload or none: each eviction is first tried as a dry run, so
+    /// that a PodDisruptionBudget that refuses one Pod leaves the whole workload running.
+    async fn evict(&self, e: &Eviction) -> Result<Outcome, WriteError> {
+        for dry_run in [true, false] {
+            let params = EvictParams {
+                post_options: PostParams {
+                    dry_run,
+                    ..PostParams::default()
+                },
+                ..EvictParams::default()
+            };
+            for (namespace, pod) in &e.pods {
+                if !dry_run {
+                    self.count_write("pod", "evict");
+                }
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+                match bounded(EVICTION_TIMEOUT, api.evict(pod, &params)).await {
+                    // Gone already: its devices are on their way back.
+                    Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => {}
+                    result => {
+                        result?;
+                    }
+                }
+            }
+        }
+        Ok(Outcome::Done)
     }
 
     fn api_for(&self, key: &ObjectKey) -> Api<DynamicObject> {

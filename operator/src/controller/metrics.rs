@@ -45,9 +45,13 @@ pub struct BuildLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvictionLabels {
+    /// The team whose Pods are evicted.
+    pub team: String,
+    /// Why: `reclaim` (a team's guarantee).
+    pub reason: &'static str,
     pub sharing_policy: String,
+    /// The team the devices go back to.
     pub for_team: String,
-    pub borrower: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -52,8 +52,11 @@ pub struct Config {
     pub health_addr: Option<SocketAddr>,
     /// Whether teams reclaim borrowed devices by eviction unless their policy says otherwise.
     pub reclaim_default: bool,
-    /// How long a team waits below its guarantee before borrowers' Pods are evicted.
+    /// How long a team waits below its guarantee before borrowers' workloads are evicted.
     pub reclaim_grace: Duration,
+    /// How long a borrower's workload runs before reclaim may evict it, unless the waiting
+    /// team's policy says otherwise.
+    pub reclaim_min_runtime: Duration,
     /// A full pass at this interval as a safety net; it writes nothing when nothing differs.
     pub resync: Duration,
     /// Quiet time after an event before planning, so a burst of events makes one pass.
@@ -75,6 +78,7 @@ impl Default for Config {
             health_addr: None,
             reclaim_default: false,
             reclaim_grace: Duration::from_secs(120),
+            reclaim_min_runtime: Duration::ZERO,
             resync: Duration::from_secs(3600),
             debounce: Duration::from_millis(100),
             admin_groups: None,
@@ -354,6 +358,7 @@ async fn reconcile_loop(
         let wake_at = [
             reconciler.executor.next_retry(),
             reconciler.reclaim.next_attempt(),
+            reconciler.requeuer.next_attempt(),
         ]
         .into_iter()
         .flatten()
@@ -370,6 +375,7 @@ async fn reconcile_loop(
         }
         metrics.leader.set(i64::from(*leader.borrow()));
         reconciler.reclaim.clear_due(Instant::now());
+        reconciler.requeuer.clear_due(Instant::now());
         reconciler.reconcile().await;
     }
 }

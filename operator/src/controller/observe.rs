@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
+use crate::core::effects::PodView;
 use crate::core::plan;
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
@@ -35,6 +36,7 @@ pub enum Watch {
     Slices,
     Claims,
     PendingPods,
+    Pods,
     Owned(Kind),
 }
 
@@ -48,7 +50,8 @@ impl Watch {
             Watch::Slices => 4,
             Watch::Claims => 5,
             Watch::PendingPods => 6,
-            Watch::Owned(kind) => 7 + kind as u32,
+            Watch::Pods => 7,
+            Watch::Owned(kind) => 8 + kind as u32,
         }
     }
 }
@@ -103,8 +106,10 @@ pub struct Stores {
     /// What the slices are to be projected to; a new value lists them again.
     pub slice_reads: Arc<watch::Sender<Option<Arc<DeviceReads>>>>,
     pub claims: Projected<ClaimView, ()>,
-    /// Pending Pods only (field selector), for pending demand.
+    /// Pending Pods only (field selector), for pending demand and waking waiting Pods.
     pub pending_pods: Store<Pod>,
+    /// Pods not done yet, as reclaim weighs them (priority, workload, start).
+    pub pods: Projected<PodView, ()>,
     /// Objects carrying teamgpu's managed-by label, per kind (DeviceClasses come from
     /// `device_classes`), as the differ needs them.
     pub owned: Vec<(Kind, Projected<LiveView, ()>)>,
@@ -123,18 +128,20 @@ impl Stores {
     /// Wait until every cache but the slices' holds a complete first list; false if a watch task
     /// ended. (The slices are listed once the reconciler knows what to keep of them.)
     pub async fn wait_until_ready(&self) -> bool {
-        let (a, b, d, f, namespaces, claims, owned) = futures::join!(
+        let (a, b, d, f, namespaces, claims, pods, owned) = futures::join!(
             self.sharing_policies.wait_until_ready(),
             self.teams.wait_until_ready(),
             self.device_classes.wait_until_ready(),
             self.pending_pods.wait_until_ready(),
             self.namespaces.wait_until_ready(),
             self.claims.wait_until_ready(),
+            self.pods.wait_until_ready(),
             futures::future::join_all(self.owned.iter().map(|(_, s)| s.wait_until_ready())),
         );
         [a, b, d, f].iter().all(Result::is_ok)
             && namespaces
             && claims
+            && pods
             && owned.iter().all(|ready| *ready)
     }
 
@@ -190,10 +197,14 @@ pub struct Wake {
 }
 
 impl Wake {
-    /// `watch`'s cache took an event in.
+    /// `watch`'s cache took an event in. Pods not pending wake no pass: reclaim reads them in
+    /// a pass that runs anyway (a claim changed, a grace period ended), and the status changes
+    /// of thousands of running Pods would otherwise make passes that find nothing to do.
     pub fn mark(&self, watch: Watch) {
         self.changes.mark(watch);
-        self.notify.notify_one();
+        if watch != Watch::Pods {
+            self.notify.notify_one();
+        }
     }
 }
 
@@ -350,6 +361,15 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         Watch::PendingPods,
         "pods",
     );
+    let pods = projected::spawn(
+        tasks,
+        Api::<Pod>::all(client.clone()),
+        cfg().fields("status.phase!=Succeeded,status.phase!=Failed"),
+        watch::channel(Some(())).1,
+        PodProjector::default(),
+        wake.clone(),
+        Watch::Pods,
+    );
 
     let own_writes = Arc::new(OwnWrites::default());
     let mut owned = Vec::new();
@@ -379,6 +399,7 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         slice_reads: Arc::new(slice_reads),
         claims,
         pending_pods,
+        pods,
         owned,
         own_writes,
     }
@@ -447,6 +468,25 @@ impl Projector<ResourceClaim> for ClaimProjector {
 
     fn project(&mut self, claim: &ResourceClaim, (): &()) -> ClaimView {
         ClaimView::project(claim, &mut self.names)
+    }
+
+    fn relisted(&mut self) {
+        self.names.prune();
+    }
+}
+
+/// Pods as [`PodView`]s, their namespaces and workload names shared.
+#[derive(Debug, Default)]
+struct PodProjector {
+    names: Names,
+}
+
+impl Projector<Pod> for PodProjector {
+    type View = PodView;
+    type Params = ();
+
+    fn project(&mut self, pod: &Pod, (): &()) -> PodView {
+        PodView::project(pod, &mut self.names)
     }
 
     fn relisted(&mut self) {

@@ -16,7 +16,8 @@ use super::{Config, resident_mib};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{self, Kind};
 use crate::core::effects::{
-    self, Effect, Malformed, PolicyKind, Published, ReclaimDefaults, ReclaimTracker,
+    self, Effect, Malformed, PolicyKind, Published, ReclaimDefaults, ReclaimInput, ReclaimTracker,
+    Requeuer, WaitingPod,
 };
 use crate::core::plan::{self, objects};
 use crate::core::state::ClusterState;
@@ -29,6 +30,10 @@ pub(super) struct Reconciler {
     /// Does every write.
     pub(super) executor: Executor,
     pub(super) reclaim: ReclaimTracker,
+    /// Wakes Pods waiting for room that has appeared.
+    pub(super) requeuer: Requeuer,
+    /// Pods waiting because quota refused their claims, from the last refresh.
+    waiting: Vec<WaitingPod>,
     /// Which watches saw events since the last pass.
     changes: Arc<observe::Changes>,
     /// Events published whose finding the live status does not show yet.
@@ -110,6 +115,8 @@ impl Reconciler {
             metrics,
             executor,
             reclaim: ReclaimTracker::default(),
+            requeuer: Requeuer::default(),
+            waiting: Vec::new(),
             changes,
             published: Published::default(),
             planner: plan::Planner::default(),
@@ -163,8 +170,8 @@ impl Reconciler {
         }
         let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
         // Most passes have no pending Pod: then there is no claim to look at.
-        state.pending = if pods.is_empty() {
-            Vec::new()
+        (state.pending, self.waiting) = if pods.is_empty() {
+            (Vec::new(), Vec::new())
         } else {
             let claims = self
                 .stores
@@ -172,10 +179,15 @@ impl Reconciler {
                 .state()
                 .map(|(_, c)| c)
                 .unwrap_or_default();
-            plan::pending::pending_demand(
-                &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
-                &claims.iter().map(|c| &**c).collect::<Vec<_>>(),
-                |namespace, name| self.differ.template_charge(namespace, name).cloned(),
+            let (pods, claims) = (
+                pods.iter().map(|p| &**p).collect::<Vec<_>>(),
+                claims.iter().map(|c| &**c).collect::<Vec<_>>(),
+            );
+            let charge =
+                |namespace: &str, name: &str| self.differ.template_charge(namespace, name).cloned();
+            (
+                plan::pending::pending_demand(&pods, &claims, charge),
+                plan::pending::waiting_on_quota(&pods, &claims, charge),
             )
         };
         state.operator_user = Some(self.operator_user.clone());
@@ -277,33 +289,51 @@ impl Reconciler {
             resident_mib = resident_mib(),
             "compared"
         );
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let wall = k8s_openapi::jiff::Timestamp::now();
+        let now = Time(wall);
         let (sharing, teams) = (&state.sharing_policies, &state.teams);
         let mut out: Vec<Effect> = writes.into_iter().map(Effect::Object).collect();
         out.extend(effects::malformed_statuses(malformed, &now));
         out.extend(effects::status_changes(plan, sharing, teams, &now));
-        let events = effects::event_transitions(plan, sharing, teams);
+        // Most passes order no reclaim and find no Pod waiting: then there is no claim to
+        // look at.
+        let claims = if plan.reclaims.is_empty() && self.waiting.is_empty() {
+            Vec::new()
+        } else {
+            let claims = self.stores.claims.state();
+            claims.map(|(_, c)| c).unwrap_or_default()
+        };
+        let pods = if plan.reclaims.is_empty() {
+            Vec::new()
+        } else {
+            self.stores.pods.state().map(|(_, p)| p).unwrap_or_default()
+        };
+        let defaults = ReclaimDefaults {
+            enabled: self.config.reclaim_default,
+            grace: self.config.reclaim_grace,
+            min_runtime: self.config.reclaim_min_runtime,
+        };
+        let input = ReclaimInput {
+            plan,
+            teams,
+            claims: &claims,
+            pods: &pods,
+        };
+        let reclaimed = (self.reclaim).evictions(input, defaults, Instant::now(), wall);
+        let namespaces = self.waiting.iter().map(|w| w.namespace.as_str()).collect();
+        let room = effects::room(plan, &claims, &namespaces);
+        let requeues = (self.requeuer).requeues(&self.waiting, &room, Instant::now(), wall);
+        out.extend(requeues.into_iter().map(Effect::Requeue));
+        let mut events = effects::event_transitions(plan, sharing, teams);
+        events.extend(reclaimed.events);
+        events.extend(effects::waiting_events(plan, &self.waiting));
         out.extend(
             self.published
                 .unpublished(events)
                 .into_iter()
                 .map(|e| Effect::Event(Box::new(e))),
         );
-        // Most passes order no reclaim: then there is no claim to look at.
-        let claims = if plan.reclaims.is_empty() {
-            Vec::new()
-        } else {
-            let claims = self.stores.claims.state();
-            claims.map(|(_, c)| c).unwrap_or_default()
-        };
-        let defaults = ReclaimDefaults {
-            enabled: self.config.reclaim_default,
-            grace: self.config.reclaim_grace,
-        };
-        let evictions = self
-            .reclaim
-            .evictions(plan, teams, &claims, defaults, Instant::now());
-        out.extend(evictions.into_iter().map(|e| Effect::Evict(Box::new(e))));
+        out.extend((reclaimed.evictions.into_iter()).map(|e| Effect::Evict(Box::new(e))));
         out
     }
 

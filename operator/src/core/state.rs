@@ -24,6 +24,8 @@ pub struct PendingDemand {
     pub namespace: String,
     pub device_class: String,
     pub devices: u32,
+    /// When the longest-waiting of those Pods was created.
+    pub oldest: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 /// Everything the planner reads.

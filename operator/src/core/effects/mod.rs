@@ -4,12 +4,15 @@
 //!
 //! Every decision is here, over plain data, so it can be tested without an API server:
 //! [`status_changes`] and [`malformed_statuses`] (which statuses to write), [`event_transitions`]
-//! and [`Published`] (which Events to publish), [`ReclaimTracker::evictions`] and [`victims`]
-//! (which Pods to evict, and when), [`eviction_events`] (what to say of an eviction's outcome).
+//! and [`Published`] (which Events to publish), [`ReclaimTracker::evictions`] and
+//! [`reclaim::victims`] (which workloads to evict, and when), [`eviction_events`] (what to say
+//! of an eviction's outcome), [`Requeuer`] (which waiting Pods to wake when room appears).
 
 mod events;
-mod reclaim;
+pub mod reclaim;
+mod requeue;
 mod status;
+mod waiting;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::ApiResource;
@@ -19,8 +22,11 @@ use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::Write;
 use crate::core::plan::ReclaimOrder;
 pub use events::{EventKey, Published, event_transitions, in_team_namespaces};
-pub use reclaim::{ReclaimDefaults, ReclaimTracker, eviction_events, victims};
+pub use reclaim::workload::PodView;
+pub use reclaim::{ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, eviction_events};
+pub use requeue::{REQUEUE_ANNOTATION, Requeue, Requeuer, WaitingPod, room};
 pub use status::{Malformed, malformed_status, malformed_statuses, status_changes};
+pub use waiting::waiting_events;
 
 /// One thing to do to the cluster.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,8 +42,11 @@ pub enum Effect {
     /// An Event for a person to read. Boxed, as is an eviction: the other effects are a third of
     /// their size, and a first converge holds 10,000 of them.
     Event(Box<Event>),
-    /// Evict a borrower's Pod to give devices back.
+    /// Evict a borrower's workload (all its Pods, or none) to give devices back.
     Evict(Box<Eviction>),
+    /// Wake the Pods waiting for claims from a template: its annotation changes, and the
+    /// resourceclaim controller tries every Pod of a changed template again at once.
+    Requeue(Requeue),
 }
 
 impl Effect {
@@ -51,7 +60,8 @@ impl Effect {
                 let (object, reason, note) = event.key();
                 format!("event {object} {reason}: {note}")
             }
-            Effect::Evict(e) => format!("pod {}/{} eviction", e.namespace, e.pod),
+            Effect::Evict(e) => format!("{} eviction", e.workload),
+            Effect::Requeue(r) => format!("template {}/{} requeue", r.namespace, r.template),
         }
     }
 
@@ -62,6 +72,7 @@ impl Effect {
             Effect::Status { .. } => "status",
             Effect::Event(_) => "publish",
             Effect::Evict(_) => "evict",
+            Effect::Requeue(_) => "requeue",
         }
     }
 }
@@ -116,14 +127,22 @@ pub struct Event {
     pub note: String,
 }
 
-/// One Pod to evict, and whom to tell of the outcome.
+/// One workload to evict, all its Pods or none, and whom to tell of the outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Eviction {
-    pub namespace: String,
-    pub pod: String,
-    /// The reclaim the eviction serves.
+    /// The workload, as a person names it (`Job ml/train-3`).
+    pub workload: String,
+    /// Its Pods: (namespace, name).
+    pub pods: Vec<(String, String)>,
+    /// Devices of the pool it frees.
+    pub devices: u64,
+    /// Its priority, as a person reads it (`low (100)`).
+    pub priority: String,
+    /// Namespaces of other teams whose Pods carry the same workload label (and stay).
+    pub also_labelled_in: Vec<String>,
+    /// The reclaim the eviction serves; `devices` is what the waiting team is short.
     pub order: ReclaimOrder,
-    /// Where the outcome is told, each with the prefix of its note: the Pod, the borrowing
+    /// Where the outcome is told, each with the prefix of its note: the Pods, the borrowing
     /// team, and the quota in each namespace of both teams.
     pub notify: Vec<(ObjectReference, String)>,
 }

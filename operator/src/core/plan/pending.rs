@@ -1,10 +1,11 @@
 //! Pending demand: devices that Pods wait for because their claims could not be created (quota
 //! refused them) or are not allocated yet. Pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::jiff::Timestamp;
 
 use super::usage::{ClaimView, quota_charge};
 use crate::core::state::PendingDemand;
@@ -40,8 +41,9 @@ pub fn pending_demand(
         .iter()
         .map(|c| ((&*c.namespace, &*c.name), *c))
         .collect();
-    let mut demand: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut demand: BTreeMap<(String, String), (u64, Option<Timestamp>)> = BTreeMap::new();
     for pod in pods {
+        let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let Some(namespace) = pod.metadata.namespace.as_deref() else {
             continue;
         };
@@ -79,18 +81,89 @@ pub fn pending_demand(
                 },
             };
             for (class, devices) in charge {
-                *demand.entry((namespace.to_owned(), class)).or_default() += devices;
+                let (sum, oldest) = demand.entry((namespace.to_owned(), class)).or_default();
+                *sum += devices;
+                *oldest = match (*oldest, created) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             }
         }
     }
     demand
         .into_iter()
-        .map(|((namespace, device_class), devices)| PendingDemand {
-            namespace,
-            device_class,
-            devices: u32::try_from(devices).unwrap_or(u32::MAX),
-        })
+        .map(
+            |((namespace, device_class), (devices, oldest))| PendingDemand {
+                namespace,
+                device_class,
+                devices: u32::try_from(devices).unwrap_or(u32::MAX),
+                oldest,
+            },
+        )
         .collect()
+}
+
+/// A Pod waiting for a claim from a template that quota refused (the claim does not exist).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaitingPod {
+    pub namespace: String,
+    pub name: String,
+    pub template: String,
+    pub priority: i32,
+    pub created: Option<Timestamp>,
+    /// What quota charges for a claim from the template, per DeviceClass.
+    pub charge: BTreeMap<String, u64>,
+}
+
+/// The Pods waiting because quota refused the claim a template would make: a Pending Pod not
+/// being deleted, and a claim of it from a template whose claim does not exist. One entry per
+/// such claim; `template_charge` as for [`pending_demand`] (templates it does not know are left
+/// out: they are not teamgpu's to wake).
+pub fn waiting_on_quota(
+    pods: &[&Pod],
+    claims: &[&ClaimView],
+    template_charge: impl Fn(&str, &str) -> Option<BTreeMap<String, u64>>,
+) -> Vec<WaitingPod> {
+    let existing: BTreeSet<(&str, &str)> =
+        claims.iter().map(|c| (&*c.namespace, &*c.name)).collect();
+    let mut out = Vec::new();
+    for pod in pods {
+        let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            continue;
+        };
+        let status = pod.status.as_ref();
+        if status.and_then(|s| s.phase.as_deref()) != Some("Pending")
+            || pod.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let generated: BTreeMap<&str, Option<&str>> = (status.iter())
+            .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+            .map(|s| (s.name.as_str(), s.resource_claim_name.as_deref()))
+            .collect();
+        let spec = pod.spec.as_ref();
+        for pod_claim in spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
+            let Some(template) = pod_claim.resource_claim_template_name.as_deref() else {
+                continue;
+            };
+            let claim = generated.get(pod_claim.name.as_str()).copied().flatten();
+            if claim.is_some_and(|c| existing.contains(&(namespace.as_str(), c))) {
+                continue;
+            }
+            let Some(charge) = template_charge(namespace, template) else {
+                continue;
+            };
+            out.push(WaitingPod {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                template: template.to_owned(),
+                priority: spec.and_then(|s| s.priority).unwrap_or(0),
+                created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                charge,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -161,8 +234,60 @@ mod tests {
             [PendingDemand {
                 namespace: "ml".into(),
                 device_class: "a100.teamgpu.io".into(),
-                devices: 4
+                devices: 4,
+                oldest: None,
             }]
+        );
+    }
+
+    #[test]
+    fn pods_whose_template_claims_quota_refused_are_waiting_with_their_priority() {
+        let t = template();
+        let mut refused = pod("refused", "Pending", None);
+        refused.spec.as_mut().unwrap().priority = Some(1000);
+        refused.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-01-01T00:00:00Z".parse().unwrap(),
+            ));
+        let mut leaving = pod("leaving", "Pending", None);
+        leaving.metadata.deletion_timestamp = refused.metadata.creation_timestamp.clone();
+        let (created, named_but_gone, running) = (
+            pod("created", "Pending", Some("created-gpus")),
+            pod("gone", "Pending", Some("gone-gpus")),
+            pod("running", "Running", None),
+        );
+        let mut names = crate::core::plan::usage::Names::default();
+        let c = ClaimView::project(&claim("created-gpus", false), &mut names);
+        let waiting = waiting_on_quota(
+            &[&refused, &leaving, &created, &named_but_gone, &running],
+            &[&c],
+            |ns, name| {
+                template_charges(&[&t])
+                    .get(&(ns.to_owned(), name.to_owned()))
+                    .cloned()
+            },
+        );
+        let found: Vec<(&str, &str, i32, Option<String>)> = (waiting.iter())
+            .map(|w| {
+                let created = w.created.map(|t| t.to_string());
+                (w.name.as_str(), w.template.as_str(), w.priority, created)
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (
+                    "refused",
+                    "a100-x2",
+                    1000,
+                    Some("2026-01-01T00:00:00Z".to_owned())
+                ),
+                ("gone", "a100-x2", 0, None),
+            ]
+        );
+        assert_eq!(
+            waiting[0].charge,
+            BTreeMap::from([("a100.teamgpu.io".to_owned(), 2)])
         );
     }
 }

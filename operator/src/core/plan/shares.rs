@@ -20,20 +20,39 @@ pub type Shares = Cache<String, PoolInput, PoolShares>;
 pub struct Demand<'a> {
     usage: &'a Cache<String, u64, Usage>,
     pending: BTreeMap<(&'a str, &'a str), u32>,
+    oldest: BTreeMap<(&'a str, &'a str), k8s_openapi::jiff::Timestamp>,
 }
 
 impl<'a> Demand<'a> {
     pub fn new(usage: &'a Cache<String, u64, Usage>, pending: &'a [PendingDemand]) -> Self {
         let mut waiting: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        let mut oldest = BTreeMap::new();
         for p in pending {
-            *waiting
-                .entry((p.namespace.as_str(), p.device_class.as_str()))
-                .or_default() += p.devices;
+            let key = (p.namespace.as_str(), p.device_class.as_str());
+            *waiting.entry(key).or_default() += p.devices;
+            if let Some(t) = p.oldest {
+                oldest
+                    .entry(key)
+                    .and_modify(|o| *o = t.min(*o))
+                    .or_insert(t);
+            }
         }
         Self {
             usage,
             pending: waiting,
+            oldest,
         }
+    }
+
+    /// When the longest-waiting Pod of `namespaces` for `class` was created.
+    pub fn oldest_pending(
+        &self,
+        namespaces: &[String],
+        class: &str,
+    ) -> Option<k8s_openapi::jiff::Timestamp> {
+        (namespaces.iter())
+            .filter_map(|ns| self.oldest.get(&(ns.as_str(), class)).copied())
+            .min()
     }
 
     /// What `namespace`'s claims use of `class`.

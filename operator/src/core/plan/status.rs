@@ -439,6 +439,10 @@ fn quota_statuses(
                     allocated: s.allocated,
                     pending: s.pending,
                     reserved: s.reserved,
+                    oldest_pending_since: (s.pending > 0)
+                        .then(|| demand.oldest_pending(namespaces, &class))
+                        .flatten()
+                        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time),
                     explanation: s.explanation.to_string(),
                 }
             }

@@ -1,0 +1,363 @@
+//! Reclaim: when the fair-share engine names borrowers that must give devices back to a team
+//! waiting below its guarantee, and that team opted in, whole workloads of the borrowers are
+//! evicted (through the Eviction API, which enforces PodDisruptionBudgets) after a grace period.
+//! Which workloads: [`victims::choose`]; what a workload is: [`workload`].
+
+pub mod victims;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::{Resource, ResourceExt};
+
+use super::{Event, EventType, Eviction, in_team_namespaces};
+use crate::api::TeamGpuPolicy;
+use crate::core::plan::usage::ClaimView;
+use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
+use victims::{Borrower, Choice};
+use workload::{PodView, Workload, label_elsewhere, workloads};
+
+/// How soon a refused eviction (a PodDisruptionBudget) is tried again.
+const RETRY_REFUSED: Duration = Duration::from_secs(10);
+
+/// What a team that says nothing in `spec.reclaim` gets.
+#[derive(Clone, Copy, Debug)]
+pub struct ReclaimDefaults {
+    /// Whether teams reclaim borrowed devices by eviction.
+    pub enabled: bool,
+    /// How long a team waits below its guarantee before borrowers' workloads are evicted.
+    pub grace: Duration,
+    /// How long a borrower's workload runs before it may be evicted.
+    pub min_runtime: Duration,
+}
+
+/// What reclaim reads: the plan, the teams' settings, the claims and the Pods not done yet.
+#[derive(Clone, Copy, Debug)]
+pub struct ReclaimInput<'a> {
+    pub plan: &'a Plan,
+    pub teams: &'a [TeamGpuPolicy],
+    pub claims: &'a [Arc<ClaimView>],
+    pub pods: &'a [Arc<PodView>],
+}
+
+/// What a reclaim pass asks for: evictions, and Events that say why a reclaim waits.
+#[derive(Debug, Default)]
+pub struct Reclaimed {
+    pub evictions: Vec<Eviction>,
+    pub events: Vec<Event>,
+}
+
+/// Since when each (sharing policy, waiting team) has been owed devices, and when a pass must
+/// run for reclaim even if nothing changes.
+#[derive(Debug, Default)]
+pub struct ReclaimTracker {
+    waiting_since: BTreeMap<(String, String), Instant>,
+    next_attempt: Option<Instant>,
+}
+
+impl ReclaimTracker {
+    /// When the reconcile loop must run again for reclaim even if nothing changes: a grace
+    /// period ends, a workload reaches its minimum runtime, or a refused eviction is due to be
+    /// retried.
+    pub fn next_attempt(&self) -> Option<Instant> {
+        self.next_attempt
+    }
+
+    /// Forgets a wake-up that is due (the pass about to run sets the next one), so a pass that
+    /// does not reach reclaim cannot leave a past instant that wakes the loop again and again.
+    pub fn clear_due(&mut self, now: Instant) {
+        if self.next_attempt.is_some_and(|t| t <= now) {
+            self.next_attempt = None;
+        }
+    }
+
+    /// An eviction was refused at `now`: it is tried again 10 s later.
+    pub fn refused(&mut self, now: Instant) {
+        self.wake_at(now + RETRY_REFUSED);
+    }
+
+    fn wake_at(&mut self, at: Instant) {
+        self.next_attempt = Some(self.next_attempt.map_or(at, |t| t.min(at)));
+    }
+
+    /// The evictions due at `now` (`wall` on the clock that Pods' start times are on): for every
+    /// team the plan's reclaims wait for, that opted in (its `spec.reclaim`, or `defaults`) and
+    /// has waited its grace period, the borrowers' workloads that cover what it is short. A
+    /// reclaim seen for the first time starts its grace period; one no longer ordered is
+    /// forgotten.
+    pub fn evictions(
+        &mut self,
+        input: ReclaimInput<'_>,
+        defaults: ReclaimDefaults,
+        now: Instant,
+        wall: Timestamp,
+    ) -> Reclaimed {
+        let owed = owed_by_team(&input.plan.reclaims);
+        self.waiting_since.retain(|k, _| owed.contains_key(k));
+        self.next_attempt = None;
+        let mut out = Reclaimed::default();
+        for ((policy, team), orders) in &owed {
+            let Some(waiting) = input.teams.iter().find(|t| t.name_any() == *team) else {
+                continue;
+            };
+            let settings = waiting.spec.reclaim.clone().unwrap_or_default();
+            if !settings.enabled.unwrap_or(defaults.enabled) {
+                continue;
+            }
+            let grace = settings
+                .grace_period_seconds
+                .map_or(defaults.grace, |s| Duration::from_secs(s.into()));
+            let min_runtime = settings
+                .min_runtime_seconds
+                .map_or(defaults.min_runtime.as_secs(), u64::from);
+            let since = *self
+                .waiting_since
+                .entry((policy.clone(), team.clone()))
+                .or_insert(now);
+            if now.duration_since(since) < grace {
+                self.wake_at(since + grace);
+                continue;
+            }
+            let borrowers = borrowers(input, policy, orders);
+            let shortfall = orders.iter().map(|o| u64::from(o.devices)).sum();
+            let choice = victims::choose(&borrowers, shortfall, min_runtime, wall);
+            if let Some(at) = choice.eligible_at {
+                let wait = (at.as_second() - wall.as_second()).max(0);
+                self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
+            }
+            out.events
+                .extend(waiting_note(waiting, policy, &choice, min_runtime));
+            let team = TeamInPlan::of(input.plan, team);
+            out.evictions.extend(choice.evict.iter().map(|(b, w)| {
+                let order = ReclaimOrder {
+                    sharing_policy: policy.clone(),
+                    borrower: borrowers[*b].team.clone(),
+                    devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
+                    for_team: team.name.to_owned(),
+                };
+                eviction(input, order, w, team.namespaces)
+            }));
+        }
+        out
+    }
+}
+
+/// The reclaims of `orders` per (sharing policy, waiting team).
+fn owed_by_team(orders: &[ReclaimOrder]) -> BTreeMap<(String, String), Vec<&ReclaimOrder>> {
+    let mut out: BTreeMap<_, Vec<_>> = BTreeMap::new();
+    for o in orders {
+        out.entry((o.sharing_policy.clone(), o.for_team.clone()))
+            .or_default()
+            .push(o);
+    }
+    out
+}
+
+/// A team's name and namespaces as the plan has them.
+#[derive(Clone, Copy)]
+struct TeamInPlan<'a> {
+    name: &'a str,
+    namespaces: &'a [String],
+    report: Option<&'a TeamReport>,
+}
+
+impl<'a> TeamInPlan<'a> {
+    fn of(plan: &'a Plan, name: &'a str) -> Self {
+        let report = plan.teams.iter().find(|t| t.name == name);
+        TeamInPlan {
+            name,
+            namespaces: report.map(|t| t.namespaces.as_slice()).unwrap_or_default(),
+            report,
+        }
+    }
+}
+
+/// The borrowers of `orders`, furthest above their fair share first: the engine's water-fill
+/// asks most, per weight, of those (ties by name).
+fn borrowers(input: ReclaimInput<'_>, policy: &str, orders: &[&ReclaimOrder]) -> Vec<Borrower> {
+    let class = objects::device_class_name(policy);
+    let mut out: Vec<(u64, Borrower)> = orders
+        .iter()
+        .map(|order| {
+            let team = TeamInPlan::of(input.plan, &order.borrower);
+            let quota = (team.report.iter())
+                .flat_map(|r| &r.quotas)
+                .find(|q| q.sharing_policy == policy);
+            let weight = quota.map_or(1, |q| u64::from(q.weight.max(1)));
+            let above_guarantee = quota.map_or(0, |q| {
+                u64::from(q.allocated.saturating_sub(q.effective_guarantee))
+            });
+            let borrower = Borrower {
+                team: order.borrower.clone(),
+                owes: order.devices.into(),
+                above_guarantee,
+                workloads: workloads(input.pods, input.claims, team.namespaces, &class),
+            };
+            (weight, borrower)
+        })
+        .collect();
+    out.sort_by(|(wa, a), (wb, b)| {
+        (b.owes * wa)
+            .cmp(&(a.owes * wb))
+            .then_with(|| a.team.cmp(&b.team))
+    });
+    out.into_iter().map(|(_, b)| b).collect()
+}
+
+/// The eviction of workload `w` for `order`, with whom to tell: its Pods, the borrowing team,
+/// and the quota in every namespace of both teams.
+fn eviction(
+    input: ReclaimInput<'_>,
+    order: ReclaimOrder,
+    w: &Workload,
+    waiting_namespaces: &[String],
+) -> Eviction {
+    let borrower = TeamInPlan::of(input.plan, &order.borrower);
+    let mut notify: Vec<(ObjectReference, String)> = (w.pods.iter())
+        .map(|(namespace, pod)| {
+            let pod = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.to_string()),
+                namespace: Some(namespace.to_string()),
+                ..Default::default()
+            };
+            (pod, String::new())
+        })
+        .collect();
+    if let Some(team) = input.teams.iter().find(|t| t.name_any() == order.borrower) {
+        notify.push((team.object_ref(&()), String::new()));
+    }
+    // Both teams' members see it in their own namespaces.
+    for (team, namespaces) in [
+        (&order.borrower, borrower.namespaces),
+        (&order.for_team, waiting_namespaces),
+    ] {
+        let reference = ObjectReference {
+            kind: Some("TeamGpuPolicy".into()),
+            name: Some(team.clone()),
+            ..Default::default()
+        };
+        notify.extend(in_team_namespaces(&reference, namespaces));
+    }
+    let shared_label = w
+        .label
+        .as_deref()
+        .map(|label| label_elsewhere(input.pods, borrower.namespaces, label))
+        .unwrap_or_default();
+    Eviction {
+        workload: w.name.clone(),
+        pods: (w.pods.iter())
+            .map(|(ns, pod)| (ns.to_string(), pod.to_string()))
+            .collect(),
+        devices: w.devices,
+        priority: priority_text(w),
+        also_labelled_in: shared_label,
+        order,
+        notify,
+    }
+}
+
+fn priority_text(w: &Workload) -> String {
+    match &w.priority_class {
+        Some(class) => format!("{class} ({})", w.priority),
+        None => w.priority.to_string(),
+    }
+}
+
+/// An Event on the waiting team when what reclaim may take now does not cover its shortfall,
+/// saying why: workloads too young, or none that fits above the borrowers' guarantees.
+fn waiting_note(
+    waiting: &TeamGpuPolicy,
+    policy: &str,
+    choice: &Choice,
+    min_runtime: u64,
+) -> Option<Event> {
+    if choice.uncovered == 0 {
+        return None;
+    }
+    let short = choice.uncovered;
+    let (reason, note) = match choice.eligible_at {
+        Some(at) => (
+            "ReclaimWaiting",
+            format!(
+                "{short} devices of {policy} are still short: the borrowers' workloads that \
+                 could free them have run less than the minimum runtime ({min_runtime} s); \
+                 reclaim takes them from {at}"
+            ),
+        ),
+        None => (
+            "ReclaimBlocked",
+            format!(
+                "{short} devices of {policy} are still short and reclaim cannot free them: \
+                 no borrower's workload fits in what it holds above its guarantee, or its \
+                 devices are on their way back"
+            ),
+        ),
+    };
+    // Only when nothing is on its way back: devices in flight may cover the rest.
+    (choice.in_flight == 0 || choice.eligible_at.is_some()).then(|| Event {
+        regarding: waiting.object_ref(&()),
+        type_: EventType::Normal,
+        reason,
+        action: "Evict",
+        note,
+    })
+}
+
+/// The Events that tell of an eviction's outcome: `Ok`, or `Err` with why it was refused.
+pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Event> {
+    let (e, order) = (eviction, &eviction.order);
+    let pods = match e.pods.len() {
+        1 => "1 Pod".to_owned(),
+        n => format!("{n} Pods"),
+    };
+    let what = format!(
+        "{} ({pods}, {} devices of {}, priority {})",
+        e.workload, e.devices, order.sharing_policy, e.priority
+    );
+    let elsewhere = if e.also_labelled_in.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; Pods labelled {} in {} belong to other teams and stay",
+            workload::WORKLOAD_LABEL,
+            e.also_labelled_in.join(", ")
+        )
+    };
+    let (reason, note) = match outcome {
+        Ok(()) => (
+            "Reclaimed",
+            format!(
+                "evicting {what}: {} holds devices above its guarantee that {} needs back \
+                 ({} short){elsewhere}",
+                order.borrower, order.for_team, order.devices
+            ),
+        ),
+        Err(refusal) => (
+            "EvictionRefused",
+            format!(
+                "could not evict {what} to give devices back to {}: {refusal}; no Pod of it \
+                 was evicted; retrying",
+                order.for_team
+            ),
+        ),
+    };
+    e.notify
+        .iter()
+        .map(|(regarding, prefix)| Event {
+            regarding: regarding.clone(),
+            type_: EventType::Warning,
+            reason,
+            action: "Evict",
+            note: format!("{prefix}{note}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,213 @@
+//! Workloads: the unit reclaim evicts. Evicting one Pod of a three-Pod training Job stops the
+//! whole Job while the other two keep their devices, so a workload's Pods go together or not at
+//! all. A workload is every Pod with the same controller, or the same `teamgpu.io/workload`
+//! label; a Pod of a ReplicaSet or StatefulSet stands alone (its controller replaces Pods one by
+//! one, and each is useful on its own).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::core::plan::usage::{ClaimView, Names};
+
+/// The label that groups Pods into one workload explicitly, across the team's namespaces.
+pub const WORKLOAD_LABEL: &str = "teamgpu.io/workload";
+/// JobSet's label on every Pod of a JobSet (its Pods' controllers are its child Jobs).
+const JOBSET_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
+/// LeaderWorkerSet's labels: a group (a leader and its workers) is one workload; its Pods'
+/// controllers are StatefulSets, which would make each Pod stand alone.
+const LWS_NAME_LABEL: &str = "leaderworkerset.sigs.k8s.io/name";
+const LWS_GROUP_LABEL: &str = "leaderworkerset.sigs.k8s.io/group-index";
+
+/// Which workload a Pod belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WorkloadKey {
+    /// `teamgpu.io/workload=<name>`: the team's Pods with this label, in any of its namespaces.
+    Labelled(Arc<str>),
+    /// The Pods of one controller in one namespace: its kind and name (for a LeaderWorkerSet,
+    /// `name/group`).
+    Owner { kind: Arc<str>, name: Arc<str> },
+    /// A Pod of its own.
+    Alone,
+}
+
+/// What reclaim reads of a Pod that is not done yet. A few hundred bytes instead of the Pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodView {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    /// `spec.priority`, resolved from the PriorityClass at admission (0 without one).
+    pub priority: i32,
+    pub priority_class: Option<Arc<str>>,
+    pub workload: WorkloadKey,
+    /// `status.startTime` (when the kubelet took the Pod), else its creation.
+    pub started: Option<Timestamp>,
+    /// Being deleted: its devices are on their way back.
+    pub terminating: bool,
+}
+
+impl PodView {
+    pub fn project(pod: &Pod, names: &mut Names) -> Self {
+        let labels = pod.metadata.labels.as_ref();
+        let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+        let controller =
+            (pod.metadata.owner_references.iter().flatten()).find(|o| o.controller == Some(true));
+        let workload = if let Some(name) = label(WORKLOAD_LABEL) {
+            WorkloadKey::Labelled(names.intern(name))
+        } else if let Some(name) = label(JOBSET_LABEL) {
+            WorkloadKey::Owner {
+                kind: names.intern("JobSet"),
+                name: names.intern(name),
+            }
+        } else if let (Some(name), Some(group)) = (label(LWS_NAME_LABEL), label(LWS_GROUP_LABEL)) {
+            WorkloadKey::Owner {
+                kind: names.intern("LeaderWorkerSet"),
+                name: names.intern(&format!("{name}/{group}")),
+            }
+        } else {
+            match controller {
+                Some(owner) if !matches!(owner.kind.as_str(), "ReplicaSet" | "StatefulSet") => {
+                    WorkloadKey::Owner {
+                        kind: names.intern(&owner.kind),
+                        name: names.intern(&owner.name),
+                    }
+                }
+                _ => WorkloadKey::Alone,
+            }
+        };
+        let spec = pod.spec.as_ref();
+        PodView {
+            namespace: names.intern(pod.metadata.namespace.as_deref().unwrap_or_default()),
+            name: Arc::from(pod.metadata.name.as_deref().unwrap_or_default()),
+            priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            priority_class: spec
+                .and_then(|s| s.priority_class_name.as_deref())
+                .map(|c| names.intern(c)),
+            workload,
+            started: (pod.status.as_ref().and_then(|s| s.start_time.as_ref()))
+                .or(pod.metadata.creation_timestamp.as_ref())
+                .map(|t| t.0),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// One workload of a team, as reclaim weighs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// How a person names it: `Job ml/train-3`, `workload llm-sweep`, `Pod ml/notebook`.
+    pub name: String,
+    /// Its `teamgpu.io/workload` label, if that is what groups it.
+    pub label: Option<Arc<str>>,
+    /// Its Pods (namespace, name), sorted.
+    pub pods: Vec<(Arc<str>, Arc<str>)>,
+    /// Devices of the class that come free when all its Pods are gone: the claims reserved by
+    /// its Pods and by no other Pod.
+    pub devices: u64,
+    /// The highest priority among its Pods: a workload is as important as its most important
+    /// Pod.
+    pub priority: i32,
+    /// The PriorityClass of that Pod, for messages.
+    pub priority_class: Option<Arc<str>>,
+    /// When its first Pod started.
+    pub started: Option<Timestamp>,
+    /// Every Pod is being deleted already.
+    pub terminating: bool,
+}
+
+/// Where a workload's Pods belong together: a label across the team, else one namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    Team(Arc<str>),
+    Namespace(Arc<str>, WorkloadKey),
+    Pod(Arc<str>, Arc<str>),
+}
+
+fn scope_of(pod: &PodView) -> Scope {
+    match &pod.workload {
+        WorkloadKey::Labelled(name) => Scope::Team(name.clone()),
+        WorkloadKey::Alone => Scope::Pod(pod.namespace.clone(), pod.name.clone()),
+        key => Scope::Namespace(pod.namespace.clone(), key.clone()),
+    }
+}
+
+fn describe(scope: &Scope) -> String {
+    match scope {
+        Scope::Team(name) => format!("workload {name}"),
+        Scope::Namespace(ns, WorkloadKey::Owner { kind, name }) => format!("{kind} {ns}/{name}"),
+        Scope::Namespace(ns, _) => format!("workload in {ns}"),
+        Scope::Pod(ns, name) => format!("Pod {ns}/{name}"),
+    }
+}
+
+/// The workloads in `namespaces` (one team's) that hold devices of `class`, from the Pods not
+/// done yet and the claims. A claim counts for a workload when every Pod holding it is one of
+/// the workload's; a claim held by Pods of two workloads frees nothing when only one goes.
+pub fn workloads(
+    pods: &[Arc<PodView>],
+    claims: &[Arc<ClaimView>],
+    namespaces: &[String],
+    class: &str,
+) -> Vec<Workload> {
+    let in_team = |ns: &str| namespaces.iter().any(|n| n == ns);
+    let mut by_scope: BTreeMap<Scope, Vec<&PodView>> = BTreeMap::new();
+    let mut scope_of_pod: BTreeMap<(&str, &str), Scope> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| in_team(&p.namespace)) {
+        let scope = scope_of(pod);
+        scope_of_pod.insert((&pod.namespace, &pod.name), scope.clone());
+        by_scope.entry(scope).or_default().push(pod);
+    }
+    let mut devices: BTreeMap<&Scope, u64> = BTreeMap::new();
+    for claim in claims.iter().filter(|c| in_team(&c.namespace)) {
+        let held = (claim.devices.iter())
+            .filter(|d| d.class.as_deref() == Some(class) && !d.admin_access)
+            .count() as u64;
+        let mut holders = (claim.reserved_for_pods.iter())
+            .map(|pod| scope_of_pod.get(&(&*claim.namespace, &**pod)));
+        let Some(Some(first)) = holders.next() else {
+            continue;
+        };
+        if held > 0 && holders.all(|s| s == Some(first)) {
+            *devices.entry(first).or_default() += held;
+        }
+    }
+    by_scope
+        .iter()
+        .filter_map(|(scope, pods)| {
+            let devices = *devices.get(scope)?;
+            let top = pods.iter().max_by_key(|p| p.priority)?;
+            let mut names: Vec<_> = (pods.iter())
+                .map(|p| (p.namespace.clone(), p.name.clone()))
+                .collect();
+            names.sort();
+            Some(Workload {
+                name: describe(scope),
+                label: match scope {
+                    Scope::Team(label) => Some(label.clone()),
+                    _ => None,
+                },
+                pods: names,
+                devices,
+                priority: top.priority,
+                priority_class: top.priority_class.clone(),
+                started: pods.iter().filter_map(|p| p.started).min(),
+                terminating: pods.iter().all(|p| p.terminating),
+            })
+        })
+        .collect()
+}
+
+/// The namespaces outside `namespaces` (one team's) whose Pods carry the workload label
+/// `label` too: the label is read per team, so those Pods are not part of the team's workload.
+pub fn label_elsewhere(pods: &[Arc<PodView>], namespaces: &[String], label: &str) -> Vec<String> {
+    let mut out: Vec<String> = (pods.iter())
+        .filter(|p| matches!(&p.workload, WorkloadKey::Labelled(l) if **l == *label))
+        .filter(|p| !namespaces.iter().any(|n| **n == *p.namespace))
+        .map(|p| p.namespace.to_string())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
