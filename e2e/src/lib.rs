@@ -14,3 +14,25 @@ pub mod sandbox;
 
 pub use cluster::{ClusterError, TestCluster};
 pub use proxy::{FaultProxy, Faults};
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Polls `check` every 25 ms until it returns `Ok`, or panics after `timeout` with `what` and
+/// the last `Err`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) if started.elapsed() > timeout => {
+                panic!("{what}: not within {timeout:?}; last: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+        }
+    }
+}

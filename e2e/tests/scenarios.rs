@@ -5,7 +5,6 @@
 //! are written here or read from the server, never computed by teamgpu's own planning code.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,30 +15,12 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
-use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::cluster::OPERATOR_NAMESPACE;
 use teamgpu_e2e::fixtures::fresh;
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::recording::Counters;
 use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
-
-/// Poll `check` until it returns `Some`, or fail after `timeout` with the last state.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let started = Instant::now();
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) if started.elapsed() > timeout => {
-                panic!("{what}: not within {timeout:?}; last: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
-        }
-    }
-}
+use teamgpu_e2e::{TestCluster, eventually};
 
 const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/samples");
 

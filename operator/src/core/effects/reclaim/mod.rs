@@ -129,9 +129,18 @@ impl ReclaimTracker {
                 let wait = (at.as_second() - wall.as_second()).max(0);
                 self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
             }
-            out.events
-                .extend(waiting_note(waiting, policy, &choice, min_runtime));
             let team = TeamInPlan::of(input.plan, team);
+            if let Some(note) = waiting_note(waiting, policy, &choice, min_runtime) {
+                // Its members read it in their own namespaces.
+                let copies = in_team_namespaces(&note.regarding, team.namespaces);
+                out.events
+                    .extend(copies.into_iter().map(|(regarding, prefix)| Event {
+                        regarding,
+                        note: format!("{prefix}{}", note.note),
+                        ..note.clone()
+                    }));
+                out.events.push(note);
+            }
             out.evictions.extend(choice.evict.iter().map(|(b, w)| {
                 let order = ReclaimOrder {
                     sharing_policy: policy.clone(),

@@ -626,17 +626,19 @@ fn a_minimum_runtime_spares_young_workloads_and_says_until_when() {
         Some(3600),
         "j1 reaches 5 hours at 13:00"
     );
-    let notes: Vec<(&str, &str)> = (reclaimed.events.iter())
-        .map(|e| (e.reason, e.note.as_str()))
+    let notes: Vec<(&str, Option<&str>, &str)> = (reclaimed.events.iter())
+        .map(|e| (e.reason, e.regarding.namespace.as_deref(), e.note.as_str()))
         .collect();
+    let note = "2 devices of a are still short: the borrowers' workloads that could free them \
+                have run less than the minimum runtime (18000 s); reclaim takes them from \
+                2026-06-01T13:00:00Z";
+    let copy = format!("TeamGpuPolicy owner: {note}");
     assert_eq!(
         notes,
-        [(
-            "ReclaimWaiting",
-            "2 devices of a are still short: the borrowers' workloads that could free them \
-             have run less than the minimum runtime (18000 s); reclaim takes them from \
-             2026-06-01T13:00:00Z"
-        )]
+        [
+            ("ReclaimWaiting", Some("o"), copy.as_str()),
+            ("ReclaimWaiting", None, note)
+        ]
     );
     // The operator's default applies to a team that sets none.
     let mut waiting = Waiting::with(

@@ -1,0 +1,407 @@
+//! Workloads shaped like real ones, on a real control plane (see `scenarios.rs` for how it is
+//! started): Jobs of several Pods run by the real job controller, claims of 2 and 4 GPUs,
+//! PriorityClasses, a Pod that has waited for a minute. What is asserted is what a user sees
+//! with kubectl: whose Pods are evicted, what each team holds, how soon a waiting Pod is bound.
+//! Expected values are written here.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu_e2e::operator::Operator;
+use teamgpu_e2e::sandbox::Sandbox;
+use teamgpu_e2e::{TestCluster, eventually};
+
+const CONVERGE: Duration = Duration::from_secs(20);
+/// The 16 A100 PCIe GPUs of the fixture's two PCIe nodes.
+const POLICY: &str = "pcie";
+
+/// A sandbox with the fixture's devices and the sharing policy `pcie` of its 16 PCIe GPUs
+/// (templates of 1, 2 and 4 devices), and the operator running as its ServiceAccount.
+struct World {
+    sandbox: Sandbox,
+    client: Client,
+    _operator: Operator,
+}
+
+impl World {
+    async fn new() -> Option<World> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn,kube_client::client::builder=off".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let cluster = TestCluster::start_or_skip().await?;
+        let operator_config = cluster.operator_config().await.expect("operator token");
+        let sandbox = Sandbox::start(cluster)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let example = teamgpu::example::state().unwrap();
+        sandbox
+            .devices(&example.device_classes, &example.slices)
+            .await
+            .unwrap();
+        let client = sandbox.client();
+        priority_classes(&client).await;
+        let policy: GpuSharingPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+            "metadata": {"name": POLICY},
+            "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]},
+                     "claimTemplates": {"counts": [1, 2, 4]}}}))
+        .unwrap();
+        Api::<GpuSharingPolicy>::all(client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap();
+        let (operator_client, _) = teamgpu_e2e::cluster::recorded(operator_config);
+        let operator = Operator::start(operator_client, Operator::test_config());
+        Some(World {
+            sandbox,
+            client,
+            _operator: operator,
+        })
+    }
+
+    /// A team owning namespace `name` with `quota` of `pcie` and `reclaim` settings; returns
+    /// the namespace once its quota and templates are in.
+    async fn team(&self, name: &str, quota: Value, reclaim: Value) -> String {
+        let ns = self.sandbox.namespace(name, None).await.unwrap();
+        let mut quota = quota;
+        quota["sharingPolicy"] = json!(POLICY);
+        let team: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": name},
+            "spec": {"namespaces": [ns], "quotas": [quota], "reclaim": reclaim}}))
+        .unwrap();
+        Api::<TeamGpuPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &team)
+            .await
+            .unwrap();
+        let templates = Api::<k8s_openapi::api::resource::v1::ResourceClaimTemplate>::namespaced(
+            self.client.clone(),
+            &ns,
+        );
+        eventually(&format!("templates in {ns}"), CONVERGE, || async {
+            let n = (templates.list(&ListParams::default()).await)
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            if n == 3 { Ok(()) } else { Err(format!("{n}")) }
+        })
+        .await;
+        ns
+    }
+
+    /// Devices allocated to the claims of namespace `ns`.
+    async fn allocated(&self, ns: &str) -> Result<usize, String> {
+        let claims = Api::<ResourceClaim>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(claims
+            .items
+            .iter()
+            .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
+            .map(|d| d.results.as_ref().map_or(0, Vec::len))
+            .sum())
+    }
+
+    /// Waits until namespace `ns` holds `devices` devices.
+    async fn holds(&self, ns: &str, devices: usize, timeout: Duration) {
+        eventually(
+            &format!("{ns} holds {devices} devices"),
+            timeout,
+            || async {
+                let n = self.allocated(ns).await?;
+                if n == devices {
+                    Ok(())
+                } else {
+                    Err(format!("{n} allocated"))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// The Pods of `ns` not being deleted, by name, with their uids.
+    async fn pods(&self, ns: &str) -> BTreeSet<(String, String)> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        (pods.items.iter())
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+            .collect()
+    }
+
+    /// The notes of the Events with `reason` in `ns`.
+    async fn events(&self, ns: &str, reason: &str) -> Vec<String> {
+        let events = Api::<Event>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        (events.items.into_iter())
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
+    async fn create_pod(&self, ns: &str, pod: Pod) {
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+
+    async fn create_job(&self, ns: &str, job: Job) {
+        Api::<Job>::namespaced(self.client.clone(), ns)
+            .create(&PostParams::default(), &job)
+            .await
+            .unwrap();
+    }
+}
+
+/// PriorityClasses `teamgpu-e2e-low` (100) and `teamgpu-e2e-high` (1000); kept between runs
+/// (cluster-scoped, and the same every time).
+async fn priority_classes(client: &Client) {
+    let api: Api<PriorityClass> = Api::all(client.clone());
+    for (name, value) in [("teamgpu-e2e-low", 100), ("teamgpu-e2e-high", 1000)] {
+        let class: PriorityClass = serde_json::from_value(json!({
+            "metadata": {"name": name}, "value": value,
+            "preemptionPolicy": "Never", "description": "teamgpu e2e workloads"}))
+        .unwrap();
+        match api.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("PriorityClass {name}: {e}"),
+        }
+    }
+}
+
+/// The spec of a Pod holding one claim from `template`, with `priority_class` if given.
+fn pod_spec(template: &str, priority_class: Option<&str>, restart: &str) -> Value {
+    json!({
+        "restartPolicy": restart,
+        "priorityClassName": priority_class,
+        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]})
+}
+
+fn pod(name: &str, template: &str, priority_class: Option<&str>) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": pod_spec(template, priority_class, "Always")}))
+    .unwrap()
+}
+
+/// A training Job of `pods` Pods running at once, each with a claim from `template`.
+fn job(name: &str, pods: i32, template: &str, priority_class: Option<&str>) -> Job {
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 6,
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": pod_spec(template, priority_class, "Never")}}}))
+    .unwrap()
+}
+
+/// The Pods of Job `job` in `pods`.
+fn of_job<'a>(pods: &'a BTreeSet<(String, String)>, job: &str) -> BTreeSet<&'a (String, String)> {
+    pods.iter()
+        .filter(|(name, _)| name.starts_with(&format!("{job}-")))
+        .collect()
+}
+
+/// The case: the owner waits 2 devices short while the borrower holds them in Jobs of
+/// 4 devices each. The whole low-priority Job is taken back, though the high-priority one
+/// started later, and the owner gets its guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_priority_first() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    // 16 GPUs: owner is guaranteed 8 and reclaims after 3 s; "other" holds its 2; borrower is
+    // guaranteed 4 and may borrow up to 12.
+    let owner = (world.team(
+        "owner",
+        json!({"guaranteed": 8, "limit": 8}),
+        json!({"enabled": true, "gracePeriodSeconds": 3}),
+    ))
+    .await;
+    let other = (world.team("other", json!({"guaranteed": 2, "limit": 2}), json!({}))).await;
+    let borrower = (world.team("borrower", json!({"guaranteed": 4, "limit": 12}), json!({}))).await;
+    for i in 0..6 {
+        world
+            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
+            .await;
+    }
+    for i in 0..2 {
+        world
+            .create_pod(&other, pod(&format!("etl-{i}"), POLICY, None))
+            .await;
+    }
+    world.holds(&owner, 6, CONVERGE).await;
+    world.holds(&other, 2, CONVERGE).await;
+    // Two training Jobs of 2 Pods x 2 GPUs: the low-priority one first, the high one later.
+    let x2 = format!("{POLICY}-x2");
+    world
+        .create_job(&borrower, job("train-low", 2, &x2, Some("teamgpu-e2e-low")))
+        .await;
+    world.holds(&borrower, 4, CONVERGE).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    world
+        .create_job(
+            &borrower,
+            job("train-high", 2, &x2, Some("teamgpu-e2e-high")),
+        )
+        .await;
+    world.holds(&borrower, 8, CONVERGE).await;
+    let before = world.pods(&borrower).await;
+    assert_eq!(before.len(), 4, "{before:?}");
+
+    // The owner wants its last 2: nothing is free, and every borrowed claim is 2 devices in a
+    // Job of 4.
+    let asked = Instant::now();
+    for i in 6..8 {
+        world
+            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
+            .await;
+    }
+    world.holds(&owner, 8, Duration::from_secs(40)).await;
+    let restored = asked.elapsed();
+    let after = world.pods(&borrower).await;
+    // Both Pods of train-low are gone (the job controller may have made new ones, which wait);
+    // both of train-high kept their devices.
+    assert!(
+        of_job(&before, "train-low").is_disjoint(&of_job(&after, "train-low")),
+        "train-low evicted whole: before {before:?}, after {after:?}"
+    );
+    assert_eq!(of_job(&before, "train-high"), of_job(&after, "train-high"));
+    world.holds(&borrower, 4, CONVERGE).await;
+    let told = world.events(&borrower, "Reclaimed").await;
+    assert!(
+        told.iter().any(|n| n.contains("evicting Job")
+            && n.contains(
+                "/train-low (2 Pods, 4 devices of pcie, priority teamgpu-e2e-low (100))"
+            )),
+        "{told:?}"
+    );
+    eprintln!("owner at 8 of 8 {restored:?} after asking (3 s grace)");
+}
+
+/// A young workload is spared until it has run the waiting team's minimum runtime; the team is
+/// told until when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minimum_runtime_is_respected_before_a_workload_is_taken() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let owner = (world.team(
+        "owner",
+        json!({"guaranteed": 8, "limit": 8}),
+        json!({"enabled": true, "gracePeriodSeconds": 0, "minRuntimeSeconds": 20}),
+    ))
+    .await;
+    let borrower = (world.team("borrower", json!({"guaranteed": 8, "limit": 16}), json!({}))).await;
+    let x4 = format!("{POLICY}-x4");
+    for i in 0..4 {
+        world
+            .create_pod(&borrower, pod(&format!("job-{i}"), &x4, None))
+            .await;
+    }
+    world.holds(&borrower, 16, CONVERGE).await;
+    let started = Instant::now();
+    world.create_pod(&owner, pod("serve", &x4, None)).await;
+    // Nothing is evicted for 20 s after the borrower's Pods started; then one 4-GPU Pod goes.
+    eventually("the owner is told reclaim waits", CONVERGE, || async {
+        let told = world.events(&owner, "ReclaimWaiting").await;
+        if told.iter().any(|n| n.contains("minimum runtime (20 s)")) {
+            Ok(())
+        } else {
+            Err(format!("{told:?}"))
+        }
+    })
+    .await;
+    assert_eq!(world.pods(&borrower).await.len(), 4, "nothing evicted yet");
+    world.holds(&owner, 4, Duration::from_secs(45)).await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(17),
+        "the borrower's Pods ran at least about 20 s first: {waited:?}"
+    );
+    assert_eq!(world.pods(&borrower).await.len(), 3);
+    eprintln!("owner served {waited:?} after the borrower's Pods started (minimum runtime 20 s)");
+}
+
+/// A Pod whose claim quota refused for a minute (the resourceclaim controller's backoff is
+/// then about a minute) is bound within seconds of its team getting room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_waited_a_minute_is_bound_within_seconds_of_room_appearing() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let team = (world.team("ml", json!({"guaranteed": 4, "limit": 4}), json!({}))).await;
+    let x4 = format!("{POLICY}-x4");
+    world.create_pod(&team, pod("first", &x4, None)).await;
+    world.holds(&team, 4, CONVERGE).await;
+    world
+        .create_pod(&team, pod("second", &x4, Some("teamgpu-e2e-high")))
+        .await;
+    // It waits: quota refuses its claim, again and again, backing off.
+    let waited = Duration::from_secs(
+        std::env::var("TEAMGPU_E2E_WAIT_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60),
+    );
+    tokio::time::sleep(waited).await;
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &team);
+    let second = pods.get("second").await.unwrap();
+    assert!(
+        second
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none()
+    );
+    let told = world.events(&team, "WaitingForQuota").await;
+    assert!(
+        told.iter().any(|n| n
+            .contains("waits for 4 devices of pcie: team ml has 4 of its 4 in use")
+            && n.contains("place 1 of 1 in the team's queue")),
+        "{told:?}"
+    );
+    // Room appears: the first Pod is done.
+    pods.delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    let freed = Instant::now();
+    let bound = eventually(
+        "the waiting Pod is bound",
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get("second").await.map_err(|e| e.to_string())?;
+            match p.spec.and_then(|s| s.node_name) {
+                Some(_) => Ok(freed.elapsed()),
+                None => Err("not bound".to_owned()),
+            }
+        },
+    )
+    .await;
+    assert!(
+        bound < Duration::from_secs(10),
+        "bound {bound:?} after room appeared, having waited {waited:?}"
+    );
+    eprintln!("bound {bound:?} after the room appeared, having waited {waited:?}");
+}
