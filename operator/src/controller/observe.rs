@@ -348,28 +348,7 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         wake.clone(),
         Watch::Claims,
     );
-    let (pending_pods, writer) = reflector::store();
-    let pods = watcher(
-        Api::<Pod>::all(client.clone()),
-        cfg().fields("status.phase=Pending"),
-    );
-    spawn(
-        tasks,
-        writer,
-        pods,
-        wake.clone(),
-        Watch::PendingPods,
-        "pods",
-    );
-    let pods = projected::spawn(
-        tasks,
-        Api::<Pod>::all(client.clone()),
-        cfg().fields("status.phase!=Succeeded,status.phase!=Failed"),
-        watch::channel(Some(())).1,
-        PodProjector::default(),
-        wake.clone(),
-        Watch::Pods,
-    );
+    let (pending_pods, pods) = watch_pods(client, wake, tasks);
 
     let own_writes = Arc::new(OwnWrites::default());
     let mut owned = Vec::new();
@@ -403,6 +382,38 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         owned,
         own_writes,
     }
+}
+
+/// The two Pod watches: the Pending Pods whole (their claims' statuses, for pending demand and
+/// waking waiting Pods), and every Pod not done yet as a [`PodView`] (for reclaim).
+fn watch_pods(
+    client: &Client,
+    wake: &Wake,
+    tasks: &mut JoinSet<()>,
+) -> (Store<Pod>, Projected<PodView, ()>) {
+    let (pending_pods, writer) = reflector::store();
+    let pending = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields("status.phase=Pending"),
+    );
+    spawn(
+        tasks,
+        writer,
+        pending,
+        wake.clone(),
+        Watch::PendingPods,
+        "pods",
+    );
+    let pods = projected::spawn(
+        tasks,
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+        watch::channel(Some(())).1,
+        PodProjector::default(),
+        wake.clone(),
+        Watch::Pods,
+    );
+    (pending_pods, pods)
 }
 
 /// What the planner reads of a namespace, and whether it is being deleted (then it is no

@@ -180,23 +180,22 @@ fn fitting(
     let mut left = room.clone();
     let mut out = BTreeMap::new();
     for pod in order {
-        let room_of = |class: &String| room.get(&(pod.namespace.clone(), class.clone())).copied();
-        // A class without a teamgpu quota is not what this Pod waits for.
+        let key = |class: &String| (pod.namespace.clone(), class.clone());
+        // A class without a teamgpu quota in the namespace is not what this Pod waits for.
         let Some(snapshot) = (pod.charge.keys())
-            .map(|class| Some((class.clone(), room_of(class)?)))
+            .map(|class| Some((class.clone(), *room.get(&key(class))?)))
             .collect::<Option<Vec<_>>>()
         else {
             continue;
         };
-        let fits = (pod.charge.iter())
-            .all(|(class, n)| left[&(pod.namespace.clone(), class.clone())] >= *n);
+        let fits = (pod.charge.iter()).all(|(class, n)| left.get(&key(class)) >= Some(n));
         if !fits || pod.charge.values().all(|n| *n == 0) {
             continue;
         }
-        for (class, n) in pod.charge.iter() {
-            *left
-                .get_mut(&(pod.namespace.clone(), class.clone()))
-                .unwrap_or(&mut 0) -= n;
+        for (class, n) in &pod.charge {
+            if let Some(room) = left.get_mut(&key(class)) {
+                *room -= n;
+            }
         }
         out.entry((pod.namespace.clone(), pod.template.clone()))
             .or_insert(snapshot);
