@@ -618,10 +618,8 @@ pub fn diagnose(facts: &Facts, now: Timestamp) -> Why {
     });
     let used =
         quota.and_then(|q| parse_count(q.status.as_ref().and_then(|s| s.used.as_ref()?.get(&key))));
-    let room = match (used, hard) {
-        (Some(u), Some(h)) => u.saturating_add(not_created) <= h,
-        _ => false,
-    };
+    // No hard limit for the class: quota does not hold the claim back.
+    let room = hard.is_none_or(|h| used.unwrap_or(0).saturating_add(not_created) <= h);
     let quota_facts = QuotaFacts {
         namespace: namespace.clone(),
         name: QUOTA_NAME.to_owned(),
@@ -884,19 +882,27 @@ fn why_lines(why: &Why) -> Vec<String> {
         ));
     }
     if let Some(q) = &why.quota {
-        let counts = match (q.used, q.hard) {
-            (Some(used), Some(hard)) => format!("{used} of {hard} {} devices used", q.device_class),
-            _ => format!("no hard limit for {} found", q.device_class),
-        };
-        let state = if q.room {
-            "has room now (the resourceclaim controller retries)"
-        } else {
-            "has no room"
-        };
-        lines.push(format!(
-            "quota: ResourceQuota {}/{} {state}: {counts}, the pod needs {}",
-            q.namespace, q.name, q.needs
-        ));
+        let name = format!("ResourceQuota {}/{}", q.namespace, q.name);
+        lines.push(match q.hard {
+            Some(hard) => {
+                let state = if q.room {
+                    "has room now (the resourceclaim controller retries)"
+                } else {
+                    "has no room"
+                };
+                format!(
+                    "quota: {name} {state}: {} of {hard} {} devices used, the pod needs {}",
+                    q.used.unwrap_or(0),
+                    q.device_class,
+                    q.needs
+                )
+            }
+            None => format!(
+                "quota: {name} does not limit {} (not written by the operator yet?), the pod \
+                 needs {}",
+                q.device_class, q.needs
+            ),
+        });
     }
     if let Some(c) = &why.capacity {
         let placing = if c.free == 0 {

@@ -532,6 +532,23 @@ fn two_teams_where_one_borrows() {
 }
 
 #[test]
+fn a_namespace_without_its_quota_is_not_held_back_by_quota() {
+    let mut facts = quota_refused();
+    facts.quota = None;
+    facts.events.clear();
+    let why = diagnose(&facts, now());
+    assert_eq!(why.verdict, Verdict::ClaimNotCreated);
+    assert!(
+        text(&why).contains(
+            "\n  quota: ResourceQuota ml/teamgpu does not limit a100.teamgpu.io (not written by \
+             the operator yet?), the pod needs 2\n"
+        ),
+        "{}",
+        text(&why)
+    );
+}
+
+#[test]
 fn a_missing_template_is_named() {
     let mut facts = quota_refused();
     facts.templates.clear();
