@@ -155,7 +155,8 @@ fn event(
     }))
 }
 
-const REFUSED: &str = "PodResourceClaim gpu: create ResourceClaim train-3-gpu: \
+/// As kube-controller-manager 1.34 words it (seen on the e2e control plane).
+const REFUSED: &str = "PodResourceClaim gpu: create ResourceClaim : \
     resourceclaims.resource.k8s.io \"train-3-gpu-4rj9x\" is forbidden: exceeded quota: teamgpu, \
     requested: a100.teamgpu.io.deviceclass.resource.k8s.io/devices=2, used: \
     a100.teamgpu.io.deviceclass.resource.k8s.io/devices=8, limited: \
@@ -207,7 +208,7 @@ fn quota_refused() -> Facts {
             "ml",
             "train-3",
             "FailedResourceClaimCreation",
-            "resourceclaim-controller",
+            "resource_claim",
             REFUSED,
             4,
         )],
@@ -243,7 +244,7 @@ fn a_pod_whose_claim_quota_refused_waits_for_quota() {
          reclaim: ml-research holds 8, not below min(guarantee, requested + pending) = 4: \
          reclaim does not act for it\n  \
          queue: 2nd of 3 pods waiting for a100.teamgpu.io in team ml-research\n  \
-         event: FailedResourceClaimCreation from resourceclaim-controller, 4 times: "
+         event: FailedResourceClaimCreation from resource_claim, 4 times: "
             .to_owned()
             + REFUSED
             + "\n"
@@ -450,7 +451,7 @@ fn a_pod_in_a_namespace_of_no_team_is_told_so() {
             "scratch",
             "notebook",
             "FailedResourceClaimCreation",
-            "resourceclaim-controller",
+            "resource_claim",
             "PodResourceClaim gpu: resource claim template \"a100\": resourceclaimtemplate.resource.k8s.io \"a100\" not found",
             1,
         )],
@@ -465,7 +466,7 @@ fn a_pod_in_a_namespace_of_no_team_is_told_so() {
          team: namespace scratch belongs to no TeamGpuPolicy: teamgpu's admission refuses claims \
          of its DeviceClasses here; a platform admin can add the namespace to a team\n  \
          claim gpu: template a100: 1 device of sharing policy a100 (a100.teamgpu.io), missing\n  \
-         event: FailedResourceClaimCreation from resourceclaim-controller: PodResourceClaim gpu: \
+         event: FailedResourceClaimCreation from resource_claim: PodResourceClaim gpu: \
          resource claim template \"a100\": resourceclaimtemplate.resource.k8s.io \"a100\" not found\n"
     );
 }
