@@ -448,6 +448,14 @@ async fn why_says_a_pod_waits_for_quota_and_its_place_in_the_queue() {
         json!({"deviceClass": "pcie.teamgpu.io", "position": 2, "of": 2})
     );
     assert_eq!(why["entitlement"]["atEntitlement"], true, "{why}");
+    let (yaml, _) = cli
+        .run(&["why", "pod/wait-2", "-n", &ns, "-o", "yaml"], None)
+        .await;
+    let yaml: Value = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"));
+    assert_eq!(
+        (&yaml["verdict"], &yaml["quota"], &yaml["queue"]),
+        (&why["verdict"], &why["quota"], &why["queue"])
+    );
 
     // The same as people read it, found by the namespace flag's long name.
     let (text, _) = cli.run(&["why", "wait-2", "--namespace", &ns], None).await;
