@@ -965,8 +965,13 @@ fn why_lines(why: &Why) -> Vec<String> {
                 .borrowers
                 .iter()
                 .map(|b| {
+                    let this = if why.team.as_ref() == Some(&b.team) {
+                        " (this team)"
+                    } else {
+                        ""
+                    };
                     format!(
-                        "{} holds {}, {} above its guarantee of {}",
+                        "{}{this} holds {}, {} above its guarantee of {}",
                         b.team, b.allocated, b.above, b.effective_guarantee
                     )
                 })

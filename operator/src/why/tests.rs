@@ -240,7 +240,7 @@ fn a_pod_whose_claim_quota_refused_waits_for_quota() {
          quota: ResourceQuota ml/teamgpu has no room: 8 of 8 a100.teamgpu.io devices used, the pod needs 2\n  \
          entitlement: ml-research is at its entitlement: requests 8 of 8 (guaranteed 4, limit 8); \
          4 guaranteed + 4 borrowed of 12 idle at weight 1/1; limit 8 reached\n  \
-         who borrows: ml-research holds 8, 4 above its guarantee of 4\n  \
+         who borrows: ml-research (this team) holds 8, 4 above its guarantee of 4\n  \
          reclaim: ml-research holds 8, not below min(guarantee, requested + pending) = 4: \
          reclaim does not act for it\n  \
          queue: 2nd of 3 pods waiting for a100.teamgpu.io in team ml-research\n  \
