@@ -575,3 +575,41 @@ fn ordinals_read_as_english() {
         ]
     );
 }
+
+#[test]
+fn a_pending_pod_with_its_devices_allocated_does_not_wait_for_gpus() {
+    let mut facts = unallocated();
+    facts.claims[1] = claim("serve", "infer-7-gpu-x7k2p", "infer-7", 1, true);
+    facts.events.clear();
+    let why = diagnose(&facts, now());
+    assert_eq!((why.verdict, why.waiting), (Verdict::Allocated, false));
+    assert_eq!(
+        text(&why),
+        "pod serve/infer-7 does not wait for GPUs: its devices are allocated, the scheduler places it\n\
+         why:\n  \
+         team: inference (namespace serve)\n  \
+         claim gpu: claim infer-7-gpu-x7k2p from template a100: 1 device of sharing policy a100 (a100.teamgpu.io), allocated\n"
+    );
+}
+
+#[test]
+fn a_team_without_quota_for_the_sharing_policy_has_no_entitlement() {
+    let mut facts = unallocated();
+    let status = facts.teams[0].status.as_mut().unwrap();
+    status.quotas[0].sharing_policy = "h100".into();
+    let why = diagnose(&facts, now());
+    assert_eq!((why.verdict, why.waiting), (Verdict::NoEntitlement, true));
+    assert!(
+        text(&why).starts_with("pod serve/infer-7 waits: no entitlement\n"),
+        "{}",
+        text(&why)
+    );
+    assert!(
+        text(&why).contains(
+            "\n  entitlement: team inference has no quota for this sharing policy: teamgpu's \
+             admission refuses its claims\n"
+        ),
+        "{}",
+        text(&why)
+    );
+}
