@@ -1,4 +1,5 @@
-//! The command line against a real cluster: `teamgpu plan --live` and `teamgpu top`, run as the
+//! The command line against a real cluster: `teamgpu plan --live`, `teamgpu top` and `teamgpu
+//! why`, run as the
 //! built binary with the admin's kubeconfig, while the operator (in-process, as its own
 //! ServiceAccount) keeps the cluster converged. Expected values are written here or read from the
 //! server, never computed by teamgpu's planning code.
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
@@ -61,6 +62,26 @@ impl Cli {
                 "teamgpu {args:?} failed: {stderr}\n{stdout}"
             );
             (stdout, stderr)
+        })
+        .await
+        .expect("the command's thread")
+    }
+
+    /// A run that must fail: its standard error.
+    async fn failing(&self, args: &[&str]) -> String {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let (binary, kubeconfig) = (self.binary.clone(), self.kubeconfig.clone());
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(&binary)
+                .args(&args)
+                .env("KUBECONFIG", &kubeconfig)
+                .env("RUST_BACKTRACE", "0")
+                .stdin(Stdio::null())
+                .output()
+                .expect("teamgpu runs");
+            assert!(!out.status.success(), "teamgpu {args:?} succeeded");
+            assert!(out.stdout.is_empty(), "teamgpu {args:?} printed to stdout");
+            String::from_utf8_lossy(&out.stderr).into_owned()
         })
         .await
         .expect("the command's thread")
@@ -289,4 +310,200 @@ async fn plan_live_and_top_read_the_cluster() {
 
     operator.stop().await;
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A Pod using one claim from `template`, admitted by the `restricted` Pod Security level.
+fn gpu_pod(name: &str, template: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "securityContext": {"allowPrivilegeEscalation": false,
+                                                "capabilities": {"drop": ["ALL"]}},
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}
+    }))
+    .unwrap()
+}
+
+/// A team of 2 devices (guarantee and limit) whose two Pods hold them: the next two Pods' claims
+/// are refused by the namespace's quota, and `teamgpu why` says so, with their places in the
+/// queue; a Pod that runs is not waiting, and a Pod that does not exist is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_says_a_pod_waits_for_quota_and_its_place_in_the_queue() {
+    let Some(cluster) = TestCluster::start_or_skip().await else {
+        return;
+    };
+    let cli = Cli {
+        binary: teamgpu_binary(),
+        kubeconfig: cluster.kubeconfig().to_owned(),
+    };
+    let operator_client = kube::Client::try_from(cluster.operator_config().await.unwrap()).unwrap();
+    let sandbox = Sandbox::start(cluster)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = sandbox.client();
+    let example = teamgpu::example::state().unwrap();
+    sandbox
+        .devices(&example.device_classes, &example.slices)
+        .await
+        .unwrap();
+    let ns = sandbox.namespace("why", None).await.unwrap();
+    let sharing: GpuSharingPolicy = serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "pcie"},
+        "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}}))
+    .unwrap();
+    Api::<GpuSharingPolicy>::all(client.clone())
+        .create(&PostParams::default(), &sharing)
+        .await
+        .unwrap();
+    let mut team = team_policy(&ns, 2, 2);
+    team["metadata"]["name"] = json!("why");
+    let team: TeamGpuPolicy = serde_json::from_value(team).unwrap();
+    Api::<TeamGpuPolicy>::all(client.clone())
+        .create(&PostParams::default(), &team)
+        .await
+        .unwrap();
+    let operator = Operator::start(operator_client, Operator::test_config());
+
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
+    let devices = |which: &'static str| {
+        let quotas = quotas.clone();
+        async move {
+            let q = quotas.get_opt("teamgpu").await.map_err(|e| e.to_string())?;
+            let counts = q
+                .and_then(|q| q.status)
+                .and_then(|s| if which == "hard" { s.hard } else { s.used })
+                .unwrap_or_default();
+            match counts.get(PCIE_DEVICES) {
+                Some(n) if n.0 == "2" => Ok(()),
+                other => Err(format!("{which} {other:?}")),
+            }
+        }
+    };
+    eventually("the quota of the team namespace", || devices("hard")).await;
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(client.clone(), &ns);
+    eventually("the template pcie", || async {
+        match templates.get_opt("pcie").await {
+            Ok(Some(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for name in ["hold-0", "hold-1"] {
+        pods.create(&PostParams::default(), &gpu_pod(name, "pcie"))
+            .await
+            .unwrap();
+    }
+    eventually("both devices in use", || devices("used")).await;
+    // Creation timestamps have whole seconds: wait-1 is older than wait-2.
+    pods.create(&PostParams::default(), &gpu_pod("wait-1", "pcie"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    pods.create(&PostParams::default(), &gpu_pod("wait-2", "pcie"))
+        .await
+        .unwrap();
+
+    // The resourceclaim controller's refusal, as kube-controller-manager reports it.
+    let why = eventually("the quota refusal of wait-2", || async {
+        let why = cli
+            .json(&["why", "pod/wait-2", "-n", &ns, "-o", "json"], None)
+            .await;
+        let refused = why["evidence"].as_array().is_some_and(|e| {
+            e.iter().any(|e| {
+                e["reason"] == "FailedResourceClaimCreation"
+                    && e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("exceeded quota"))
+            })
+        });
+        // The operator's status has counted the two claims.
+        if why["verdict"] == "quota" && refused && why["entitlement"]["requested"] == 2 {
+            Ok(why)
+        } else {
+            Err(why.to_string())
+        }
+    })
+    .await;
+    assert_eq!(why["waiting"], true, "{why}");
+    assert_eq!(why["team"], "why", "{why}");
+    assert_eq!(
+        why["claims"],
+        json!([{"name": "gpu", "template": "pcie", "state": "not-created",
+                "deviceClass": "pcie.teamgpu.io", "sharingPolicy": "pcie", "devices": 1}])
+    );
+    assert_eq!(
+        why["quota"],
+        json!({"namespace": ns, "name": "teamgpu", "deviceClass": "pcie.teamgpu.io",
+               "used": 2, "hard": 2, "needs": 1, "room": false})
+    );
+    assert_eq!(
+        why["queue"],
+        json!({"deviceClass": "pcie.teamgpu.io", "position": 2, "of": 2})
+    );
+    assert_eq!(why["entitlement"]["atEntitlement"], true, "{why}");
+    let (yaml, _) = cli
+        .run(&["why", "pod/wait-2", "-n", &ns, "-o", "yaml"], None)
+        .await;
+    let yaml: Value = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"));
+    assert_eq!(
+        (&yaml["verdict"], &yaml["quota"], &yaml["queue"]),
+        (&why["verdict"], &why["quota"], &why["queue"])
+    );
+
+    // The same as people read it, found by the namespace flag's long name.
+    let (text, _) = cli.run(&["why", "wait-2", "--namespace", &ns], None).await;
+    eprintln!("{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], format!("pod {ns}/wait-2 waits: quota"), "{text}");
+    assert_eq!(lines[1], "why:", "{text}");
+    for expected in [
+        format!("  team: why (namespace {ns})"),
+        "  claim gpu: template pcie: 1 device of sharing policy pcie (pcie.teamgpu.io), not created".to_owned(),
+        format!("  quota: ResourceQuota {ns}/teamgpu has no room: 2 of 2 pcie.teamgpu.io devices used, the pod needs 1"),
+        "  queue: 2nd of 2 pods waiting for pcie.teamgpu.io in team why".to_owned(),
+    ] {
+        assert!(lines.contains(&expected.as_str()), "no line {expected:?} in:\n{text}");
+    }
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            "  entitlement: why is at its entitlement: requests 2 of 2 (guaranteed 2, limit 2)"
+        )),
+        "{text}"
+    );
+    let (text, _) = cli.run(&["why", "po/wait-1", "-n", &ns], None).await;
+    assert!(
+        text.contains("\n  queue: 1st of 2 pods waiting for pcie.teamgpu.io in team why\n"),
+        "{text}"
+    );
+
+    // A Pod that holds its device is not waiting.
+    let held = eventually("hold-0 runs", || async {
+        let (text, _) = cli.run(&["why", "pods/hold-0", "-n", &ns], None).await;
+        if text.contains("is not waiting: Running") {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    })
+    .await;
+    assert!(
+        held.starts_with(&format!("pod {ns}/hold-0 is not waiting: Running on node ")),
+        "{held}"
+    );
+
+    // No such Pod: an error.
+    let stderr = cli.failing(&["why", "pod/nope", "-n", &ns]).await;
+    assert!(
+        stderr.contains(&format!("pod {ns}/nope not found")),
+        "{stderr}"
+    );
+
+    operator.stop().await;
 }

@@ -19,3 +19,4 @@ pub mod output;
 pub mod plugin;
 pub mod top;
 pub mod whatif;
+pub mod why;

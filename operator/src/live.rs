@@ -1,11 +1,12 @@
-//! Reading a cluster for the command line (`teamgpu plan --live`, `teamgpu top`). Needs a
+//! Reading a cluster for the command line (`teamgpu plan --live`, `teamgpu top`, `teamgpu
+//! why`). Needs a
 //! client; only lists, never writes. What the operator reads from its watch caches
 //! (`controller::Reconciler::snapshot`), read here with one list per kind.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -16,7 +17,7 @@ use serde_json::Value;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, ObjectKey};
-use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL, is_managed};
+use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL, QUOTA_NAME, is_managed};
 use crate::core::plan::pending;
 use crate::core::state::{ClusterState, NamespaceInfo};
 
@@ -29,6 +30,19 @@ pub enum LiveError {
     CrdsMissing(String),
     #[error("listing {what}: {source}")]
     List {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("pod {namespace}/{name} not found")]
+    PodNotFound { namespace: String, name: String },
+    #[error("reading pod {namespace}/{name}: {source}")]
+    GetPod {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("reading {what}: {source}")]
+    Get {
         what: &'static str,
         source: kube::Error,
     },
@@ -240,6 +254,172 @@ pub async fn read(
             unreadable_teams: Vec::new(),
         },
         managed,
+        notes,
+    })
+}
+
+/// What `teamgpu why` reads.
+#[derive(Debug, Default)]
+pub struct WhyRead {
+    pub facts: crate::why::Facts,
+    /// What could not be read (the reading user may not list everything), and policies skipped.
+    pub notes: Vec<String>,
+}
+
+fn forbidden(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 403)
+}
+
+/// `list`, or `None` with a note when the reading user may not list `what` there.
+async fn list_or_note<K>(
+    api: Api<K>,
+    lp: &ListParams,
+    what: &'static str,
+    notes: &mut Vec<String>,
+    missing: impl FnOnce() -> String,
+) -> Result<Option<Vec<K>>, LiveError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list(lp).await {
+        Ok(list) => Ok(Some(list.items)),
+        Err(error) if forbidden(&error) => {
+            notes.push(missing());
+            Ok(None)
+        }
+        Err(source) => Err(LiveError::List { what, source }),
+    }
+}
+
+/// The facts for [`crate::why::diagnose`] of Pod `namespace/name`: the Pod, the policies, the
+/// namespace's `teamgpu` ResourceQuota and the Events about the Pod; the claims, templates and
+/// Pending Pods of the team's namespaces; and the claims of every namespace, for who holds what
+/// (a user who may not list them all gets the policies' status instead, with a note).
+pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<WhyRead, LiveError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = pods
+        .get_opt(name)
+        .await
+        .map_err(|source| LiveError::GetPod {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| LiveError::PodNotFound {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })?;
+    let Policies {
+        sharing_policies,
+        teams,
+        mut notes,
+    } = policies(client).await?;
+    // The team's namespaces, the Pod's first.
+    let mut namespaces = vec![namespace.to_owned()];
+    if let Some(team) = teams.iter().find(|t| {
+        t.status
+            .as_ref()
+            .is_some_and(|s| s.namespaces.iter().any(|n| n == namespace))
+    }) {
+        let others = team.status.iter().flat_map(|s| s.namespaces.iter());
+        namespaces.extend(others.filter(|n| *n != namespace).cloned());
+    }
+
+    let all = ListParams::default();
+    let (mut claims, claims_of_every_team) = match list_or_note(
+        Api::<ResourceClaim>::all(client.clone()),
+        &all,
+        "ResourceClaims",
+        &mut notes,
+        || {
+            "cannot list the ResourceClaims of every namespace: who holds how many devices is              what the TeamGpuPolicies' status says"
+                .into()
+        },
+    )
+    .await?
+    {
+        Some(claims) => (claims, true),
+        None => (Vec::new(), false),
+    };
+    let mut templates = Vec::new();
+    let mut team_pods = Vec::new();
+    let pending = ListParams::default().fields("status.phase=Pending");
+    for ns in &namespaces {
+        if !claims_of_every_team {
+            claims.extend(
+                list_or_note(
+                    Api::<ResourceClaim>::namespaced(client.clone(), ns),
+                    &all,
+                    "ResourceClaims",
+                    &mut notes,
+                    || format!("cannot list the ResourceClaims of namespace {ns}"),
+                )
+                .await?
+                .unwrap_or_default(),
+            );
+        }
+        templates.extend(
+            list_or_note(
+                Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns),
+                &all,
+                "ResourceClaimTemplates",
+                &mut notes,
+                || format!("cannot list the ResourceClaimTemplates of namespace {ns}"),
+            )
+            .await?
+            .unwrap_or_default(),
+        );
+        team_pods.extend(
+            list_or_note(
+                Api::<Pod>::namespaced(client.clone(), ns),
+                &pending,
+                "pending Pods",
+                &mut notes,
+                || format!("cannot list the Pods of namespace {ns}: its place in the queue leaves them out"),
+            )
+            .await?
+            .unwrap_or_default(),
+        );
+    }
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), namespace);
+    let quota = match quotas.get_opt(QUOTA_NAME).await {
+        Ok(quota) => quota,
+        Err(error) if forbidden(&error) => {
+            notes.push(format!(
+                "cannot read ResourceQuota {namespace}/{QUOTA_NAME}"
+            ));
+            None
+        }
+        Err(source) => {
+            return Err(LiveError::Get {
+                what: "the ResourceQuota",
+                source,
+            });
+        }
+    };
+    let events = list_or_note(
+        Api::<Event>::namespaced(client.clone(), namespace),
+        &ListParams::default().fields(&format!(
+            "involvedObject.kind=Pod,involvedObject.name={name}"
+        )),
+        "Events",
+        &mut notes,
+        || format!("cannot list the Events of namespace {namespace}"),
+    )
+    .await?
+    .unwrap_or_default();
+    Ok(WhyRead {
+        facts: crate::why::Facts {
+            pod,
+            claims,
+            claims_of_every_team,
+            templates,
+            quota,
+            events,
+            teams,
+            sharing_policies,
+            team_pods,
+        },
         notes,
     })
 }

@@ -45,6 +45,18 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
+    /// Say why a Pod waits for GPUs (quota, entitlement, capacity), who borrows, when reclaim
+    /// acts and its place in the team's queue, on the cluster of the current kubeconfig context.
+    Why {
+        /// The Pod: pod/NAME (also pods/NAME, po/NAME or NAME).
+        pod: String,
+        /// The Pod's namespace (default: the kubeconfig context's, then `default`).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
     /// Run the operator against the cluster of the current kubeconfig (or in-cluster config).
     Run(RunArgs),
     /// Print every CustomResourceDefinition as multi-document YAML.
@@ -155,6 +167,11 @@ fn main() -> anyhow::Result<()> {
             block_on(plan_live(&files, output, operator_user, admin_groups))?
         }
         Command::Top { output } => block_on(top(output))?,
+        Command::Why {
+            pod,
+            namespace,
+            output,
+        } => block_on(why(&pod, namespace, output))?,
         Command::Manifests { image } => {
             let yaml = teamgpu::manifests::to_yaml(&image)?;
             std::io::stdout().write_all(yaml.as_bytes())?;
@@ -266,6 +283,23 @@ async fn top(format: Format) -> anyhow::Result<()> {
     let text = match format {
         Format::Table => teamgpu::top::table(&top),
         _ => serialized(&top, format)?,
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+async fn why(pod: &str, namespace: Option<String>, format: Format) -> anyhow::Result<()> {
+    let name = teamgpu::why::pod_name(pod)?;
+    let client = client().await?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let read = teamgpu::live::why_facts(&client, &namespace, name).await?;
+    for note in &read.notes {
+        eprintln!("note: {note}");
+    }
+    let why = teamgpu::why::diagnose(&read.facts, k8s_openapi::jiff::Timestamp::now());
+    let text = match format {
+        Format::Table => teamgpu::why::text(&why),
+        _ => serialized(&why, format)?,
     };
     std::io::stdout().write_all(text.as_bytes())?;
     Ok(())

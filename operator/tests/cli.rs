@@ -170,7 +170,15 @@ fn completion_scripts_know_the_subcommands() {
     for shell in ["bash", "zsh", "fish"] {
         let (ok, stdout, stderr) = teamgpu(&["completion", shell]);
         assert!(ok, "{shell}: {stderr}");
-        for sub in ["plan", "top", "manifests", "completion", "run", "crd"] {
+        for sub in [
+            "plan",
+            "top",
+            "why",
+            "manifests",
+            "completion",
+            "run",
+            "crd",
+        ] {
             assert!(stdout.contains(sub), "{shell} completion lacks {sub}");
         }
         assert!(
@@ -222,6 +230,12 @@ fn installed_as_kubectl_teamgpu_it_is_a_kubectl_plugin() {
     assert!(!ok);
     assert!(
         stderr.contains("Usage: kubectl teamgpu plan [OPTIONS]"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = kubectl(&["teamgpu", "why", "--bogus"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("Usage: kubectl teamgpu why [OPTIONS] <POD>"),
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).ok();
@@ -507,6 +521,7 @@ fn an_unknown_output_format_is_refused_with_the_ones_there_are() {
         &["plan", "-o", "xml"][..],
         &["top", "-o", "xml"],
         &["plan", "--live", "-o", "xml"],
+        &["why", "pod/train-3", "-o", "xml"],
     ] {
         let (ok, stdout, stderr) = teamgpu(args);
         assert!(!ok, "{args:?}");
@@ -516,4 +531,82 @@ fn an_unknown_output_format_is_refused_with_the_ones_there_are() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// A kubeconfig whose cluster refuses connections, its context in `namespace` if given.
+fn refusing_kubeconfig(dir: &Path, namespace: Option<&str>) -> PathBuf {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let namespace = namespace
+        .map(|ns| format!("\n    namespace: {ns}"))
+        .unwrap_or_default();
+    let kubeconfig = dir.join(format!("kubeconfig-{port}"));
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u{namespace}\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+#[test]
+fn why_takes_a_pod_in_the_namespace_of_the_context_or_of_n() {
+    let dir = temp_dir("why");
+    let why = |args: &[&str], kubeconfig: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_teamgpu"))
+            .arg("why")
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("HOME", &dir)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        assert!(out.stdout.is_empty(), "{args:?}");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // What is not a Pod is refused before any cluster is asked.
+    let (code, stderr) = why(&["deploy/train", "-n", "ml"], &dir.join("missing"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "Error: `deploy/train` is not a Pod: give pod/NAME (also pods/NAME, po/NAME or NAME)\n"
+    );
+    let (code, stderr) = why(&[], &dir.join("missing"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("<POD>"), "{stderr}");
+    let (code, stderr) = why(&["pod/train-3"], &dir.join("missing"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("Error: connecting to the cluster of the current kubeconfig context"),
+        "{stderr}"
+    );
+    // The Pod is looked for in the context's namespace, `default` without one, or that of -n.
+    let in_context = refusing_kubeconfig(&dir, Some("ml-dev"));
+    let without = refusing_kubeconfig(&dir, None);
+    for (args, kubeconfig, expected) in [
+        (&["pod/train-3"][..], &in_context, "ml-dev/train-3"),
+        (&["pods/train-3"], &without, "default/train-3"),
+        (&["po/train-3", "-n", "ml"], &in_context, "ml/train-3"),
+        (
+            &["train-3", "--namespace", "ml", "-o", "json"],
+            &without,
+            "ml/train-3",
+        ),
+    ] {
+        let (code, stderr) = why(args, kubeconfig);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("Error: reading pod {expected}: ")),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
