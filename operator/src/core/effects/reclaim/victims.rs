@@ -74,11 +74,12 @@ pub fn choose(borrowers: &[Borrower], shortfall: u64, min_runtime: u64, now: Tim
             let mut candidates: Vec<usize> = (0..borrower.workloads.len())
                 .filter(|i| !taken[b][*i] && old_enough(&borrower.workloads[*i]))
                 .collect();
-            // By priority, lowest first; within one, the most recently started first.
+            // By priority, lowest first; within one, the most recently started first (start times
+            // are whole seconds: of equals, the last name, as for Pods numbered in order).
             candidates.sort_by_key(|i| {
                 let w = &borrower.workloads[*i];
                 let started = Reverse(w.started.unwrap_or(Timestamp::MAX));
-                (w.priority, started, &w.name)
+                (w.priority, started, Reverse(&w.name))
             });
             for tier in candidates
                 .chunk_by(|x, y| borrower.workloads[*x].priority == borrower.workloads[*y].priority)

@@ -9,18 +9,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{self, Recorder, Reporter};
-use serde_json::json;
+use kube::runtime::events::Reporter;
 use tokio::sync::watch;
 
-use super::FIELD_MANAGER;
-use super::metrics::{ErrorLabels, EvictionLabels, Metrics, WriteLabels};
-use crate::core::diff::{Kind, ObjectKey, OwnWrites, Payload, Write};
-use crate::core::effects::{
-    Effect, Event, EventKey, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION, eviction_events,
-};
+mod requests;
+
+use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
+use crate::core::diff::{Kind, ObjectKey, OwnWrites, Write};
+use crate::core::effects::{Effect, EventKey, Eviction, eviction_events};
+use requests::Requests;
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
 /// at a time, a first converge of thousands of templates would hold up every later event.
@@ -29,17 +26,6 @@ const WRITE_CONCURRENCY: usize = 16;
 
 /// How long one write may take before it counts as failed (and is retried with backoff).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long one eviction may take: the client retries a PodDisruptionBudget's 429 for minutes,
-/// and the pass must not wait on it.
-const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Events one recorder publishes before it is replaced by a fresh one. A recorder keeps every
-/// Event it published for six minutes, to fold a repeat into a series, in a table that keeps the
-/// size of its largest burst: a first converge of 100 teams publishes 3,300 QuotaChanged Events
-/// (each also in the team's namespaces), which would hold 4 MiB for good. Repeats come minutes
-/// apart, and a quiet operator publishes a few Events an hour, so folding still works.
-const EVENTS_PER_RECORDER: usize = 256;
 
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]
@@ -245,7 +231,8 @@ fn steps(effects: Vec<Effect>) -> Vec<Lanes> {
     steps
 }
 
-/// Performs effects: server-side apply as [`FIELD_MANAGER`], status patches, Events, evictions.
+/// Performs effects: server-side apply as [`super::FIELD_MANAGER`], status patches, Events,
+/// evictions.
 pub struct Executor {
     requests: Arc<Requests>,
     metrics: Arc<Metrics>,
@@ -269,16 +256,13 @@ impl Executor {
         reporter: Reporter,
         own_writes: Arc<OwnWrites>,
     ) -> Self {
-        let requests = Requests {
-            recorder: std::sync::Mutex::new(Rotating::new(EVENTS_PER_RECORDER, {
-                let client = client.clone();
-                move || Recorder::new(client.clone(), reporter.clone())
-            })),
+        let requests = Requests::new(
             client,
-            metrics: metrics.clone(),
+            metrics.clone(),
+            reporter,
             own_writes,
-            in_flight: tokio::sync::Semaphore::new(WRITE_CONCURRENCY),
-        };
+            WRITE_CONCURRENCY,
+        );
         Self {
             requests: Arc::new(requests),
             metrics,
@@ -431,220 +415,11 @@ impl Executor {
     }
 }
 
-/// A value replaced by a fresh one after it was handed out `every` times: the recorder Events
-/// are published with (see [`EVENTS_PER_RECORDER`]).
-struct Rotating<T> {
-    current: T,
-    handed_out: usize,
-    every: usize,
-    make: Box<dyn Fn() -> T + Send + Sync>,
-}
-
-impl<T: Clone> Rotating<T> {
-    fn new(every: usize, make: impl Fn() -> T + Send + Sync + 'static) -> Self {
-        Rotating {
-            current: make(),
-            handed_out: 0,
-            every,
-            make: Box::new(make),
-        }
-    }
-
-    fn next(&mut self) -> T {
-        if self.handed_out == self.every {
-            self.current = (self.make)();
-            self.handed_out = 0;
-        }
-        self.handed_out += 1;
-        self.current.clone()
-    }
-}
-
-/// The requests of the effects; shared by the writes in flight.
-struct Requests {
-    client: kube::Client,
-    metrics: Arc<Metrics>,
-    recorder: std::sync::Mutex<Rotating<Recorder>>,
-    /// Where an apply's resourceVersion is recorded, for the watch to recognise it.
-    own_writes: Arc<OwnWrites>,
-    /// Requests in flight across the lanes of a step ([`WRITE_CONCURRENCY`]).
-    in_flight: tokio::sync::Semaphore,
-}
-
-impl Requests {
-    fn count_write(&self, kind: &'static str, verb: &'static str) {
-        self.metrics
-            .writes
-            .get_or_create(&WriteLabels { kind, verb })
-            .inc();
-    }
-
-    /// One effect, as one or two requests, each bounded by its timeout.
-    async fn perform(&self, effect: &Effect) -> Result<Outcome, WriteError> {
-        match effect {
-            Effect::Object(Write::Apply { key, object }) => self.apply(key, object).await,
-            Effect::Object(Write::Recreate { key, object }) => {
-                self.delete(key).await?;
-                self.apply(key, object).await?;
-                // The differ settles only an apply it decided on a live version.
-                Ok(Outcome::Applied(None))
-            }
-            Effect::Object(Write::Delete { key }) => self.delete(key).await,
-            Effect::Status { kind, name, status } => self.patch_status(*kind, name, status).await,
-            Effect::Event(event) => self.publish(event).await,
-            Effect::Evict(e) => self.evict(e).await,
-            Effect::Requeue(r) => {
-                self.count_write("resourceclaimtemplate", "requeue");
-                let api: Api<DynamicObject> = Api::namespaced_with(
-                    self.client.clone(),
-                    &r.namespace,
-                    &Kind::ResourceClaimTemplate.api_resource(),
-                );
-                let patch =
-                    serde_json::json!({"metadata": {"annotations": {REQUEUE_ANNOTATION: r.value}}});
-                let params = PatchParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..PatchParams::default()
-                };
-                let patch = Patch::Merge(patch);
-                bounded(WRITE_TIMEOUT, api.patch(&r.template, &params, &patch)).await?;
-                Ok(Outcome::Done)
-            }
-        }
-    }
-
-    /// Evicts every Pod of a workload or none: each eviction is first tried as a dry run, so
-    /// that a PodDisruptionBudget that refuses one Pod leaves the whole workload running.
-    async fn evict(&self, e: &Eviction) -> Result<Outcome, WriteError> {
-        for dry_run in [true, false] {
-            let params = EvictParams {
-                post_options: PostParams {
-                    dry_run,
-                    ..PostParams::default()
-                },
-                ..EvictParams::default()
-            };
-            for (namespace, pod) in &e.pods {
-                if !dry_run {
-                    self.count_write("pod", "evict");
-                }
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-                match bounded(EVICTION_TIMEOUT, api.evict(pod, &params)).await {
-                    // Gone already: its devices are on their way back.
-                    Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => {}
-                    result => {
-                        result?;
-                    }
-                }
-            }
-        }
-        Ok(Outcome::Done)
-    }
-
-    fn api_for(&self, key: &ObjectKey) -> Api<DynamicObject> {
-        let ar = key.kind.api_resource();
-        match &key.namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
-            None => Api::all_with(self.client.clone(), &ar),
-        }
-    }
-
-    async fn apply(&self, key: &ObjectKey, payload: &Payload) -> Result<Outcome, WriteError> {
-        self.count_write(key.kind.label(), "apply");
-        let api = self.api_for(key);
-        let stored = bounded(
-            WRITE_TIMEOUT,
-            api.patch(&key.name, &apply_params(), &Patch::Apply(payload)),
-        )
-        .await?;
-        let version = stored.metadata.resource_version;
-        // The watch event of this apply is then known without its content.
-        if let (Some(version), Some(fingerprint)) = (&version, payload.fingerprint()) {
-            self.own_writes.record(version, fingerprint);
-        }
-        Ok(Outcome::Applied(version))
-    }
-
-    async fn delete(&self, key: &ObjectKey) -> Result<Outcome, WriteError> {
-        self.count_write(key.kind.label(), "delete");
-        let api = self.api_for(key);
-        match bounded(
-            WRITE_TIMEOUT,
-            api.delete(&key.name, &DeleteParams::default()),
-        )
-        .await
-        {
-            Ok(_) => Ok(Outcome::Done),
-            // Gone already: what a deletion wants.
-            Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(Outcome::Done),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn patch_status(
-        &self,
-        kind: PolicyKind,
-        name: &str,
-        status: &serde_json::Value,
-    ) -> Result<Outcome, WriteError> {
-        self.count_write(kind.label(), "status");
-        let resource = kind.api_resource();
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
-        let patch =
-            json!({"apiVersion": resource.api_version, "kind": resource.kind, "status": status});
-        bounded(
-            WRITE_TIMEOUT,
-            api.patch_status(name, &apply_params(), &Patch::Apply(patch)),
-        )
-        .await?;
-        Ok(Outcome::Done)
-    }
-
-    async fn publish(&self, event: &Event) -> Result<Outcome, WriteError> {
-        self.count_write("event", "publish");
-        let published = events::Event {
-            type_: match event.type_ {
-                EventType::Normal => events::EventType::Normal,
-                EventType::Warning => events::EventType::Warning,
-            },
-            reason: event.reason.into(),
-            // The API server refuses a longer note.
-            note: Some(event.note.chars().take(1000).collect()),
-            action: event.action.into(),
-            secondary: None,
-        };
-        let recorder = self
-            .recorder
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .next();
-        bounded(
-            WRITE_TIMEOUT,
-            recorder.publish(&published, &event.regarding),
-        )
-        .await?;
-        Ok(Outcome::Done)
-    }
-}
-
-fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
-}
-
-/// `request`'s answer, or [`WriteError::TimedOut`] after `limit`.
-async fn bounded<T>(
-    limit: Duration,
-    request: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, WriteError> {
-    match tokio::time::timeout(limit, request).await {
-        Ok(answer) => Ok(answer?),
-        Err(_) => Err(WriteError::TimedOut(limit)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::requests::Rotating;
     use super::*;
+    use crate::core::effects::PolicyKind;
 
     #[test]
     fn a_failing_object_waits_longer_each_time_and_a_success_clears_it() {
