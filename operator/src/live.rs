@@ -312,7 +312,7 @@ where
         .unwrap_or_default())
 }
 
-/// The facts for [`crate::why::diagnose`] of Pod `namespace/name`: the Pod, the policies, the
+/// The facts for [`crate::why::diagnose()`] of Pod `namespace/name`: the Pod, the policies, the
 /// namespace's `teamgpu` ResourceQuota and the Events about the Pod; the claims, templates and
 /// Pending Pods of the team's namespaces; and the claims of every namespace, for who holds what
 /// (a user who may not list them all gets the policies' status instead, with a note).
