@@ -1,5 +1,5 @@
 //! The repository's manifests the harness installs (the CRDs of `crds/`, the RBAC of
-//! `config/rbac`), read as JSON.
+//! `config/rbac`), read as JSON, and objects the tests create.
 
 use std::path::{Path, PathBuf};
 
@@ -111,6 +111,24 @@ pub fn fresh<K: kube::Resource + Clone>(obj: &K) -> K {
         ..Default::default()
     };
     obj
+}
+
+/// A Pod using one claim from `template`: a real image, and admitted by the `restricted` Pod
+/// Security level. On a real cluster without a driver it stays ContainerCreating (the kubelet
+/// cannot prepare the devices), but its claim is allocated and reserved.
+pub fn gpu_pod(name: &str, template: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "securityContext": {"allowPrivilegeEscalation": false,
+                                                "capabilities": {"drop": ["ALL"]}},
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}
+    }))
+    .unwrap()
 }
 
 /// The repository's root.

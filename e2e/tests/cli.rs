@@ -1,8 +1,7 @@
 //! The command line against a real cluster: `teamgpu plan --live`, `teamgpu top` and `teamgpu
-//! why`, run as the
-//! built binary with the admin's kubeconfig, while the operator (in-process, as its own
-//! ServiceAccount) keeps the cluster converged. Expected values are written here or read from the
-//! server, never computed by teamgpu's planning code.
+//! why`, run as the built binary with the admin's kubeconfig, while the operator (in-process, as
+//! its own ServiceAccount) keeps the cluster converged. Expected values are written here or read
+//! from the server, never computed by teamgpu's planning code.
 //!
 //! Needs the `teamgpu` binary of this tree: `cargo build -p teamgpu` first.
 
@@ -20,7 +19,7 @@ use teamgpu_e2e::sandbox::Sandbox;
 /// The quota key of the `pcie` sharing policy's DeviceClass.
 const PCIE_DEVICES: &str = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
 
-use teamgpu_e2e::fixtures::teamgpu_binary;
+use teamgpu_e2e::fixtures::{gpu_pod, teamgpu_binary};
 use teamgpu_e2e::operator::Operator;
 
 /// Runs the binary with the admin's kubeconfig; `stdin` is piped in when given.
@@ -119,6 +118,57 @@ fn team_policy(namespace: &str, guaranteed: u32, limit: u32) -> Value {
                     "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}]}})
 }
 
+/// A cluster of the example's devices, sharing policy `pcie` and a team in a namespace of its own.
+struct PcieTeam {
+    cli: Cli,
+    sandbox: Sandbox,
+    /// The team's namespace.
+    ns: String,
+    /// For the operator, which the test starts.
+    operator_client: kube::Client,
+}
+
+/// Six 8-GPU nodes, two of them (16 GPUs) A100 PCIe 40GB, which sharing policy `pcie` selects;
+/// namespace `namespace` (as the sandbox names it) and the team `team` makes of it.
+async fn pcie_team(namespace: &str, team: impl FnOnce(&str) -> Value) -> Option<PcieTeam> {
+    let cluster = TestCluster::start_or_skip().await?;
+    let cli = Cli {
+        binary: teamgpu_binary(),
+        kubeconfig: cluster.kubeconfig().to_owned(),
+    };
+    let operator_client = kube::Client::try_from(cluster.operator_config().await.unwrap()).unwrap();
+    let sandbox = Sandbox::start(cluster)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = sandbox.client();
+    let example = teamgpu::example::state().unwrap();
+    sandbox
+        .devices(&example.device_classes, &example.slices)
+        .await
+        .unwrap();
+    let ns = sandbox.namespace(namespace, None).await.unwrap();
+    let sharing: GpuSharingPolicy = serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "pcie"},
+        "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}}))
+    .unwrap();
+    Api::<GpuSharingPolicy>::all(client.clone())
+        .create(&PostParams::default(), &sharing)
+        .await
+        .unwrap();
+    let team: TeamGpuPolicy = serde_json::from_value(team(&ns)).unwrap();
+    Api::<TeamGpuPolicy>::all(client)
+        .create(&PostParams::default(), &team)
+        .await
+        .unwrap();
+    Some(PcieTeam {
+        cli,
+        sandbox,
+        ns,
+        operator_client,
+    })
+}
+
 /// The row of team `cli` and sharing policy `pcie`.
 fn cli_row(rows: &Value) -> &Value {
     rows.as_array()
@@ -131,39 +181,16 @@ fn cli_row(rows: &Value) -> &Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_live_and_top_read_the_cluster() {
-    let Some(cluster) = TestCluster::start_or_skip().await else {
+    let Some(PcieTeam {
+        cli,
+        sandbox,
+        ns,
+        operator_client,
+    }) = pcie_team("cli", |ns| team_policy(ns, 4, 8)).await
+    else {
         return;
     };
-    let cli = Cli {
-        binary: teamgpu_binary(),
-        kubeconfig: cluster.kubeconfig().to_owned(),
-    };
-    let operator_client = kube::Client::try_from(cluster.operator_config().await.unwrap()).unwrap();
-    let sandbox = Sandbox::start(cluster)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     let client = sandbox.client();
-    // Six 8-GPU nodes, two of them (16 GPUs) A100 PCIe 40GB.
-    let example = teamgpu::example::state().unwrap();
-    sandbox
-        .devices(&example.device_classes, &example.slices)
-        .await
-        .unwrap();
-    let ns = sandbox.namespace("cli", None).await.unwrap();
-    let sharing: GpuSharingPolicy = serde_json::from_value(json!({
-        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-        "metadata": {"name": "pcie"},
-        "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}}))
-    .unwrap();
-    Api::<GpuSharingPolicy>::all(client.clone())
-        .create(&PostParams::default(), &sharing)
-        .await
-        .unwrap();
-    let team: TeamGpuPolicy = serde_json::from_value(team_policy(&ns, 4, 8)).unwrap();
-    Api::<TeamGpuPolicy>::all(client.clone())
-        .create(&PostParams::default(), &team)
-        .await
-        .unwrap();
 
     let operator = Operator::start(operator_client, Operator::test_config());
     // The only team of 16 idle GPUs: its guarantee of 4, and 4 borrowed up to its limit of 8.
@@ -312,61 +339,26 @@ async fn plan_live_and_top_read_the_cluster() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A Pod using one claim from `template`, admitted by the `restricted` Pod Security level.
-fn gpu_pod(name: &str, template: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                            "securityContext": {"allowPrivilegeEscalation": false,
-                                                "capabilities": {"drop": ["ALL"]}},
-                            "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}
-    }))
-    .unwrap()
-}
-
 /// A team of 2 devices (guarantee and limit) whose two Pods hold them: the next two Pods' claims
 /// are refused by the namespace's quota, and `teamgpu why` says so, with their places in the
 /// queue; a Pod that runs is not waiting, and a Pod that does not exist is an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn why_says_a_pod_waits_for_quota_and_its_place_in_the_queue() {
-    let Some(cluster) = TestCluster::start_or_skip().await else {
+    let Some(PcieTeam {
+        cli,
+        sandbox,
+        ns,
+        operator_client,
+    }) = pcie_team("why", |ns| {
+        let mut team = team_policy(ns, 2, 2);
+        team["metadata"]["name"] = json!("why");
+        team
+    })
+    .await
+    else {
         return;
     };
-    let cli = Cli {
-        binary: teamgpu_binary(),
-        kubeconfig: cluster.kubeconfig().to_owned(),
-    };
-    let operator_client = kube::Client::try_from(cluster.operator_config().await.unwrap()).unwrap();
-    let sandbox = Sandbox::start(cluster)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     let client = sandbox.client();
-    let example = teamgpu::example::state().unwrap();
-    sandbox
-        .devices(&example.device_classes, &example.slices)
-        .await
-        .unwrap();
-    let ns = sandbox.namespace("why", None).await.unwrap();
-    let sharing: GpuSharingPolicy = serde_json::from_value(json!({
-        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-        "metadata": {"name": "pcie"},
-        "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}}))
-    .unwrap();
-    Api::<GpuSharingPolicy>::all(client.clone())
-        .create(&PostParams::default(), &sharing)
-        .await
-        .unwrap();
-    let mut team = team_policy(&ns, 2, 2);
-    team["metadata"]["name"] = json!("why");
-    let team: TeamGpuPolicy = serde_json::from_value(team).unwrap();
-    Api::<TeamGpuPolicy>::all(client.clone())
-        .create(&PostParams::default(), &team)
-        .await
-        .unwrap();
     let operator = Operator::start(operator_client, Operator::test_config());
 
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);

@@ -16,7 +16,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu_e2e::cluster::OPERATOR_NAMESPACE;
-use teamgpu_e2e::fixtures::fresh;
+use teamgpu_e2e::fixtures::{fresh, gpu_pod};
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::recording::Counters;
 use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
@@ -1193,24 +1193,6 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_quickly() {
         holder_after.is_none() || holder_after.as_deref() == Some(""),
         "{holder_after:?}"
     );
-}
-
-/// A Pod using one claim from `template`: a real image, and admitted by the `restricted` Pod
-/// Security level. On a real cluster without a driver it stays ContainerCreating (the kubelet
-/// cannot prepare the devices), but its claim is allocated and reserved.
-fn gpu_pod(name: &str, template: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                            "securityContext": {"allowPrivilegeEscalation": false,
-                                                "capabilities": {"drop": ["ALL"]}},
-                            "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}
-    }))
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

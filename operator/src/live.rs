@@ -1,6 +1,5 @@
 //! Reading a cluster for the command line (`teamgpu plan --live`, `teamgpu top`, `teamgpu
-//! why`). Needs a
-//! client; only lists, never writes. What the operator reads from its watch caches
+//! why`). Needs a client; only lists, never writes. What the operator reads from its watch caches
 //! (`controller::Reconciler::snapshot`), read here with one list per kind.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -291,13 +290,70 @@ where
     }
 }
 
-/// The facts for [`crate::why::diagnose`] of Pod `namespace/name`: the Pod, the policies, the
+/// [`list_or_note`] in `namespace`; nothing when the reading user may not list there.
+async fn list_in_or_note<K>(
+    client: &Client,
+    namespace: &str,
+    lp: &ListParams,
+    what: &'static str,
+    notes: &mut Vec<String>,
+    missing: impl FnOnce() -> String,
+) -> Result<Vec<K>, LiveError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api = Api::<K>::namespaced(client.clone(), namespace);
+    Ok(list_or_note(api, lp, what, notes, missing)
+        .await?
+        .unwrap_or_default())
+}
+
+/// The facts for [`crate::why::diagnose()`] of Pod `namespace/name`: the Pod, the policies, the
 /// namespace's `teamgpu` ResourceQuota and the Events about the Pod; the claims, templates and
 /// Pending Pods of the team's namespaces; and the claims of every namespace, for who holds what
 /// (a user who may not list them all gets the policies' status instead, with a note).
 pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<WhyRead, LiveError> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod = pods
+    let pod = read_pod(client, namespace, name).await?;
+    let Policies {
+        sharing_policies,
+        teams,
+        mut notes,
+    } = policies(client).await?;
+    let every_claim = claims_of_every_namespace(client, &mut notes).await?;
+    let claims_of_every_team = every_claim.is_some();
+    let team = read_team_namespaces(
+        client,
+        &team_namespaces(&teams, namespace),
+        !claims_of_every_team,
+        &mut notes,
+    )
+    .await?;
+    let mut claims = every_claim.unwrap_or_default();
+    claims.extend(team.claims);
+    let quota = read_quota(client, namespace, &mut notes).await?;
+    let events = pod_events(client, namespace, name, &mut notes).await?;
+    Ok(WhyRead {
+        facts: crate::why::Facts {
+            pod,
+            claims,
+            claims_of_every_team,
+            templates: team.templates,
+            quota,
+            events,
+            teams,
+            sharing_policies,
+            team_pods: team.pending_pods,
+        },
+        notes,
+    })
+}
+
+async fn read_pod(client: &Client, namespace: &str, name: &str) -> Result<Pod, LiveError> {
+    Api::<Pod>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await
         .map_err(|source| LiveError::GetPod {
@@ -308,13 +364,11 @@ pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<W
         .ok_or_else(|| LiveError::PodNotFound {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-        })?;
-    let Policies {
-        sharing_policies,
-        teams,
-        mut notes,
-    } = policies(client).await?;
-    // The team's namespaces, the Pod's first.
+        })
+}
+
+/// The namespaces of the team `namespace` belongs to, `namespace` first (alone: no team).
+fn team_namespaces(teams: &[TeamGpuPolicy], namespace: &str) -> Vec<String> {
     let mut namespaces = vec![namespace.to_owned()];
     if let Some(team) = teams.iter().find(|t| {
         t.status
@@ -324,104 +378,108 @@ pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<W
         let others = team.status.iter().flat_map(|s| s.namespaces.iter());
         namespaces.extend(others.filter(|n| *n != namespace).cloned());
     }
+    namespaces
+}
 
-    let all = ListParams::default();
-    let (mut claims, claims_of_every_team) = match list_or_note(
-        Api::<ResourceClaim>::all(client.clone()),
-        &all,
+/// The ResourceClaims of every namespace, or `None` (with a note) if the user may not list them.
+async fn claims_of_every_namespace(
+    client: &Client,
+    notes: &mut Vec<String>,
+) -> Result<Option<Vec<ResourceClaim>>, LiveError> {
+    list_or_note(
+        Api::all(client.clone()),
+        &ListParams::default(),
         "ResourceClaims",
-        &mut notes,
+        notes,
         || {
             "cannot list the ResourceClaims of every namespace: who holds how many devices is              what the TeamGpuPolicies' status says"
                 .into()
         },
     )
-    .await?
-    {
-        Some(claims) => (claims, true),
-        None => (Vec::new(), false),
-    };
-    let mut templates = Vec::new();
-    let mut team_pods = Vec::new();
+    .await
+}
+
+/// What `teamgpu why` reads of the team's namespaces.
+#[derive(Default)]
+struct TeamNamespaces {
+    /// Only when the claims of every namespace could not be listed.
+    claims: Vec<ResourceClaim>,
+    templates: Vec<ResourceClaimTemplate>,
+    pending_pods: Vec<Pod>,
+}
+
+async fn read_team_namespaces(
+    client: &Client,
+    namespaces: &[String],
+    with_claims: bool,
+    notes: &mut Vec<String>,
+) -> Result<TeamNamespaces, LiveError> {
+    let all = ListParams::default();
     let pending = ListParams::default().fields("status.phase=Pending");
-    for ns in &namespaces {
-        if !claims_of_every_team {
-            claims.extend(
-                list_or_note(
-                    Api::<ResourceClaim>::namespaced(client.clone(), ns),
-                    &all,
-                    "ResourceClaims",
-                    &mut notes,
-                    || format!("cannot list the ResourceClaims of namespace {ns}"),
-                )
-                .await?
-                .unwrap_or_default(),
+    let mut read = TeamNamespaces::default();
+    for ns in namespaces {
+        if with_claims {
+            read.claims.extend(
+                list_in_or_note(client, ns, &all, "ResourceClaims", notes, || {
+                    format!("cannot list the ResourceClaims of namespace {ns}")
+                })
+                .await?,
             );
         }
-        templates.extend(
-            list_or_note(
-                Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns),
-                &all,
-                "ResourceClaimTemplates",
-                &mut notes,
-                || format!("cannot list the ResourceClaimTemplates of namespace {ns}"),
-            )
-            .await?
-            .unwrap_or_default(),
+        read.templates.extend(
+            list_in_or_note(client, ns, &all, "ResourceClaimTemplates", notes, || {
+                format!("cannot list the ResourceClaimTemplates of namespace {ns}")
+            })
+            .await?,
         );
-        team_pods.extend(
-            list_or_note(
-                Api::<Pod>::namespaced(client.clone(), ns),
-                &pending,
-                "pending Pods",
-                &mut notes,
-                || format!("cannot list the Pods of namespace {ns}: its place in the queue leaves them out"),
-            )
-            .await?
-            .unwrap_or_default(),
+        read.pending_pods.extend(
+            list_in_or_note(client, ns, &pending, "pending Pods", notes, || {
+                format!(
+                    "cannot list the Pods of namespace {ns}: its place in the queue leaves them out"
+                )
+            })
+            .await?,
         );
     }
+    Ok(read)
+}
+
+/// The namespace's `teamgpu` ResourceQuota; `None` with a note if the user may not read it.
+async fn read_quota(
+    client: &Client,
+    namespace: &str,
+    notes: &mut Vec<String>,
+) -> Result<Option<ResourceQuota>, LiveError> {
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), namespace);
-    let quota = match quotas.get_opt(QUOTA_NAME).await {
-        Ok(quota) => quota,
+    match quotas.get_opt(QUOTA_NAME).await {
+        Ok(quota) => Ok(quota),
         Err(error) if forbidden(&error) => {
             notes.push(format!(
                 "cannot read ResourceQuota {namespace}/{QUOTA_NAME}"
             ));
-            None
+            Ok(None)
         }
-        Err(source) => {
-            return Err(LiveError::Get {
-                what: "the ResourceQuota",
-                source,
-            });
-        }
-    };
-    let events = list_or_note(
-        Api::<Event>::namespaced(client.clone(), namespace),
-        &ListParams::default().fields(&format!(
-            "involvedObject.kind=Pod,involvedObject.name={name}"
-        )),
-        "Events",
-        &mut notes,
-        || format!("cannot list the Events of namespace {namespace}"),
-    )
-    .await?
-    .unwrap_or_default();
-    Ok(WhyRead {
-        facts: crate::why::Facts {
-            pod,
-            claims,
-            claims_of_every_team,
-            templates,
-            quota,
-            events,
-            teams,
-            sharing_policies,
-            team_pods,
-        },
-        notes,
+        Err(source) => Err(LiveError::Get {
+            what: "the ResourceQuota",
+            source,
+        }),
+    }
+}
+
+/// The Events about Pod `name`.
+async fn pod_events(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Event>, LiveError> {
+    let about_the_pod = ListParams::default().fields(&format!(
+        "involvedObject.kind=Pod,involvedObject.name={name}"
+    ));
+    list_in_or_note(client, namespace, &about_the_pod, "Events", notes, || {
+        format!("cannot list the Events of namespace {namespace}")
     })
+    .await
 }
 
 #[cfg(test)]

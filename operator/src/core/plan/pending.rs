@@ -25,6 +25,16 @@ pub fn template_charges(
         .collect()
 }
 
+/// The claims the resourceclaim controller made for `pod`'s entries from templates, by entry
+/// name (`None`: it decided the Pod needs no claim for the entry), as the Pod's status says.
+pub fn generated_claim_names(pod: &Pod) -> BTreeMap<&str, Option<&str>> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+        .map(|s| (s.name.as_str(), s.resource_claim_name.as_deref()))
+        .collect()
+}
+
 /// The devices pending Pods wait for, per namespace and DeviceClass. `template_charge` says what
 /// quota charges for a claim made from template `(namespace, name)`, if it exists
 /// ([`template_charges`]).
@@ -50,12 +60,7 @@ pub fn pending_demand(
         if pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending") {
             continue;
         }
-        let generated: BTreeMap<&str, Option<&str>> = pod
-            .status
-            .iter()
-            .flat_map(|s| s.resource_claim_statuses.iter().flatten())
-            .map(|s| (s.name.as_str(), s.resource_claim_name.as_deref()))
-            .collect();
+        let generated = generated_claim_names(pod);
         for pod_claim in pod
             .spec
             .iter()
