@@ -392,7 +392,8 @@ async fn claims_of_every_namespace(
         "ResourceClaims",
         notes,
         || {
-            "cannot list the ResourceClaims of every namespace: who holds how many devices is              what the TeamGpuPolicies' status says"
+            "cannot list the ResourceClaims of every namespace: who holds how many devices is \
+             what the TeamGpuPolicies' status says"
                 .into()
         },
     )

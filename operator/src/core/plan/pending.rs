@@ -142,10 +142,7 @@ pub fn waiting_on_quota(
         {
             continue;
         }
-        let generated: BTreeMap<&str, Option<&str>> = (status.iter())
-            .flat_map(|s| s.resource_claim_statuses.iter().flatten())
-            .map(|s| (s.name.as_str(), s.resource_claim_name.as_deref()))
-            .collect();
+        let generated = generated_claim_names(pod);
         let spec = pod.spec.as_ref();
         for pod_claim in spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
             let Some(template) = pod_claim.resource_claim_template_name.as_deref() else {
