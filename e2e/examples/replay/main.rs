@@ -32,6 +32,7 @@ use k8s_openapi::api::batch::v1::Job as BatchJob;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use teamgpu_e2e::TestCluster;
+use teamgpu_e2e::node_agent::NodeAgent;
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::sandbox::Sandbox;
 
@@ -77,7 +78,10 @@ impl Options {
 
 /// What every configuration's replay shares.
 struct Bench {
+    // Dropped first (fields drop in order): the sandbox cleans up while the agent of the
+    // extra nodes still finalizes their Pods.
     sandbox: Sandbox,
+    _agent: NodeAgent,
     operator: kube::Config,
     teams: Vec<Team>,
     jobs: Vec<Job>,
@@ -92,6 +96,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let run = Instant::now();
     let teams = workload::teams();
     let jobs = workload::jobs(options.seed, &teams);
     println!("{}", report::workload_summary(options.seed, &teams, &jobs));
@@ -105,6 +110,7 @@ async fn main() -> ExitCode {
     let mut results = Vec::new();
     for config in Configuration::ALL {
         println!("replaying ({}) {} ...", config.letter(), config.title());
+        let started = Instant::now();
         match replay(&bench, config).await {
             Ok(figures) => results.push((config, figures)),
             Err(error) => eprintln!(
@@ -112,23 +118,24 @@ async fn main() -> ExitCode {
                 config.letter()
             ),
         }
+        println!("  done in {:.0?}", started.elapsed());
     }
     println!("{}", report::markdown(options.seed, &bench.teams, &results));
     write_svg(&options.svg, &report::svg(&bench.teams, &results));
+    println!("whole run: {:.0?}", run.elapsed());
     ExitCode::SUCCESS
 }
 
 /// The control plane with [`workload::NODES`] nodes and their GPUs, in a sandbox (which
-/// cleans up everything when dropped). The node agent of the extra nodes lives as long as
-/// the process.
+/// cleans up everything when dropped).
 async fn prepare(teams: Vec<Team>, jobs: Vec<Job>) -> Result<Bench, Error> {
     let cluster = TestCluster::start().await?;
     let operator = cluster.operator_config().await?;
     let sandbox = Sandbox::start(cluster).await?;
     let agent = setup::cluster(&sandbox).await?;
-    std::mem::forget(agent);
     Ok(Bench {
         sandbox,
+        _agent: agent,
         operator,
         teams,
         jobs,

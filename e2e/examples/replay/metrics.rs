@@ -115,7 +115,12 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         job_completion,
         jobs_unfinished,
         evictions: evictions.len(),
-        evicted_gpu_seconds: evictions.iter().map(|(_, e)| e.lost_gpu_seconds).sum(),
+        // `+ 0.0`: an empty sum of floats is -0.0, which would print as "-0".
+        evicted_gpu_seconds: evictions
+            .iter()
+            .map(|(_, e)| e.lost_gpu_seconds)
+            .sum::<f64>()
+            + 0.0,
         unneeded_evictions: evictions.iter().filter(|(_, e)| !e.needed).count(),
         teams,
         held,

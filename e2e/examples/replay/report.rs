@@ -14,11 +14,26 @@ pub fn workload_summary(seed: u64, teams: &[Team], jobs: &[Job]) -> String {
         .iter()
         .map(|j| f64::from(j.gpus()) * j.run_seconds)
         .sum();
-    format!(
+    let mut out = format!(
         "replay seed {seed}: {} teams, {NODES} nodes, {CAPACITY} GPUs; {} jobs, {pods} pods, {work:.0} GPU-seconds of work",
         teams.len(),
         jobs.len()
-    )
+    );
+    for (index, team) in teams.iter().enumerate() {
+        let own: Vec<&Job> = jobs.iter().filter(|j| j.team == index).collect();
+        let work: f64 = own
+            .iter()
+            .map(|j| f64::from(j.gpus()) * j.run_seconds)
+            .sum();
+        let largest = own.iter().map(|j| j.gpus()).max().unwrap_or(0);
+        let _ = write!(
+            out,
+            "\n  {}: {} jobs, {work:.0} GPU-seconds, largest {largest} GPUs",
+            team.name,
+            own.len()
+        );
+    }
+    out
 }
 
 /// The comparison table (configurations as columns, targets for (a) last) and one table per
@@ -269,10 +284,13 @@ fn panel(config: &Configuration, figures: &Figures, top: f64, span: f64) -> Stri
     let x = |seconds: f64| LEFT + plot_width * seconds / span;
     let y = |gpus: f64| top + PANEL - PANEL * gpus / f64::from(CAPACITY);
     let mut out = format!(
-        "<text x=\"{LEFT}\" y=\"{}\" font-weight=\"bold\">({}) {}</text>\n",
+        "<text x=\"{LEFT}\" y=\"{}\" font-weight=\"bold\">({}) {}: utilization {:.1}% \
+         ({:.1}% of the ideal); dashed: capacity</text>\n",
         top - 8.0,
         config.letter(),
-        config.title()
+        config.title(),
+        100.0 * figures.utilization,
+        100.0 * figures.utilization / figures.ideal.max(f64::MIN_POSITIVE)
     );
     // Every fifth sample (0.5 s) is enough at this width.
     let samples: Vec<usize> = (0..figures.held.first().map_or(0, Vec::len))

@@ -148,26 +148,26 @@ impl Job {
 }
 
 /// The jobs of the replay for `seed`, sorted by submission time. Each team submits bursts at
-/// exponentially distributed intervals (a Poisson process of bursts); a burst has a
-/// geometrically distributed number of jobs a fraction of a second apart. The burst rate is
-/// set so the team's expected device-seconds match its [`Team::load`].
+/// uniformly random times in the arrival window (a Poisson process of bursts, given their
+/// number); a burst has a geometrically distributed number of jobs a fraction of a second
+/// apart. Bursts are added until the team's jobs add up to its [`Team::load`] in
+/// device-seconds: sizes are heavy-tailed, so a fixed burst rate would give one seed a team
+/// twice as busy as another seed's.
 pub fn jobs(seed: u64, teams: &[Team]) -> Vec<Job> {
     let mut rng = SplitMix64::new(seed);
     let mut jobs = Vec::new();
     for (index, team) in teams.iter().enumerate() {
         let wanted = team.load * f64::from(CAPACITY) * ARRIVAL_SECONDS;
-        let per_burst = team.burst_jobs * mean_device_seconds(team.max_gpus);
-        let mean_gap = ARRIVAL_SECONDS * per_burst / wanted;
-        let mut at = rng.exponential(mean_gap) * 0.5;
-        let mut count = 0;
-        while at < ARRIVAL_SECONDS {
-            let mut offset = 0.0;
+        let (mut work, mut count) = (0.0, 0);
+        while work < wanted {
+            let mut at = rng.uniform() * ARRIVAL_SECONDS;
             for _ in 0..rng.geometric(team.burst_jobs) {
                 count += 1;
-                jobs.push(job(&mut rng, team, index, count, at + offset));
-                offset += 0.2 + rng.uniform() * 0.6;
+                let job = job(&mut rng, team, index, count, at);
+                work += f64::from(job.gpus()) * job.run_seconds;
+                jobs.push(job);
+                at += 0.2 + rng.uniform() * 0.6;
             }
-            at += rng.exponential(mean_gap);
         }
     }
     jobs.sort_by(|a, b| a.submit_at.total_cmp(&b.submit_at));
@@ -219,21 +219,6 @@ pub fn run_seconds(rng: &mut SplitMix64, gpus: u32) -> f64 {
     (7.0 * (0.9 * rng.normal()).exp() * size_factor).clamp(2.0, 60.0)
 }
 
-/// Expected device-seconds of one job of a team whose jobs are at most `max_gpus` (the
-/// log-normal's mean, ignoring the clamp).
-fn mean_device_seconds(max_gpus: u32) -> f64 {
-    let sizes: Vec<_> = JOB_SIZES.iter().filter(|(g, _)| *g <= max_gpus).collect();
-    let total: f64 = sizes.iter().map(|(_, p)| p).sum();
-    let lognormal_mean = 7.0 * (0.9f64 * 0.9 / 2.0).exp();
-    sizes
-        .iter()
-        .map(|(g, p)| {
-            let gpus = f64::from(*g);
-            p / total * gpus * lognormal_mean * (1.0 + 0.25 * gpus.log2())
-        })
-        .sum()
-}
-
 /// splitmix64 (Steele, Lea, Flood 2014): small, fast, and the same numbers on every machine,
 /// so a seed replays the same workload.
 #[derive(Debug, Clone)]
@@ -255,10 +240,6 @@ impl SplitMix64 {
     /// Uniform in [0, 1), from the top 53 bits.
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn exponential(&mut self, mean: f64) -> f64 {
-        -mean * (1.0 - self.uniform()).ln()
     }
 
     /// Standard normal (Box-Muller).
