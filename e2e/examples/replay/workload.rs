@@ -58,6 +58,9 @@ pub struct Team {
     pub load: f64,
     /// Mean number of jobs of one burst of submissions.
     pub burst_jobs: f64,
+    /// The part of the arrival window the team submits in (fractions of it): teams come and
+    /// go, so that guarantees lie idle, are lent, and are wanted back.
+    pub active: (f64, f64),
     /// The largest job the team submits, in GPUs.
     pub max_gpus: u32,
     /// The PriorityClass of most of its jobs.
@@ -65,7 +68,9 @@ pub struct Team {
 }
 
 /// The teams: guarantees add up to [`CAPACITY`]; different weights and limits; `serving` lends
-/// nothing (`lendingLimit: 0`); reclaim on for some.
+/// nothing (`lendingLimit: 0`); reclaim on for some. `research` is busy early and `vision`
+/// late, so research borrows vision's idle guarantee and vision wants it back; `speech` stops
+/// halfway and lends from then on.
 pub fn teams() -> Vec<Team> {
     let team = |name, guaranteed, limit, weight, reclaim, load, burst_jobs, max_gpus| Team {
         name,
@@ -76,13 +81,20 @@ pub fn teams() -> Vec<Team> {
         reclaim,
         load,
         burst_jobs,
+        active: (0.0, 1.0),
         max_gpus,
         priority: Priority::Normal,
     };
     vec![
-        team("vision", 32, 64, 3, true, 0.30, 6.0, 32),
+        Team {
+            active: (0.35, 1.0),
+            ..team("vision", 32, 64, 3, true, 0.30, 6.0, 32)
+        },
         team("language", 32, 80, 3, true, 0.28, 3.0, 32),
-        team("speech", 24, 48, 2, true, 0.14, 5.0, 16),
+        Team {
+            active: (0.0, 0.55),
+            ..team("speech", 24, 48, 2, true, 0.14, 5.0, 16)
+        },
         team("recsys", 16, 40, 2, false, 0.14, 5.0, 8),
         Team {
             lending_limit: Some(0),
@@ -91,6 +103,7 @@ pub fn teams() -> Vec<Team> {
         },
         Team {
             priority: Priority::Low,
+            active: (0.0, 0.5),
             ..team("research", 8, 48, 1, false, 0.22, 8.0, 8)
         },
     ]
@@ -148,8 +161,8 @@ impl Job {
 }
 
 /// The jobs of the replay for `seed`, sorted by submission time. Each team submits bursts at
-/// uniformly random times in the arrival window (a Poisson process of bursts, given their
-/// number); a burst has a geometrically distributed number of jobs a fraction of a second
+/// uniformly random times in its part of the arrival window (a Poisson process of bursts,
+/// given their number); a burst has a geometrically distributed number of jobs a fraction of a second
 /// apart. Bursts are added until the team's jobs add up to its [`Team::load`] in
 /// device-seconds: sizes are heavy-tailed, so a fixed burst rate would give one seed a team
 /// twice as busy as another seed's.
@@ -160,7 +173,8 @@ pub fn jobs(seed: u64, teams: &[Team]) -> Vec<Job> {
         let wanted = team.load * f64::from(CAPACITY) * ARRIVAL_SECONDS;
         let (mut work, mut count) = (0.0, 0);
         while work < wanted {
-            let mut at = rng.uniform() * ARRIVAL_SECONDS;
+            let (from, to) = team.active;
+            let mut at = (from + rng.uniform() * (to - from)) * ARRIVAL_SECONDS;
             for _ in 0..rng.geometric(team.burst_jobs) {
                 count += 1;
                 let job = job(&mut rng, team, index, count, at);
