@@ -15,7 +15,7 @@
 //! `teamgpu.io/e2e-run-seconds`. The operator runs in-process as its ServiceAccount. The
 //! figures come from watches of Pods, claims, quotas and Jobs, not from the operator. It is a
 //! benchmark: it prints, it asserts nothing, and exits non-zero only when the cluster could
-//! not be set up. About nine minutes.
+//! not be set up. About seven minutes.
 
 mod metrics;
 mod observe;
