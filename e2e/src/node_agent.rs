@@ -2,7 +2,9 @@
 //! [`crate::control_plane`]): without it there are no Nodes, scheduled Pods stay `Pending` and
 //! deleted ones `Terminating`, so evictions, rollouts and namespace deletion never complete. The
 //! [`NodeAgent`] makes Ready Nodes, reports the Pods bound to them `Running` and deletes the
-//! terminating ones for good. No container ever runs.
+//! terminating ones for good. No container ever runs, but a Pod annotated
+//! [`RUN_SECONDS_ANNOTATION`] "finishes": it is reported `Succeeded` that long after it was
+//! reported `Running`, so batch Jobs complete (the workload replay, `examples/replay`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::OnceLock;
@@ -20,6 +22,11 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::control_plane;
+
+/// A Pod annotated with this (seconds, a decimal number) "runs" that long once it is `Running`,
+/// then its containers exit 0 and it is reported `Succeeded`, as a kubelet reports a finished
+/// batch Pod. Pods without it stay `Running` until deleted.
+pub const RUN_SECONDS_ANNOTATION: &str = "teamgpu.io/e2e-run-seconds";
 
 /// A Node to create: name, labels, and capacity (also its allocatable).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +177,8 @@ async fn play_kubelet(client: Client, nodes: HashSet<String>) {
         .default_backoff()
         .applied_objects()
         .boxed();
+    // Pods of `RUN_SECONDS_ANNOTATION` whose run has started, so each finishes once.
+    let mut runs_started = HashSet::new();
     while let Some(pod) = pods.next().await {
         let pod = match pod {
             Ok(pod) => pod,
@@ -188,8 +197,63 @@ async fn play_kubelet(client: Client, nodes: HashSet<String>) {
         if bound_here && (pod.metadata.deletion_timestamp.is_some() || !done) {
             // One task per Pod, so that a slow or failing request does not hold up the others.
             tokio::spawn(act(client.clone(), pod));
+        } else if let Some(seconds) = run_seconds(&pod).filter(|_| bound_here)
+            && phase == Some("Running")
+            && runs_started.insert(pod.metadata.uid.clone().unwrap_or_default())
+        {
+            tokio::spawn(finish_after(client.clone(), pod, seconds));
         }
     }
+}
+
+/// The run time a Pod asks for with [`RUN_SECONDS_ANNOTATION`], if any (and sensible).
+fn run_seconds(pod: &Pod) -> Option<Duration> {
+    let value = pod.annotations().get(RUN_SECONDS_ANNOTATION)?;
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
+}
+
+/// After `run`, reports the Pod `Succeeded` unless it is being deleted or already finished
+/// meanwhile (an evicted Pod's work is lost, not completed). The status is written with the
+/// resourceVersion just read as a precondition, so a deletion that comes in between wins.
+async fn finish_after(client: Client, pod: Pod, run: Duration) {
+    tokio::time::sleep(run).await;
+    let name = pod.name_any();
+    let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
+    for attempt in 0..5 {
+        let current = match pods.get_opt(&name).await {
+            Ok(Some(current)) if current.metadata.uid == pod.metadata.uid => current,
+            Ok(_) => return,
+            Err(error) => {
+                tracing::debug!(%error, %name, attempt, "node agent: retrying");
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                continue;
+            }
+        };
+        let phase = current.status.as_ref().and_then(|s| s.phase.as_deref());
+        if current.metadata.deletion_timestamp.is_some() || phase != Some("Running") {
+            return;
+        }
+        // Strategic: the conditions are merged by type (PodScheduled, DisruptionTarget stay).
+        let status = Patch::Strategic(json!({
+            "metadata": {"resourceVersion": current.metadata.resource_version},
+            "status": succeeded_status(&current)}));
+        match pods
+            .patch_status(&name, &PatchParams::default(), &status)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(status)) if status.code == 404 => return,
+            Err(error) => {
+                tracing::debug!(%error, %name, attempt, "node agent: retrying");
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+        }
+    }
+    tracing::warn!(%name, "node agent: gave up finishing a Pod");
 }
 
 /// Deletes a terminating Pod with grace period 0 (its containers have "stopped"), else reports
@@ -245,4 +309,26 @@ fn running_status(pod: &Pod) -> serde_json::Value {
         .into();
     json!({"phase": "Running", "startTime": now, "conditions": conditions,
            "containerStatuses": containers})
+}
+
+/// What a kubelet reports once every container of a `restartPolicy: Never` Pod exited 0.
+fn succeeded_status(pod: &Pod) -> serde_json::Value {
+    let now = Time(Timestamp::now());
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let containers: Vec<_> = (pod.spec.iter().flat_map(|spec| &spec.containers))
+        .map(|container| {
+            json!({"name": container.name, "image": container.image.as_deref().unwrap_or_default(),
+                   "imageID": "", "containerID": format!("teamgpu-e2e://{uid}/{}", container.name),
+                   "ready": false, "started": false, "restartCount": 0,
+                   "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                            "finishedAt": now}}})
+        })
+        .collect();
+    let conditions: Vec<_> = [("Ready", "False"), ("ContainersReady", "False")]
+        .map(|(type_, status)| {
+            json!({"type": type_, "status": status, "reason": "PodCompleted",
+                   "lastTransitionTime": now})
+        })
+        .into();
+    json!({"phase": "Succeeded", "conditions": conditions, "containerStatuses": containers})
 }
