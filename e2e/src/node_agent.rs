@@ -292,18 +292,26 @@ async fn act(client: Client, pod: Pod) {
     tracing::warn!(%name, "node agent: gave up on a Pod");
 }
 
-/// What a kubelet reports once all containers run and are ready.
-fn running_status(pod: &Pod) -> serde_json::Value {
-    let now = Time(Timestamp::now());
+/// The status of every container of `pod`: running (and ready) or not, in `state`.
+fn container_statuses(
+    pod: &Pod,
+    running: bool,
+    state: serde_json::Value,
+) -> Vec<serde_json::Value> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let containers: Vec<_> = (pod.spec.iter().flat_map(|spec| &spec.containers))
+    (pod.spec.iter().flat_map(|spec| &spec.containers))
         .map(|container| {
             json!({"name": container.name, "image": container.image.as_deref().unwrap_or_default(),
                    "imageID": "", "containerID": format!("teamgpu-e2e://{uid}/{}", container.name),
-                   "ready": true, "started": true, "restartCount": 0,
-                   "state": {"running": {"startedAt": now}}})
+                   "ready": running, "started": running, "restartCount": 0, "state": state})
         })
-        .collect();
+        .collect()
+}
+
+/// What a kubelet reports once all containers run and are ready.
+fn running_status(pod: &Pod) -> serde_json::Value {
+    let now = Time(Timestamp::now());
+    let containers = container_statuses(pod, true, json!({"running": {"startedAt": now}}));
     let conditions: Vec<_> = ["Initialized", "Ready", "ContainersReady", "PodScheduled"]
         .map(|type_| json!({"type": type_, "status": "True", "lastTransitionTime": now}))
         .into();
@@ -314,16 +322,8 @@ fn running_status(pod: &Pod) -> serde_json::Value {
 /// What a kubelet reports once every container of a `restartPolicy: Never` Pod exited 0.
 fn succeeded_status(pod: &Pod) -> serde_json::Value {
     let now = Time(Timestamp::now());
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let containers: Vec<_> = (pod.spec.iter().flat_map(|spec| &spec.containers))
-        .map(|container| {
-            json!({"name": container.name, "image": container.image.as_deref().unwrap_or_default(),
-                   "imageID": "", "containerID": format!("teamgpu-e2e://{uid}/{}", container.name),
-                   "ready": false, "started": false, "restartCount": 0,
-                   "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-                                            "finishedAt": now}}})
-        })
-        .collect();
+    let state = json!({"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}});
+    let containers = container_statuses(pod, false, state);
     let conditions: Vec<_> = [("Ready", "False"), ("ContainersReady", "False")]
         .map(|(type_, status)| {
             json!({"type": type_, "status": status, "reason": "PodCompleted",
