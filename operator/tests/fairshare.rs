@@ -215,48 +215,6 @@ fn zero_guarantee_team_only_borrows() {
     assert_eq!(reclaims(&out), [("guest", 4, "owner")]);
 }
 
-/// Over-lent: beta holds 2 of the devices alpha is guaranteed, and alpha has one claim waiting
-/// to be allocated. Of the 3 idle devices 1 is owed to alpha; the other 2 are still lent (the
-/// pool used to lend nothing at all whenever an owner waited).
-#[test]
-fn an_over_lent_pool_keeps_what_a_waiting_owner_is_owed_and_lends_the_rest() {
-    let input = |allocated, pending| PoolInput {
-        capacity: 16,
-        teams: vec![
-            team(
-                "alpha",
-                8,
-                8,
-                1,
-                vec![ns("alpha-ns", 7, allocated, pending)],
-            ),
-            using("beta", 4, 16, 1, 6),
-            using("gamma", 4, 16, 1, 0),
-        ],
-    };
-    let out = compute_pool(&input(6, 1));
-    assert_eq!(out.idle, 3);
-    assert_eq!(
-        entitlements(&out),
-        [("alpha", 8), ("beta", 8), ("gamma", 4)]
-    );
-    assert_eq!(
-        share(&out, "beta").explanation.to_string(),
-        "4 guaranteed + 4 borrowed (2 in use, 2 more of 2 lendable idle at weight 1/1)"
-    );
-    // Alpha has 5 and waits for 3: all the idle devices are owed to it.
-    let out = compute_pool(&input(5, 3));
-    assert_eq!(
-        entitlements(&out),
-        [("alpha", 8), ("beta", 6), ("gamma", 4)]
-    );
-    assert_eq!(
-        share(&out, "beta").explanation.to_string(),
-        "4 guaranteed + 2 borrowed, in use; nothing lent: the 3 idle devices are owed to owners \
-         below their guarantee"
-    );
-}
-
 #[test]
 fn namespace_split_serves_pending_demand_first_then_evenly() {
     let out = compute_pool(&PoolInput {
@@ -707,18 +665,16 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     let lendable = idle.saturating_sub(reserved_sum);
     assert_eq!(u64::from(out.lendable), lendable);
     let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, lendable).0).sum();
-    // Over-lent (borrowers hold part of an owner's unused guarantee): what owners below their
-    // guarantee wait for is not lent; the rest of the lendable idle devices is.
-    let over_lent = base_sum > capacity;
-    let owed: u64 = (out.teams.iter())
-        .filter(|t| over_lent && t.pending > 0 && t.allocated < t.effective_guarantee)
-        .map(|t| u64::from(t.pending.min(t.effective_guarantee - t.allocated)))
-        .sum();
-    let lendable = lendable.saturating_sub(owed);
+    let owner_waits = out
+        .teams
+        .iter()
+        .any(|t| t.pending > 0 && t.allocated < t.effective_guarantee);
+    let over_lent = owner_waits && base_sum > capacity;
     let mut lent_sum = 0;
     let mut lent = Vec::new();
     for t in &out.teams {
         let (base, cap) = base_and_cap(t, lendable);
+        let cap = if over_lent { 0 } else { cap };
         let b = u64::from(t.entitlement) - base;
         assert!(b <= cap, "{} borrows {b} beyond its cap {cap}", t.team);
         lent_sum += b;

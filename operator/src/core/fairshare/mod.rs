@@ -215,9 +215,10 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
 
     // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
     // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
-    // While borrowers hold devices some owner is guaranteed (the pool is over-lent), the idle
-    // devices such an owner waits for are owed to it (below). Otherwise lending stays as it
-    // was: a borrower's quota must not shrink merely because it used what it was lent.
+    // While borrowers hold devices some owner is guaranteed (the pool is over-lent) *and* such an
+    // owner waits for devices (pending demand below its guarantee), every idle device is owed to
+    // that owner and nothing more is lent. While no owner waits, lending stays as it was: a
+    // borrower's quota must not shrink merely because it used what it was lent.
     let used: Vec<u64> = teams
         .iter()
         .map(|t| t.requested.min(u64::from(u32::MAX)))
@@ -233,29 +234,21 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
     };
     let reserved_sum: u64 = (0..n).map(reserved).sum();
     let lendable = idle.saturating_sub(reserved_sum);
-    // Over-lent: borrowers' claims already eat into some owner's unused guarantee. Then the
-    // idle devices an owner below its guarantee waits for are owed to it and not lent; the rest
-    // still is (stopping all lending whenever any owner had a claim waiting for a moment left
-    // most idle devices unused in a busy pool).
-    let over_lent = base.iter().sum::<u64>() > capacity;
-    let owed: u64 = if over_lent {
-        (teams.iter().zip(&effective))
-            .filter(|(t, eg)| t.pending > 0 && t.allocated < **eg)
-            .map(|(t, eg)| t.pending.min(eg - t.allocated))
-            .sum()
-    } else {
-        0
-    };
-    let lending = lendable.saturating_sub(owed);
+    let owner_waits = teams
+        .iter()
+        .zip(&effective)
+        .any(|(t, &eg)| t.pending > 0 && t.allocated < eg);
+    let over_lent = owner_waits && base.iter().sum::<u64>() > capacity;
     let caps: Vec<(u64, u32)> = (0..n)
         .map(|i| {
             let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
-            // Equals the devices lent minus the team's own lendable unused guarantee.
-            let by_idle = (used[i] + reserved(i) + lending).saturating_sub(base[i]);
-            (by_limit.min(by_idle), teams[i].weight)
+            // Equals the lendable idle devices minus the team's own lendable unused guarantee.
+            let by_idle = (used[i] + reserved(i) + lendable).saturating_sub(base[i]);
+            let cap = if over_lent { 0 } else { by_limit.min(by_idle) };
+            (cap, teams[i].weight)
         })
         .collect();
-    let lent = water_fill(lending, &caps);
+    let lent = water_fill(lendable, &caps);
     let borrower_weight: u64 = caps
         .iter()
         .filter(|c| c.0 > 0)
@@ -293,7 +286,7 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
             lent: to_u32(lent[i]),
             entitlement: to_u32(entitlement[i]),
             idle: to_u32(idle),
-            lendable: to_u32(lending),
+            lendable: to_u32(lendable),
             unused: to_u32(base[i] - used[i]),
             reserved: to_u32(reserved),
             // Only a lending limit that keeps devices shows in the line.
@@ -301,7 +294,7 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
             borrower_weight,
             over_by: guaranteed_sum.saturating_sub(capacity),
             can_borrow: u64::from(team.limit) > base[i],
-            owed_all_idle: owed > 0 && lending == 0,
+            over_lent,
         };
         set_str(&mut share.team, team.name);
         share.guaranteed = team.guaranteed;
@@ -573,8 +566,7 @@ pub struct Explanation {
     borrower_weight: u64,
     over_by: u64,
     can_borrow: bool,
-    /// Every idle device is owed to owners below their guarantee.
-    owed_all_idle: bool,
+    over_lent: bool,
 }
 
 impl fmt::Display for Explanation {
@@ -624,7 +616,7 @@ impl fmt::Display for Explanation {
         } else if self.can_borrow && self.lent == 0 {
             if self.idle == 0 {
                 f.write_str("; no idle device to borrow")?;
-            } else if self.owed_all_idle {
+            } else if self.over_lent {
                 write!(
                     f,
                     "; nothing lent: the {} idle devices are owed to owners below their guarantee",
