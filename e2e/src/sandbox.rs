@@ -95,6 +95,24 @@ impl Sandbox {
         Ok(sandbox)
     }
 
+    /// The scenarios' start: the cluster (`None` when none is configured: the scenario is
+    /// skipped), the operator ServiceAccount's config, and a sandbox with the built-in example's
+    /// devices (the NVIDIA DeviceClasses and six 8-GPU nodes' ResourceSlices). Panics on
+    /// failure, as a test would.
+    pub async fn with_example_devices() -> Option<(Sandbox, kube::Config)> {
+        let cluster = TestCluster::start_or_skip().await?;
+        let operator = cluster.operator_config().await.expect("operator token");
+        let sandbox = Sandbox::start(cluster)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let example = teamgpu::example::state().expect("the built-in example");
+        sandbox
+            .devices(&example.device_classes, &example.slices)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Some((sandbox, operator))
+    }
+
     /// The cluster.
     pub fn cluster(&self) -> &TestCluster {
         &self.cluster

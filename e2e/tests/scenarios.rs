@@ -60,16 +60,8 @@ impl World {
             )
             .with_test_writer()
             .try_init();
-        let cluster = TestCluster::start_or_skip().await?;
-        let operator = cluster.operator_config().await.expect("operator token");
-        let sandbox = Sandbox::start(cluster)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sandbox, operator) = Sandbox::with_example_devices().await?;
         let example = teamgpu::example::state().unwrap();
-        sandbox
-            .devices(&example.device_classes, &example.slices)
-            .await
-            .unwrap();
         let world = World {
             client: sandbox.client(),
             operator,

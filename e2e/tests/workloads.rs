@@ -16,9 +16,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu_e2e::eventually;
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::sandbox::Sandbox;
-use teamgpu_e2e::{TestCluster, eventually};
 
 const CONVERGE: Duration = Duration::from_secs(20);
 /// The 16 A100 PCIe GPUs of the fixture's two PCIe nodes.
@@ -41,16 +41,7 @@ impl World {
             )
             .with_test_writer()
             .try_init();
-        let cluster = TestCluster::start_or_skip().await?;
-        let operator_config = cluster.operator_config().await.expect("operator token");
-        let sandbox = Sandbox::start(cluster)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let example = teamgpu::example::state().unwrap();
-        sandbox
-            .devices(&example.device_classes, &example.slices)
-            .await
-            .unwrap();
+        let (sandbox, operator_config) = Sandbox::with_example_devices().await?;
         let client = sandbox.client();
         priority_classes(&client).await;
         let policy: GpuSharingPolicy = serde_json::from_value(json!({
