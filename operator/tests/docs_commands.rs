@@ -49,7 +49,8 @@ fn shell_blocks(page: &Path) -> Vec<Block> {
     let mut blocks = Vec::new();
     let mut lines = text.lines().enumerate();
     while let Some((number, line)) = lines.next() {
-        let Some(info) = line.strip_prefix("```") else {
+        // Fences may be indented (a block inside a list item).
+        let Some(info) = line.trim_start().strip_prefix("```") else {
             continue;
         };
         let mut words = info.split_whitespace();
@@ -58,7 +59,7 @@ fn shell_blocks(page: &Path) -> Vec<Block> {
         let body: Vec<&str> = lines
             .by_ref()
             .map(|(_, line)| line)
-            .take_while(|line| !line.starts_with("```"))
+            .take_while(|line| !line.trim_start().starts_with("```"))
             .collect();
         if SHELLS.contains(&language) {
             blocks.push(Block {
@@ -68,7 +69,11 @@ fn shell_blocks(page: &Path) -> Vec<Block> {
                 } else {
                     format!("{language} {needs}")
                 },
-                script: body.join("\n"),
+                script: body
+                    .iter()
+                    .map(|line| line.trim_start())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
             });
         }
     }
