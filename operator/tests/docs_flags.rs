@@ -16,14 +16,14 @@ fn flags_of_the_binary() -> BTreeMap<String, String> {
     let mut current: Option<String> = None;
     for line in help.lines() {
         let trimmed = line.trim_start();
+        let option_line = line.starts_with("  ") && trimmed.starts_with('-');
         if let Some(flag) = trimmed
             .split([' ', ','])
             .find(|word| word.starts_with("--") && *word != "--help")
+            .filter(|_| option_line)
         {
-            if line.starts_with("  ") && (trimmed.starts_with("--") || trimmed.starts_with('-')) {
-                flags.insert(flag.to_owned(), String::new());
-                current = Some(flag.to_owned());
-            }
+            flags.insert(flag.to_owned(), String::new());
+            current = Some(flag.to_owned());
         }
         if let (Some(flag), Some(at)) = (&current, line.find("[env: ")) {
             let env = &line[at + 6..];
