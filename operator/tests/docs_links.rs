@@ -1,4 +1,5 @@
-//! Every relative link of README.md and docs/ points at a file of the repository, and every
+//! Every relative link of README.md and docs/ points at a file of the repository, every path a
+//! page names in code exists, and every
 //! `#anchor` at a heading of the page it names (GitHub's heading anchors).
 
 use std::collections::BTreeSet;
@@ -101,8 +102,56 @@ fn every_relative_link_and_anchor_resolves() {
     assert!(broken.is_empty(), "broken links: {broken:#?}");
 }
 
+/// Code spans that name a file or folder of the repository (`controller/observe.rs`,
+/// `config/rbac/`): a path with a `/` ending in a known extension or in `/`.
+fn named_paths(text: &str) -> Vec<String> {
+    let extensions = [".rs", ".yaml", ".md", ".json", ".toml", "/"];
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| {
+            span.contains('/')
+                && !span.starts_with(['/', '~', '.'])
+                && extensions.iter().any(|ext| span.ends_with(ext))
+                && span
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-/".contains(c))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
-fn anchors_are_made_as_github_makes_them() {
+fn every_path_a_page_names_exists() {
+    // Pages name paths from the repository root, or inside `operator/src` or a crate.
+    let bases = ["", "operator/src", "operator", "e2e"].map(|base| repo().join(base));
+    let missing: Vec<String> = pages()
+        .iter()
+        .flat_map(|page| {
+            let text = prose(&std::fs::read_to_string(page).expect("page is readable"));
+            let name = page
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            named_paths(&text)
+                .into_iter()
+                .filter(|path| !bases.iter().any(|base| base.join(path).exists()))
+                .map(move |path| format!("{name}: `{path}`"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "pages name paths that do not exist: {missing:#?}"
+    );
+}
+
+#[test]
+fn links_anchors_and_paths_are_read_as_a_reader_reads_them() {
+    assert_eq!(
+        named_paths("see `controller/executor.rs`, `config/rbac/`, `a::b` and `~/.kube/config`"),
+        ["controller/executor.rs", "config/rbac/"]
+    );
     assert_eq!(
         anchor(" Reclaim: which workloads go"),
         "reclaim-which-workloads-go"
