@@ -203,10 +203,11 @@ fn team_objects(
             }
         }
         let mut hasher = std::hash::DefaultHasher::new();
+        // The quota's annotations say the team's classes and its spec's quotas.
         (
             &team.metadata.name,
             &team.metadata.uid,
-            &classes,
+            &meta.annotations,
             &hard,
             templates_id,
         )
