@@ -14,7 +14,7 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
@@ -48,6 +48,14 @@ impl Day {
         let day = Day { sandbox, operator };
         day.install_samples().await;
         Some(day)
+    }
+
+    /// [`Day::start`] with an operator in `enforcement` mode, converged.
+    async fn with_operator(enforcement: Enforcement) -> Option<(Day, Operator)> {
+        let day = Day::start().await?;
+        let operator = day.operator(enforcement);
+        day.converged(enforcement).await;
+        Some((day, operator))
     }
 
     fn client(&self) -> Client {
@@ -94,8 +102,9 @@ impl Day {
     }
 
     /// Waits until the operator wrote what this file looks at: the members' access of every
-    /// sample team and the non-team binding with `actions`.
-    async fn converged(&self, actions: &[&str]) {
+    /// sample team and the non-team binding in `enforcement` mode.
+    async fn converged(&self, enforcement: Enforcement) {
+        let actions = enforcement.validation_actions();
         let roles: Api<ClusterRoleBinding> = Api::all(self.client());
         for team in ["ml-research", "inference", "data-science"] {
             eventually(&format!("{team}'s member binding"), CONVERGE, || async {
@@ -113,7 +122,7 @@ impl Day {
                 .await
                 .map_err(|e| e.to_string())?;
             let found = binding.and_then(|b| b.spec?.validation_actions);
-            if found.as_deref().is_some_and(|f| f == actions) {
+            if found.as_ref() == Some(&actions) {
                 Ok(())
             } else {
                 Err(format!("{found:?}"))
@@ -229,11 +238,9 @@ fn code<T>(result: &Result<T, kube::Error>) -> Option<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_edit_reads_their_team_and_top_shows_it() {
-    let Some(day) = Day::start().await else {
+    let Some((day, _operator)) = Day::with_operator(Enforcement::Deny).await else {
         return;
     };
-    let _operator = day.operator(Enforcement::Deny);
-    day.converged(&["Deny"]).await;
     // bob is in the group ml-research (a member of that team) and has `edit` in one of its
     // namespaces; carol has `edit` in data-science's namespace but is in no member group.
     edit_in(&day, "ml-research-train", "bob").await;
@@ -245,6 +252,9 @@ async fn a_member_with_edit_reads_their_team_and_top_shows_it() {
     assert!(team.status.is_some(), "with its status");
     assert_eq!(code(&teams.get("data-science").await), Some(403));
     assert_eq!(code(&teams.list(&ListParams::default()).await), Some(403));
+    // By name, as `kubectl get tgp ml-research --watch` lists and watches.
+    let by_name = ListParams::default().fields("metadata.name=ml-research");
+    assert_eq!(teams.list(&by_name).await.unwrap().items.len(), 1);
     let sharing: Api<GpuSharingPolicy> = Api::all(bob.clone());
     for policy in ["a100-80gb", "a100-shared"] {
         sharing
@@ -329,11 +339,9 @@ async fn a_member_with_edit_reads_their_team_and_top_shows_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warn_admits_a_driver_claim_outside_teams_with_a_warning_and_deny_refuses_it() {
-    let Some(day) = Day::start().await else {
+    let Some((day, operator)) = Day::with_operator(Enforcement::Warn).await else {
         return;
     };
-    let operator = day.operator(Enforcement::Warn);
-    day.converged(&["Warn", "Audit"]).await;
     // Admission applies a binding a moment after it is written.
     let warned = day.outsider_claim(Outcome::Warned).await;
     assert!(warned.contains("created (server dry run)"), "{warned}");
@@ -353,17 +361,15 @@ async fn warn_admits_a_driver_claim_outside_teams_with_a_warning_and_deny_refuse
     // The same install switched to Deny.
     operator.stop().await;
     let _operator = day.operator(Enforcement::Deny);
-    day.converged(&["Deny"]).await;
+    day.converged(Enforcement::Deny).await;
     day.outsider_claim(Outcome::Refused).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_live_needs_only_the_planner_role() {
-    let Some(day) = Day::start().await else {
+    let Some((day, _operator)) = Day::with_operator(Enforcement::Deny).await else {
         return;
     };
-    let _operator = day.operator(Enforcement::Deny);
-    day.converged(&["Deny"]).await;
     // A CI job's ServiceAccount, bound to teamgpu-planner and nothing else.
     let ns = day.ns("outsider");
     let accounts: Api<ServiceAccount> = Api::namespaced(day.client(), &ns);
@@ -431,99 +437,95 @@ async fn plan_live_needs_only_the_planner_role() {
     assert!(keys.is_empty(), "plan --live would write: {keys:?}");
 }
 
+const CRDS: [&str; 2] = [
+    "gpusharingpolicies.teamgpu.io",
+    "teamgpupolicies.teamgpu.io",
+];
+
+/// teamgpu's admission policies and bindings, as listed: (kind, metadata).
+async fn admission_objects(day: &Day) -> Result<Vec<(&'static str, ObjectMeta)>, kube::Error> {
+    let managed = ListParams::default().labels(MANAGED);
+    let policies = Api::<ValidatingAdmissionPolicy>::all(day.client())
+        .list_metadata(&managed)
+        .await?;
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(day.client())
+        .list_metadata(&managed)
+        .await?;
+    let policies = policies.items.into_iter().map(|p| ("policy", p.metadata));
+    let bindings = bindings.items.into_iter().map(|b| ("binding", b.metadata));
+    Ok(policies.chain(bindings).collect())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_crds_leaves_no_admission_object_and_the_drivers_classes_open() {
-    let Some(day) = Day::start().await else {
+    let Some((day, operator)) = Day::with_operator(Enforcement::Deny).await else {
         return;
     };
-    let operator = day.operator(Enforcement::Deny);
-    day.converged(&["Deny"]).await;
     day.outsider_claim(Outcome::Refused).await;
     // Each admission object names both CRDs as its owners.
     let crds: Api<CustomResourceDefinition> = Api::all(day.client());
     let mut uids = Vec::new();
-    for name in [
-        "gpusharingpolicies.teamgpu.io",
-        "teamgpupolicies.teamgpu.io",
-    ] {
+    for name in CRDS {
         uids.push(crds.get(name).await.unwrap().uid().unwrap());
     }
-    let managed = ListParams::default().labels(MANAGED);
-    let policies = Api::<ValidatingAdmissionPolicy>::all(day.client())
-        .list_metadata(&managed)
-        .await
-        .unwrap()
-        .items;
-    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(day.client())
-        .list_metadata(&managed)
-        .await
-        .unwrap()
-        .items;
-    assert_eq!((policies.len(), bindings.len()), (4, 4));
-    for meta in policies
-        .iter()
-        .map(|p| &p.metadata)
-        .chain(bindings.iter().map(|b| &b.metadata))
-    {
+    let objects = admission_objects(&day).await.unwrap();
+    assert_eq!(objects.len(), 8, "{objects:?}");
+    for (kind, meta) in &objects {
         let owners: Vec<&str> = meta
             .owner_references
             .iter()
             .flatten()
             .map(|o| o.uid.as_str())
             .collect();
-        assert_eq!(owners, uids, "{:?}", meta.name);
+        assert_eq!(owners, uids, "{kind} {:?}", meta.name);
     }
     // The operator is uninstalled first (or has crashed): nothing prunes but the collector.
     operator.stop().await;
-    let uninstalled = AssertUnwindSafe(uninstall(&day)).catch_unwind().await;
-    // The other tests of this binary need the CRDs.
+    uninstall_and_reinstall(&day).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_crds_under_a_running_operator_leaves_nothing_behind_either() {
+    // `kubectl delete -k config/default` deletes the CRDs and the Deployment together: the
+    // operator may see its CRDs go.
+    let Some((day, _operator)) = Day::with_operator(Enforcement::Deny).await else {
+        return;
+    };
+    day.outsider_claim(Outcome::Refused).await;
+    uninstall_and_reinstall(&day).await;
+}
+
+/// [`uninstall`], then the CRDs back, which the other tests of this binary need, also when
+/// `uninstall` failed.
+async fn uninstall_and_reinstall(day: &Day) {
+    let uninstalled = AssertUnwindSafe(uninstall(day)).catch_unwind().await;
     day.sandbox.cluster().reinstall_crds().await.unwrap();
     if let Err(panic) = uninstalled {
         std::panic::resume_unwind(panic);
     }
 }
 
-/// Deletes the CRDs and checks that no admission object of teamgpu's remains within 30 s, and
-/// that a claim of the driver's class is admitted where no team ever was.
+/// Deletes the CRDs and checks that no admission object of teamgpu's remains within 30 s, that
+/// a claim of the driver's class is then admitted where no team ever was, and that nothing comes
+/// back.
 async fn uninstall(day: &Day) {
     let crds: Api<CustomResourceDefinition> = Api::all(day.client());
     let deleted = Instant::now();
-    for name in [
-        "gpusharingpolicies.teamgpu.io",
-        "teamgpupolicies.teamgpu.io",
-    ] {
+    for name in CRDS {
         crds.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    let managed = ListParams::default().labels(MANAGED);
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(day.client());
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(day.client());
+    let none_left = || async {
+        let left = admission_objects(day).await.map_err(|e| e.to_string())?;
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    };
     eventually(
         "no teamgpu admission object",
         Duration::from_secs(30),
-        || async {
-            let left: Vec<String> = policies
-                .list_metadata(&managed)
-                .await
-                .map_err(|e| e.to_string())?
-                .items
-                .iter()
-                .map(ResourceExt::name_any)
-                .chain(
-                    bindings
-                        .list_metadata(&managed)
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .items
-                        .iter()
-                        .map(ResourceExt::name_any),
-                )
-                .collect();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
+        none_left,
     )
     .await;
     eprintln!(
@@ -535,4 +537,6 @@ async fn uninstall(day: &Day) {
         "uninstall: the driver's class admitted outside teams {:?} after the CRDs were deleted",
         deleted.elapsed()
     );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    none_left().await.expect("nothing written again");
 }
