@@ -178,6 +178,12 @@ impl TestCluster {
         Ok(path)
     }
 
+    /// Installs the CRDs again (after a test that uninstalled them) and waits until they are
+    /// Established.
+    pub async fn reinstall_crds(&self) -> Result<(), ClusterError> {
+        install_crds(&self.client).await
+    }
+
     /// A client that is the operator's ServiceAccount (see [`TestCluster::operator_config`]),
     /// its requests counted in the returned [`Counters`].
     pub async fn operator_client(&self) -> Result<(kube::Client, Arc<Counters>), ClusterError> {
@@ -329,15 +335,24 @@ fn run<F: std::future::Future>(future: F) -> Result<F::Output, ClusterError> {
 /// operator's namespace), and waits until the CRDs are established.
 async fn install(config: kube::Config) -> Result<(), ClusterError> {
     let client = kube::Client::try_from(config)?;
-    let mut objects = fixtures::our_crds()?;
-    objects.push(json!({"apiVersion": "v1", "kind": "Namespace",
-                        "metadata": {"name": OPERATOR_NAMESPACE}}));
+    let mut objects = vec![json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": OPERATOR_NAMESPACE}})];
     objects.extend(fixtures::rbac_manifests()?);
+    install_crds(&client).await?;
     let discovery = kube::Discovery::new(client.clone()).run().await?;
     for object in &objects {
         apply(&client, &discovery, object).await?;
     }
-    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    Ok(())
+}
+
+/// Applies the CRDs of `crds/` and waits until both are Established.
+async fn install_crds(client: &kube::Client) -> Result<(), ClusterError> {
+    let discovery = kube::Discovery::new(client.clone()).run().await?;
+    for crd in fixtures::our_crds()? {
+        apply(client, &discovery, &crd).await?;
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in fixtures::our_crds()? {
         let name = crd["metadata"]["name"].as_str().unwrap_or_default();
         let established = kube::runtime::wait::await_condition(

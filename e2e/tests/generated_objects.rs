@@ -249,9 +249,12 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
     vap.patch(name, &params, &Patch::Apply(membership))
         .await
         .unwrap();
-    let bound =
-        serde_json::to_value(teamgpu::core::plan::namespace_admission::membership_binding())
-            .unwrap();
+    let bound = serde_json::to_value(
+        teamgpu::core::plan::namespace_admission::membership_binding(
+            teamgpu::core::plan::admission::Enforcement::Deny,
+        ),
+    )
+    .unwrap();
     let mut bound = bound;
     bound["apiVersion"] = json!("admissionregistration.k8s.io/v1");
     bound["kind"] = json!("ValidatingAdmissionPolicyBinding");

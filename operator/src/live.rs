@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, ObjectKey};
+use crate::core::plan::admission::{self, Enforcement};
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL, QUOTA_NAME, is_managed};
 use crate::core::plan::pending;
 use crate::core::state::{ClusterState, NamespaceInfo};
@@ -198,6 +199,8 @@ pub async fn read(
             Kind::ValidatingAdmissionPolicy => "ValidatingAdmissionPolicies",
             Kind::ValidatingAdmissionPolicyBinding => "ValidatingAdmissionPolicyBindings",
             Kind::ResourceQuota => "ResourceQuotas",
+            Kind::ClusterRole => "ClusterRoles",
+            Kind::ClusterRoleBinding => "ClusterRoleBindings",
             _ => "ResourceClaimTemplates",
         };
         for object in list(api, &managed_lp, what).await? {
@@ -251,10 +254,27 @@ pub async fn read(
             // Listed as their types: a policy that does not fit fails the read with its error.
             unreadable_sharing_policies: Vec::new(),
             unreadable_teams: Vec::new(),
+            enforcement: enforcement_of(&managed),
+            // The CRDs as owners: the diff ignores what the plan leaves out.
+            crd_owners: None,
         },
         managed,
         notes,
     })
+}
+
+/// The operator's enforcement mode, as its team binding shows it (`Deny` when there is none).
+fn enforcement_of(managed: &BTreeMap<ObjectKey, Value>) -> Enforcement {
+    let binding = managed.get(&ObjectKey {
+        kind: Kind::ValidatingAdmissionPolicyBinding,
+        namespace: None,
+        name: admission::TEAM_BINDING_NAME.to_owned(),
+    });
+    let actions = binding.map(|b| b["spec"]["validationActions"].clone());
+    [Enforcement::Warn, Enforcement::Audit]
+        .into_iter()
+        .find(|mode| actions == Some(serde_json::json!(mode.validation_actions())))
+        .unwrap_or_default()
 }
 
 /// What `teamgpu why` reads.

@@ -44,6 +44,13 @@ enum Command {
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
+        /// Only this team (also for a member who may read only their own team).
+        #[arg(long)]
+        team: Option<String>,
+        /// Where a member who may not list the teams is looked up: the team of this namespace's
+        /// teamgpu ResourceQuota (default: the kubeconfig context's namespace).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
     },
     /// Say why a Pod waits for GPUs (quota, entitlement, capacity), who borrows, when reclaim
     /// acts and its place in the team's queue, on the cluster of the current kubeconfig context.
@@ -125,6 +132,10 @@ struct RunArgs {
         value_delimiter = ','
     )]
     admin_groups: Vec<String>,
+    /// What the admission policies do with a request they would refuse: Deny, or Warn (admit,
+    /// warn the client, annotate the audit log) or Audit (annotate only) to see it first.
+    #[arg(long, env = "TEAMGPU_ENFORCEMENT", default_value = "Deny")]
+    enforcement: teamgpu::core::plan::admission::Enforcement,
     /// Log format.
     #[arg(long, env = "TEAMGPU_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -166,7 +177,11 @@ fn main() -> anyhow::Result<()> {
             let admin_groups = (!admin_groups.is_empty()).then_some(admin_groups);
             block_on(plan_live(&files, output, operator_user, admin_groups))?
         }
-        Command::Top { output } => block_on(top(output))?,
+        Command::Top {
+            output,
+            team,
+            namespace,
+        } => block_on(top(output, team, namespace))?,
         Command::Why {
             pod,
             namespace,
@@ -274,8 +289,14 @@ async fn plan_live(
     Ok(())
 }
 
-async fn top(format: Format) -> anyhow::Result<()> {
-    let policies = teamgpu::live::policies(&client().await?).await?;
+async fn top(
+    format: Format,
+    team: Option<String>,
+    namespace: Option<String>,
+) -> anyhow::Result<()> {
+    let client = client().await?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let policies = teamgpu::top::read(&client, team.as_deref(), &namespace).await?;
     for note in &policies.notes {
         eprintln!("note: {note}");
     }
@@ -329,6 +350,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         reclaim_min_runtime: std::time::Duration::from_secs(args.reclaim_min_runtime_seconds),
         resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),
         admin_groups: (!args.admin_groups.is_empty()).then_some(args.admin_groups),
+        enforcement: args.enforcement,
         ..teamgpu::controller::Config::default()
     };
     // One thread: the operator waits on the API server far more than it computes (5 s of CPU

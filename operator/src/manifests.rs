@@ -23,7 +23,7 @@ pub fn default_image() -> String {
 pub const ROOT: &str = "config/default";
 
 /// The files of `config/` the bundle reads, by path from the repository root.
-const EMBEDDED: [(&str, &str); 13] = [
+const EMBEDDED: [(&str, &str); 14] = [
     (
         "config/default/kustomization.yaml",
         include_str!("../../config/default/kustomization.yaml"),
@@ -63,6 +63,10 @@ const EMBEDDED: [(&str, &str); 13] = [
     (
         "config/rbac/viewer_role.yaml",
         include_str!("../../config/rbac/viewer_role.yaml"),
+    ),
+    (
+        "config/rbac/planner_role.yaml",
+        include_str!("../../config/rbac/planner_role.yaml"),
     ),
     (
         "config/manager/kustomization.yaml",
@@ -392,6 +396,7 @@ mod tests {
                 "ServiceAccount teamgpu-system/teamgpu",
                 "Role teamgpu-system/teamgpu-leader-election",
                 "ClusterRole /teamgpu",
+                "ClusterRole /teamgpu-planner",
                 "ClusterRole /teamgpu-viewer",
                 "RoleBinding teamgpu-system/teamgpu-leader-election",
                 "ClusterRoleBinding /teamgpu",

@@ -146,6 +146,12 @@ pub fn json(plan: &Plan) -> Result<String, serde_json::Error> {
     for x in &o.claim_templates {
         items.push(serde_json::to_value(x)?);
     }
+    for x in &o.member_roles {
+        items.push(serde_json::to_value(x)?);
+    }
+    for x in &o.member_bindings {
+        items.push(serde_json::to_value(x)?);
+    }
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
     let mut text = serde_json::to_string_pretty(&list)?;
     text.push('\n');
@@ -173,6 +179,12 @@ pub fn yaml(plan: &Plan) -> Result<String, serde_saphyr::SerializeError> {
         push(serde_saphyr::to_string(x)?);
     }
     for x in &o.claim_templates {
+        push(serde_saphyr::to_string(x)?);
+    }
+    for x in &o.member_roles {
+        push(serde_saphyr::to_string(x)?);
+    }
+    for x in &o.member_bindings {
         push(serde_saphyr::to_string(x)?);
     }
     Ok(out)

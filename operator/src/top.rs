@@ -1,12 +1,156 @@
 //! `teamgpu top`: each team's devices now, as the operator last reported them in the policies'
-//! status. Pure; the policies are read by [`crate::live::policies`].
+//! status. [`top`] and [`table`] are pure; [`read`] reads the policies: every one for whoever
+//! may list them, else the reader's own team (a member, whom teamgpu's member ClusterRole lets
+//! read only that team and its GpuSharingPolicies).
 
 use std::fmt::Write as _;
 
+use kube::{Api, Client};
 use serde::Serialize;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::core::plan::admission::QUOTA_TEAM_ANNOTATION;
+use crate::core::plan::objects::QUOTA_NAME;
+use crate::live::{LiveError, Policies};
 use crate::output::align;
+
+/// Why `teamgpu top` found no team to show.
+#[derive(Debug, thiserror::Error)]
+pub enum TopError {
+    #[error(transparent)]
+    Live(#[from] LiveError),
+    #[error(
+        "you may not list TeamGpuPolicies, and {reason}: pass --team <name>, or -n <a namespace \
+         of your team>"
+    )]
+    NoTeam { reason: String },
+    #[error(
+        "you may not read TeamGpuPolicy {team}: a team's spec.members may read it (ask the \
+         platform team to add you there), and `kubectl get tgp {team}` fails the same way"
+    )]
+    TeamForbidden { team: String },
+    #[error("there is no TeamGpuPolicy {0}")]
+    NoSuchTeam(String),
+    #[error("reading {what}: {source}")]
+    Get { what: String, source: kube::Error },
+}
+
+fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// The policies `teamgpu top` shows: every one (only `team` and its GpuSharingPolicies, when
+/// given), or, for a reader who may not list the teams, their own team: `team`, or the team that
+/// the teamgpu ResourceQuota of `namespace` names.
+pub async fn read(
+    client: &Client,
+    team: Option<&str>,
+    namespace: &str,
+) -> Result<Policies, TopError> {
+    match crate::live::policies(client).await {
+        Ok(mut all) => {
+            if let Some(team) = team {
+                all.teams
+                    .retain(|t| t.metadata.name.as_deref() == Some(team));
+                let Some(found) = all.teams.first() else {
+                    return Err(TopError::NoSuchTeam(team.to_owned()));
+                };
+                let used = sharing_policies_of(found);
+                all.sharing_policies
+                    .retain(|p| used.contains(&p.metadata.name.clone().unwrap_or_default()));
+            }
+            Ok(all)
+        }
+        Err(LiveError::List { source, .. }) if status_code(&source) == Some(403) => {
+            own_team(client, team, namespace).await
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn sharing_policies_of(team: &TeamGpuPolicy) -> Vec<String> {
+    team.spec
+        .quotas
+        .iter()
+        .map(|q| q.sharing_policy.clone())
+        .collect()
+}
+
+/// The reader's own team and its GpuSharingPolicies, read one by one.
+async fn own_team(
+    client: &Client,
+    team: Option<&str>,
+    namespace: &str,
+) -> Result<Policies, TopError> {
+    let mut notes = Vec::new();
+    let name = match team {
+        Some(team) => team.to_owned(),
+        None => {
+            let name = team_of_namespace(client, namespace).await?;
+            notes.push(format!(
+                "you may not list every team: showing {name}, the team of namespace {namespace}"
+            ));
+            name
+        }
+    };
+    let team = match Api::<TeamGpuPolicy>::all(client.clone()).get(&name).await {
+        Ok(team) => team,
+        Err(source) => {
+            return Err(match status_code(&source) {
+                Some(403) => TopError::TeamForbidden { team: name },
+                Some(404) => TopError::NoSuchTeam(name),
+                _ => TopError::Get {
+                    what: format!("TeamGpuPolicy {name}"),
+                    source,
+                },
+            });
+        }
+    };
+    let policies: Api<GpuSharingPolicy> = Api::all(client.clone());
+    let mut sharing_policies = Vec::new();
+    for policy in sharing_policies_of(&team) {
+        match policies.get(&policy).await {
+            Ok(p) => sharing_policies.push(p),
+            Err(error) => notes.push(format!("GpuSharingPolicy {policy} left out: {error}")),
+        }
+    }
+    Ok(Policies {
+        sharing_policies,
+        teams: vec![team],
+        notes,
+    })
+}
+
+/// The team the teamgpu ResourceQuota of `namespace` names (readable with `view` there).
+async fn team_of_namespace(client: &Client, namespace: &str) -> Result<String, TopError> {
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(client.clone(), namespace);
+    let reason = match quotas.get_opt(QUOTA_NAME).await {
+        Ok(Some(quota)) => {
+            let team = quota
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(QUOTA_TEAM_ANNOTATION));
+            match team {
+                Some(team) if !team.is_empty() => return Ok(team.clone()),
+                _ => {
+                    format!("the ResourceQuota {QUOTA_NAME} in namespace {namespace} names no team")
+                }
+            }
+        }
+        Ok(None) => format!(
+            "namespace {namespace} belongs to no team (it has no ResourceQuota {QUOTA_NAME})"
+        ),
+        Err(error) => format!(
+            "the ResourceQuota {QUOTA_NAME} in namespace {namespace} cannot be read ({error})"
+        ),
+    };
+    Err(TopError::NoTeam { reason })
+}
 
 /// One team's devices of one sharing policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -58,6 +58,8 @@ pub fn overlay(base: &ClusterState, changes: ClusterState) -> ClusterState {
         admin_groups: base.admin_groups.clone(),
         unreadable_sharing_policies: base.unreadable_sharing_policies.clone(),
         unreadable_teams: base.unreadable_teams.clone(),
+        enforcement: base.enforcement,
+        crd_owners: base.crd_owners.clone(),
     }
 }
 

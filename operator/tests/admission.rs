@@ -300,9 +300,9 @@ fn namespaces_outside_every_team_get_no_governed_class() {
 
 #[test]
 fn one_binding_per_policy_without_a_list_of_namespaces() {
-    use teamgpu::core::plan::admission::{non_team_binding, team_binding};
+    use teamgpu::core::plan::admission::{Enforcement, non_team_binding, team_binding};
     // The team policy: the namespace's teamgpu quota as params; none, no team, no check.
-    let team = serde_json::to_value(team_binding().spec.unwrap()).unwrap();
+    let team = serde_json::to_value(team_binding(Enforcement::Deny).spec.unwrap()).unwrap();
     assert_eq!(
         team,
         json!({"policyName": "teamgpu-team-requests",
@@ -311,7 +311,7 @@ fn one_binding_per_policy_without_a_list_of_namespaces() {
     );
     // The non-team policy: every namespace but the exempt ones (the policy's match condition
     // leaves the team namespaces out).
-    let non_team = serde_json::to_value(non_team_binding().spec.unwrap()).unwrap();
+    let non_team = serde_json::to_value(non_team_binding(Enforcement::Deny).spec.unwrap()).unwrap();
     assert_eq!(
         non_team,
         json!({"policyName": "teamgpu-non-team-requests",
@@ -319,6 +319,31 @@ fn one_binding_per_policy_without_a_list_of_namespaces() {
                    {"key": "teamgpu.io/exempt", "operator": "NotIn", "values": ["true"]}]}},
                "validationActions": ["Deny"]})
     );
+}
+
+#[test]
+fn warn_and_audit_admit_what_deny_refuses_and_say_so() {
+    use teamgpu::core::plan::admission::{Enforcement, non_team_binding, team_binding};
+    use teamgpu::core::plan::namespace_admission::{exemption_binding, membership_binding};
+    for (flag, actions) in [
+        ("Deny", json!(["Deny"])),
+        // Warn: a warning to the client and an audit annotation, nothing refused.
+        ("warn", json!(["Warn", "Audit"])),
+        ("AUDIT", json!(["Audit"])),
+    ] {
+        let mode: Enforcement = flag.parse().unwrap();
+        for binding in [
+            team_binding(mode),
+            non_team_binding(mode),
+            membership_binding(mode),
+            exemption_binding(mode),
+        ] {
+            let spec = serde_json::to_value(binding.spec.unwrap()).unwrap();
+            assert_eq!(spec["validationActions"], actions, "{flag}");
+        }
+    }
+    let error = "Dryrun".parse::<Enforcement>().unwrap_err().to_string();
+    assert_eq!(error, "enforcement \"Dryrun\" is none of Deny, Warn, Audit");
 }
 
 #[test]

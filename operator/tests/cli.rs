@@ -140,6 +140,7 @@ fn manifests_hold_the_install_and_run_the_image_asked_for() {
             "Role",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
             "RoleBinding",
             "ClusterRoleBinding",
             "Service",
@@ -356,6 +357,8 @@ fn plan_yaml_is_a_stream_of_every_object_to_apply() {
     assert_eq!(
         kinds.into_iter().collect::<Vec<_>>(),
         [
+            "ClusterRole",
+            "ClusterRoleBinding",
             "DeviceClass",
             "ResourceClaimTemplate",
             "ResourceQuota",

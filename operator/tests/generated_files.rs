@@ -360,8 +360,14 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     // Reads come from watch caches (list, watch); `get` only where a binding's paramRef needs it.
     let read = set(&["list", "watch"]);
     let apply = set(&["list", "watch", "create", "patch", "delete"]);
-    let expected: [(&str, &str, BTreeSet<&str>); 16] = [
-        ("teamgpu.io", "gpusharingpolicies", read.clone()),
+    let expected: [(&str, &str, BTreeSet<&str>); 19] = [
+        // `get` too: the operator grants it to each team's members, and RBAC lets it grant
+        // only what it holds.
+        (
+            "teamgpu.io",
+            "gpusharingpolicies",
+            set(&["get", "list", "watch"]),
+        ),
         // The namespace-membership policy's paramKind.
         (
             "teamgpu.io",
@@ -394,6 +400,19 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
         ),
         ("", "pods", set(&["list", "watch"])),
         ("", "pods/eviction", set(&["create"])),
+        // The owners of the admission objects, watched by name.
+        (
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            read.clone(),
+        ),
+        // Each team's member role and binding.
+        ("rbac.authorization.k8s.io", "clusterroles", apply.clone()),
+        (
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            apply.clone(),
+        ),
         ("policy", "poddisruptionbudgets", BTreeSet::new()),
     ];
     for (group, resource, want) in &expected {

@@ -236,7 +236,12 @@ fn the_operator_is_not_checked() {
 #[test]
 fn every_team_is_a_param_and_no_team_means_nothing_to_check() {
     use teamgpu::core::plan::namespace_admission::{exemption_binding, membership_binding};
-    let binding = serde_json::to_value(membership_binding().spec.unwrap()).unwrap();
+    let binding = serde_json::to_value(
+        membership_binding(teamgpu::core::plan::admission::Enforcement::Deny)
+            .spec
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         binding,
         json!({"policyName": "teamgpu-namespace-membership",
@@ -244,7 +249,12 @@ fn every_team_is_a_param_and_no_team_means_nothing_to_check() {
                "validationActions": ["Deny"]})
     );
     // The exemption label is guarded without params: with no team at all too.
-    let binding = serde_json::to_value(exemption_binding().spec.unwrap()).unwrap();
+    let binding = serde_json::to_value(
+        exemption_binding(teamgpu::core::plan::admission::Enforcement::Deny)
+            .spec
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         binding,
         json!({"policyName": "teamgpu-namespace-exemption", "validationActions": ["Deny"]})

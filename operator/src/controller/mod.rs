@@ -64,6 +64,9 @@ pub struct Config {
     /// Groups that may move any namespace into or out of any team and exempt namespaces
     /// (`None`: [`crate::core::plan::namespace_admission::DEFAULT_ADMIN_GROUPS`]).
     pub admin_groups: Option<Vec<String>>,
+    /// What teamgpu's admission bindings do with a request that breaks a rule (`Warn` or
+    /// `Audit` to see first what `Deny` would refuse).
+    pub enforcement: crate::core::plan::admission::Enforcement,
 }
 
 impl Default for Config {
@@ -82,6 +85,7 @@ impl Default for Config {
             resync: Duration::from_secs(3600),
             debounce: Duration::from_millis(100),
             admin_groups: None,
+            enforcement: crate::core::plan::admission::Enforcement::Deny,
         }
     }
 }

@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::CustomResourceExt;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::core::ApiResource;
 use kube::runtime::reflector::{self, Store, store::Writer};
@@ -37,6 +40,8 @@ pub enum Watch {
     Claims,
     PendingPods,
     Pods,
+    /// teamgpu's two CustomResourceDefinitions, the owners of its admission objects.
+    Crds,
     Owned(Kind),
 }
 
@@ -51,7 +56,8 @@ impl Watch {
             Watch::Claims => 5,
             Watch::PendingPods => 6,
             Watch::Pods => 7,
-            Watch::Owned(kind) => 8 + kind as u32,
+            Watch::Crds => 8,
+            Watch::Owned(kind) => 9 + kind as u32,
         }
     }
 }
@@ -110,6 +116,9 @@ pub struct Stores {
     pub pending_pods: Store<Pod>,
     /// Pods not done yet, as reclaim weighs them (priority, workload, start).
     pub pods: Projected<PodView, ()>,
+    /// Each of teamgpu's CRDs, by name, as an owner reference (one watch per CRD, so that
+    /// `config/rbac` grants them by name).
+    pub crds: Vec<Projected<OwnerReference, ()>>,
     /// Objects carrying teamgpu's managed-by label, per kind (DeviceClasses come from
     /// `device_classes`), as the differ needs them.
     pub owned: Vec<(Kind, Projected<LiveView, ()>)>,
@@ -128,7 +137,7 @@ impl Stores {
     /// Wait until every cache but the slices' holds a complete first list; false if a watch task
     /// ended. (The slices are listed once the reconciler knows what to keep of them.)
     pub async fn wait_until_ready(&self) -> bool {
-        let (a, b, d, f, namespaces, claims, pods, owned) = futures::join!(
+        let (a, b, d, f, namespaces, claims, pods, owned, crds) = futures::join!(
             self.sharing_policies.wait_until_ready(),
             self.teams.wait_until_ready(),
             self.device_classes.wait_until_ready(),
@@ -137,12 +146,26 @@ impl Stores {
             self.claims.wait_until_ready(),
             self.pods.wait_until_ready(),
             futures::future::join_all(self.owned.iter().map(|(_, s)| s.wait_until_ready())),
+            futures::future::join_all(self.crds.iter().map(Projected::wait_until_ready)),
         );
         [a, b, d, f].iter().all(Result::is_ok)
             && namespaces
             && claims
             && pods
             && owned.iter().all(|ready| *ready)
+            && crds.iter().all(|ready| *ready)
+    }
+
+    /// The CRDs that exist, as owners (see [`ClusterState::crd_owners`]).
+    pub fn crd_owners(&self) -> Vec<OwnerReference> {
+        let mut owners: Vec<OwnerReference> = self
+            .crds
+            .iter()
+            .filter_map(Projected::state)
+            .flat_map(|((), crds)| crds.into_iter().map(|o| (*o).clone()))
+            .collect();
+        owners.sort_by(|a, b| a.name.cmp(&b.name));
+        owners
     }
 
     /// Asks for the slices' list as soon as what the selectors read is known from the policies
@@ -350,6 +373,8 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
     );
     let (pending_pods, pods) = watch_pods(client, wake, tasks);
 
+    let crds = watch_crds(client, wake, tasks);
+
     let own_writes = Arc::new(OwnWrites::default());
     let mut owned = Vec::new();
     for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
@@ -379,8 +404,56 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         claims,
         pending_pods,
         pods,
+        crds,
         owned,
         own_writes,
+    }
+}
+
+/// One watch per teamgpu CRD, by name (so that `config/rbac` grants them by `resourceNames`).
+fn watch_crds(
+    client: &Client,
+    wake: &Wake,
+    tasks: &mut JoinSet<()>,
+) -> Vec<Projected<OwnerReference, ()>> {
+    [GpuSharingPolicy::crd_name(), TeamGpuPolicy::crd_name()]
+        .into_iter()
+        .map(|name| {
+            projected::spawn(
+                tasks,
+                Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+                watch::channel(Some(())).1,
+                CrdProjector,
+                wake.clone(),
+                Watch::Crds,
+            )
+        })
+        .collect()
+}
+
+/// A CRD as an owner of the admission objects. Not a controller: the garbage collector deletes
+/// the dependents once every owner is gone.
+#[derive(Debug)]
+struct CrdProjector;
+
+impl Projector<PartialObjectMeta<CustomResourceDefinition>> for CrdProjector {
+    type View = OwnerReference;
+    type Params = ();
+
+    fn project(
+        &mut self,
+        crd: &PartialObjectMeta<CustomResourceDefinition>,
+        (): &(),
+    ) -> OwnerReference {
+        OwnerReference {
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            name: crd.name_any(),
+            uid: crd.metadata.uid.clone().unwrap_or_default(),
+            controller: None,
+            block_owner_deletion: None,
+        }
     }
 }
 

@@ -192,6 +192,10 @@ impl Reconciler {
         };
         state.operator_user = Some(self.operator_user.clone());
         state.admin_groups.clone_from(&self.config.admin_groups);
+        state.enforcement = self.config.enforcement;
+        if changed.contains(Watch::Crds) {
+            state.crd_owners = Some(self.stores.crd_owners());
+        }
     }
 
     /// Brings the planner's slices and claims and the differ's live objects up to date with

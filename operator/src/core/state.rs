@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
@@ -52,6 +53,13 @@ pub struct ClusterState {
     /// TeamGpuPolicies that exist but could not be read: their quotas, templates and binding
     /// are kept as they are until the policy can be read again.
     pub unreadable_teams: Vec<String>,
+    /// What the admission bindings do with a request that breaks a rule.
+    pub enforcement: crate::core::plan::admission::Enforcement,
+    /// The teamgpu CustomResourceDefinitions, as owners of the cluster-wide admission objects,
+    /// so that deleting the CRDs also deletes those (the garbage collector does it, with or
+    /// without an operator). `None`: not known (`teamgpu plan` on files), no owner is set;
+    /// empty: the CRDs are gone, and nothing is left to enforce.
+    pub crd_owners: Option<Vec<OwnerReference>>,
 }
 
 /// The kinds of object teamgpu writes.
@@ -62,15 +70,20 @@ pub enum Kind {
     ValidatingAdmissionPolicyBinding,
     ResourceQuota,
     ResourceClaimTemplate,
+    /// What a team's members may read (their TeamGpuPolicy and its GpuSharingPolicies).
+    ClusterRole,
+    ClusterRoleBinding,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::DeviceClass,
         Kind::ValidatingAdmissionPolicy,
         Kind::ValidatingAdmissionPolicyBinding,
         Kind::ResourceQuota,
         Kind::ResourceClaimTemplate,
+        Kind::ClusterRole,
+        Kind::ClusterRoleBinding,
     ];
 
     pub fn api_resource(self) -> ApiResource {
@@ -95,6 +108,18 @@ impl Kind {
                 "ResourceClaimTemplate",
                 "resourceclaimtemplates",
             ),
+            Kind::ClusterRole => (
+                "rbac.authorization.k8s.io",
+                "v1",
+                "ClusterRole",
+                "clusterroles",
+            ),
+            Kind::ClusterRoleBinding => (
+                "rbac.authorization.k8s.io",
+                "v1",
+                "ClusterRoleBinding",
+                "clusterrolebindings",
+            ),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
@@ -111,6 +136,8 @@ impl Kind {
             Kind::ValidatingAdmissionPolicyBinding => "validatingadmissionpolicybinding",
             Kind::ResourceQuota => "resourcequota",
             Kind::ResourceClaimTemplate => "resourceclaimtemplate",
+            Kind::ClusterRole => "clusterrole",
+            Kind::ClusterRoleBinding => "clusterrolebinding",
         }
     }
 }

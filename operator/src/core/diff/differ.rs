@@ -6,6 +6,7 @@ use std::sync::Arc;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
@@ -39,6 +40,8 @@ pub(super) enum DesiredObject {
     AdmissionBinding(Arc<ValidatingAdmissionPolicyBinding>),
     ResourceQuota(Arc<NamespacedQuota>),
     ResourceClaimTemplate(NamespacedTemplate),
+    ClusterRole(Arc<ClusterRole>),
+    ClusterRoleBinding(Arc<ClusterRoleBinding>),
 }
 
 impl DesiredObject {
@@ -51,6 +54,8 @@ impl DesiredObject {
             DesiredObject::AdmissionBinding(o) => Some(&o.metadata),
             DesiredObject::ResourceQuota(_) => None,
             DesiredObject::ResourceClaimTemplate(o) => Some(&o.template.metadata),
+            DesiredObject::ClusterRole(o) => Some(&o.metadata),
+            DesiredObject::ClusterRoleBinding(o) => Some(&o.metadata),
         }
     }
 
@@ -66,6 +71,8 @@ impl DesiredObject {
             DesiredObject::AdmissionBinding(o) => key_of_meta(kind, &o.metadata),
             DesiredObject::ResourceQuota(q) => in_namespace(&q.namespace, q.name()),
             DesiredObject::ResourceClaimTemplate(t) => in_namespace(&t.namespace, t.name()),
+            DesiredObject::ClusterRole(o) => key_of_meta(kind, &o.metadata),
+            DesiredObject::ClusterRoleBinding(o) => key_of_meta(kind, &o.metadata),
         }
     }
 
@@ -95,6 +102,8 @@ impl DesiredObject {
             DesiredObject::AdmissionBinding(o) => Arc::as_ptr(o).cast(),
             DesiredObject::ResourceQuota(o) => Arc::as_ptr(o).cast(),
             DesiredObject::ResourceClaimTemplate(o) => Arc::as_ptr(&o.template).cast(),
+            DesiredObject::ClusterRole(o) => Arc::as_ptr(o).cast(),
+            DesiredObject::ClusterRoleBinding(o) => Arc::as_ptr(o).cast(),
         }
     }
 
@@ -105,6 +114,8 @@ impl DesiredObject {
             DesiredObject::AdmissionBinding(o) => serde_json::to_value(&**o).ok(),
             DesiredObject::ResourceQuota(o) => serde_json::to_value(&**o).ok(),
             DesiredObject::ResourceClaimTemplate(o) => serde_json::to_value(o).ok(),
+            DesiredObject::ClusterRole(o) => serde_json::to_value(&**o).ok(),
+            DesiredObject::ClusterRoleBinding(o) => serde_json::to_value(&**o).ok(),
         }
     }
 
@@ -135,6 +146,17 @@ impl DesiredObject {
             (
                 Kind::ResourceClaimTemplate,
                 DesiredObject::ResourceClaimTemplate(t.clone()),
+            )
+        }))
+        .chain(
+            o.member_roles
+                .iter()
+                .map(|r| (Kind::ClusterRole, DesiredObject::ClusterRole(r.clone()))),
+        )
+        .chain(o.member_bindings.iter().map(|b| {
+            (
+                Kind::ClusterRoleBinding,
+                DesiredObject::ClusterRoleBinding(b.clone()),
             )
         }))
     }

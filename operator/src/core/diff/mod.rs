@@ -97,6 +97,8 @@ impl serde::Serialize for Payload {
             PayloadOf::Object(DesiredObject::AdmissionBinding(o)) => o.serialize(serializer),
             PayloadOf::Object(DesiredObject::ResourceQuota(o)) => o.serialize(serializer),
             PayloadOf::Object(DesiredObject::ResourceClaimTemplate(o)) => o.serialize(serializer),
+            PayloadOf::Object(DesiredObject::ClusterRole(o)) => o.serialize(serializer),
+            PayloadOf::Object(DesiredObject::ClusterRoleBinding(o)) => o.serialize(serializer),
         }
     }
 }
@@ -137,6 +139,8 @@ pub fn desired(objects: &DesiredObjects) -> BTreeMap<ObjectKey, Value> {
         Kind::ResourceClaimTemplate,
         &objects.claim_templates,
     );
+    add(&mut out, Kind::ClusterRole, &objects.member_roles);
+    add(&mut out, Kind::ClusterRoleBinding, &objects.member_bindings);
     out
 }
 

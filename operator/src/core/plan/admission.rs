@@ -61,6 +61,54 @@ pub const EXEMPT_LABEL: &str = "teamgpu.io/exempt";
 /// `deviceclass.resource.kubernetes.io/<class>`.
 pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 
+/// What every teamgpu admission binding does with a request that breaks its policy: the
+/// bindings' `validationActions`. `Warn` and `Audit` let a platform team install teamgpu, see
+/// what would be refused (a warning to the client, an audit annotation), and then switch to
+/// `Deny`. ResourceQuotas are not admission policies: in a team namespace they limit in every
+/// mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Enforcement {
+    /// Refuse the request (and say why).
+    #[default]
+    Deny,
+    /// Admit it, with a warning to the client and an audit annotation.
+    Warn,
+    /// Admit it, with an audit annotation only.
+    Audit,
+}
+
+impl Enforcement {
+    /// The bindings' `validationActions` (Kubernetes allows `Deny` with `Audit` but not with
+    /// `Warn`).
+    pub fn validation_actions(self) -> Vec<String> {
+        let actions: &[&str] = match self {
+            Enforcement::Deny => &["Deny"],
+            Enforcement::Warn => &["Warn", "Audit"],
+            Enforcement::Audit => &["Audit"],
+        };
+        actions.iter().map(|a| (*a).to_owned()).collect()
+    }
+}
+
+/// An [`Enforcement`] not among `Deny`, `Warn`, `Audit`.
+#[derive(Debug, thiserror::Error)]
+#[error("enforcement {0:?} is none of Deny, Warn, Audit")]
+pub struct UnknownEnforcement(String);
+
+impl std::str::FromStr for Enforcement {
+    type Err = UnknownEnforcement;
+
+    /// Case-insensitive, as flags and environment variables are typed.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "deny" => Ok(Enforcement::Deny),
+            "warn" => Ok(Enforcement::Warn),
+            "audit" => Ok(Enforcement::Audit),
+            _ => Err(UnknownEnforcement(s.to_owned())),
+        }
+    }
+}
+
 /// The DeviceClasses whose devices teamgpu governs, as admission needs them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Governed {
@@ -335,7 +383,7 @@ pub fn non_team_policy(
 
 /// The binding of the team policy: the namespace's teamgpu quota as params, in every namespace
 /// (where there is none, the namespace is outside every team and the policy lets it be).
-pub fn team_binding() -> ValidatingAdmissionPolicyBinding {
+pub fn team_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
     ValidatingAdmissionPolicyBinding {
         metadata: meta(TEAM_BINDING_NAME),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
@@ -345,7 +393,7 @@ pub fn team_binding() -> ValidatingAdmissionPolicyBinding {
                 parameter_not_found_action: Some("Allow".into()),
                 ..ParamRef::default()
             }),
-            validation_actions: Some(vec!["Deny".into()]),
+            validation_actions: Some(enforcement.validation_actions()),
             ..ValidatingAdmissionPolicyBindingSpec::default()
         }),
     }
@@ -353,7 +401,7 @@ pub fn team_binding() -> ValidatingAdmissionPolicyBinding {
 
 /// The binding of the non-team policy: every namespace but the exempt ones (the policy's match
 /// condition leaves the team namespaces out).
-pub fn non_team_binding() -> ValidatingAdmissionPolicyBinding {
+pub fn non_team_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
     ValidatingAdmissionPolicyBinding {
         metadata: meta(NON_TEAM_BINDING_NAME),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
@@ -369,7 +417,7 @@ pub fn non_team_binding() -> ValidatingAdmissionPolicyBinding {
                 }),
                 ..MatchResources::default()
             }),
-            validation_actions: Some(vec!["Deny".into()]),
+            validation_actions: Some(enforcement.validation_actions()),
             ..ValidatingAdmissionPolicyBindingSpec::default()
         }),
     }

@@ -15,6 +15,7 @@ use super::policies::CompiledPolicy;
 use super::usage::quota_resource_name as quota_resource;
 use super::{
     DesiredObjects, NamespacedQuota, NamespacedTemplate, admission, name_of, namespace_admission,
+    rbac,
 };
 use crate::api::TeamGpuPolicy;
 use crate::core::fairshare::PoolShares;
@@ -92,9 +93,13 @@ pub fn objects(inputs: &Inputs, kept: &mut Kept) -> DesiredObjects {
     }
     kept.templates.sweep();
     kept.namespaces.sweep();
-    if !inputs.state.sharing_policies.is_empty() || !inputs.state.teams.is_empty() {
+    // No owner left (the CRDs are being deleted): teamgpu is being uninstalled, and nothing it
+    // enforced is to stay behind.
+    let api_gone = inputs.state.crd_owners.as_ref().is_some_and(Vec::is_empty);
+    if (!inputs.state.sharing_policies.is_empty() || !inputs.state.teams.is_empty()) && !api_gone {
         admission_objects(inputs, &governed, &mut out);
     }
+    member_access(inputs.state, &mut out);
     stamp_content_hashes(&mut out);
     out
 }
@@ -198,10 +203,11 @@ fn team_objects(
             }
         }
         let mut hasher = std::hash::DefaultHasher::new();
+        // The quota's annotations say the team's classes and its spec's quotas.
         (
             &team.metadata.name,
             &team.metadata.uid,
-            &classes,
+            &meta.annotations,
             &hard,
             templates_id,
         )
@@ -290,12 +296,42 @@ fn admission_objects(
             operator,
         )),
     ]);
+    let mode = state.enforcement;
     out.admission_bindings.extend([
-        Arc::new(admission::team_binding()),
-        Arc::new(namespace_admission::membership_binding()),
-        Arc::new(namespace_admission::exemption_binding()),
-        Arc::new(admission::non_team_binding()),
+        Arc::new(admission::team_binding(mode)),
+        Arc::new(namespace_admission::membership_binding(mode)),
+        Arc::new(namespace_admission::exemption_binding(mode)),
+        Arc::new(admission::non_team_binding(mode)),
     ]);
+    // Owned by the CRDs: the garbage collector deletes them with the CRDs, also when no
+    // operator runs any more to prune them.
+    if let Some(owners) = &state.crd_owners {
+        let policies = out
+            .admission_policies
+            .iter_mut()
+            .map(|p| &mut Arc::make_mut(p).metadata);
+        let bindings = out
+            .admission_bindings
+            .iter_mut()
+            .map(|b| &mut Arc::make_mut(b).metadata);
+        for meta in policies.chain(bindings) {
+            meta.owner_references = Some(owners.clone());
+        }
+    }
+}
+
+/// The ClusterRole and ClusterRoleBinding of every team with members: they read their team.
+/// Teams that cannot be read keep theirs (`retained_owners`).
+fn member_access(state: &ClusterState, out: &mut DesiredObjects) {
+    let mut teams: Vec<&TeamGpuPolicy> = state.teams.iter().collect();
+    // In name order: the plan is the same whatever order the teams came in.
+    teams.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for team in teams {
+        if let Some((role, binding)) = rbac::member_access(team) {
+            out.member_roles.push(Arc::new(role));
+            out.member_bindings.push(Arc::new(binding));
+        }
+    }
 }
 
 /// Records the hash of `spec` in `meta`.
@@ -326,5 +362,65 @@ fn stamp_content_hashes(objects: &mut DesiredObjects) {
     for o in &mut objects.admission_bindings {
         let o = Arc::make_mut(o);
         stamp(&mut o.metadata, &o.spec);
+    }
+    for o in &mut objects.member_roles {
+        let o = Arc::make_mut(o);
+        stamp(&mut o.metadata, &o.rules);
+    }
+    for o in &mut objects.member_bindings {
+        let o = Arc::make_mut(o);
+        stamp(&mut o.metadata, &(&o.role_ref, &o.subjects));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn crd(name: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            name: name.into(),
+            uid: uid.into(),
+            ..OwnerReference::default()
+        }
+    }
+
+    #[test]
+    fn admission_objects_belong_to_the_crds_and_go_with_them() {
+        let mut state = crate::example::state().unwrap();
+        let owners = vec![
+            crd("gpusharingpolicies.teamgpu.io", "uid-1"),
+            crd("teamgpupolicies.teamgpu.io", "uid-2"),
+        ];
+        state.crd_owners = Some(owners.clone());
+        let objects = super::super::plan(&state).objects;
+        assert_eq!(objects.admission_policies.len(), 4);
+        assert_eq!(objects.admission_bindings.len(), 4);
+        let metas = objects
+            .admission_policies
+            .iter()
+            .map(|p| &p.metadata)
+            .chain(objects.admission_bindings.iter().map(|b| &b.metadata));
+        for meta in metas {
+            assert_eq!(meta.owner_references.as_ref(), Some(&owners), "{meta:?}");
+        }
+        // The CRDs are gone: nothing teamgpu enforced stays, what runs keeps its classes until
+        // the garbage collector takes them with their policies.
+        state.crd_owners = Some(Vec::new());
+        let objects = super::super::plan(&state).objects;
+        assert!(objects.admission_policies.is_empty());
+        assert!(objects.admission_bindings.is_empty());
+        assert!(!objects.device_classes.is_empty());
+        // Planned from files: no owner, rather than one with a made-up uid.
+        state.crd_owners = None;
+        let objects = super::super::plan(&state).objects;
+        assert!(
+            objects
+                .admission_bindings
+                .iter()
+                .all(|b| b.metadata.owner_references.is_none())
+        );
     }
 }

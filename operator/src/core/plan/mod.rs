@@ -18,6 +18,7 @@ pub mod namespace_admission;
 pub mod objects;
 pub mod pending;
 mod policies;
+pub mod rbac;
 pub mod selector;
 mod shares;
 mod status;
@@ -31,6 +32,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -57,6 +59,9 @@ pub struct DesiredObjects {
     pub resource_quotas: Vec<Arc<NamespacedQuota>>,
     pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
     pub admission_bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
+    /// What each team's members may read (see [`rbac`]).
+    pub member_roles: Vec<Arc<ClusterRole>>,
+    pub member_bindings: Vec<Arc<ClusterRoleBinding>>,
     /// DeviceClasses of policies whose spec is invalid now: kept as they are rather than applied
     /// or pruned, so a typo never takes a class away from running workloads.
     pub retained_device_classes: BTreeSet<String>,

@@ -25,7 +25,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::admission::{EXEMPT_LABEL, meta, not_the_operator, validation};
+use super::admission::{EXEMPT_LABEL, Enforcement, meta, not_the_operator, validation};
 use super::selector::cel_string;
 use crate::api::GROUP;
 
@@ -163,7 +163,7 @@ pub fn membership_policy(admin_groups: &[String], operator: &str) -> ValidatingA
 
 /// The membership policy's binding: every namespace, every TeamGpuPolicy as params (none: no
 /// team to join or leave).
-pub fn membership_binding() -> ValidatingAdmissionPolicyBinding {
+pub fn membership_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
     ValidatingAdmissionPolicyBinding {
         metadata: meta(MEMBERSHIP_POLICY_NAME),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
@@ -173,7 +173,7 @@ pub fn membership_binding() -> ValidatingAdmissionPolicyBinding {
                 parameter_not_found_action: Some("Allow".into()),
                 ..ParamRef::default()
             }),
-            validation_actions: Some(vec!["Deny".into()]),
+            validation_actions: Some(enforcement.validation_actions()),
             ..ValidatingAdmissionPolicyBindingSpec::default()
         }),
     }
@@ -208,12 +208,12 @@ pub fn exemption_policy(admin_groups: &[String], operator: &str) -> ValidatingAd
 }
 
 /// The exemption policy's binding: every namespace.
-pub fn exemption_binding() -> ValidatingAdmissionPolicyBinding {
+pub fn exemption_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
     ValidatingAdmissionPolicyBinding {
         metadata: meta(EXEMPTION_POLICY_NAME),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
             policy_name: Some(EXEMPTION_POLICY_NAME.into()),
-            validation_actions: Some(vec!["Deny".into()]),
+            validation_actions: Some(enforcement.validation_actions()),
             ..ValidatingAdmissionPolicyBindingSpec::default()
         }),
     }

@@ -262,9 +262,10 @@ pub fn resource_quota(
     )
 }
 
-/// The metadata of a team's quotas (the same in each of its namespaces).
-/// The metadata of a team's quotas. Its annotations name the team and its DeviceClasses
-/// (`classes`) for the team admission policy, which takes the quota as params.
+/// The metadata of a team's quotas (the same in each of its namespaces). Its annotations name
+/// the team and its DeviceClasses (`classes`) for the team admission policy, which takes the
+/// quota as params; and, for whoever may read the namespace (`view` is enough), the team's
+/// guarantee and limit of each of those classes' sharing policies ([`QUOTAS_ANNOTATION`]).
 pub fn quota_meta(team: &TeamGpuPolicy, classes: &[String]) -> ObjectMeta {
     let mut meta = owned_meta(team, QUOTA_NAME.to_owned(), None);
     meta.annotations = Some(BTreeMap::from([
@@ -276,8 +277,39 @@ pub fn quota_meta(team: &TeamGpuPolicy, classes: &[String]) -> ObjectMeta {
             admission::QUOTA_CLASSES_ANNOTATION.to_owned(),
             classes.join(" "),
         ),
+        (QUOTAS_ANNOTATION.to_owned(), team_quotas(team, classes)),
     ]));
     meta
+}
+
+/// The annotation of a team namespace's quota that says, per sharing policy, what the team is
+/// guaranteed and may borrow up to: `a100-80gb: guaranteed 8, limit 16; ...`. Only the spec's
+/// numbers: what changes with demand (the entitlement, borrowed and pending devices) would
+/// rewrite every quota of a team whenever one namespace's demand moves, where today only the
+/// quotas whose `hard` changes are written. Those are in the team's status and in the Events
+/// recorded in each team namespace.
+pub const QUOTAS_ANNOTATION: &str = "teamgpu.io/quotas";
+
+fn team_quotas(team: &TeamGpuPolicy, classes: &[String]) -> String {
+    let mut quotas: Vec<_> = team
+        .spec
+        .quotas
+        .iter()
+        .filter(|q| classes.contains(&device_class_name(&q.sharing_policy)))
+        .collect();
+    quotas.sort_by(|a, b| a.sharing_policy.cmp(&b.sharing_policy));
+    quotas
+        .iter()
+        .map(|q| {
+            format!(
+                "{}: guaranteed {}, limit {}",
+                q.sharing_policy,
+                q.guaranteed,
+                q.effective_limit()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A stable hash of an object's content (FNV-1a over its JSON), so that a toolchain upgrade
@@ -317,7 +349,9 @@ mod tests {
     fn a_quota_is_applied_in_its_namespace_with_the_hash_of_its_spec() {
         let team: TeamGpuPolicy = serde_json::from_value(json!({
             "metadata": {"name": "ml", "uid": "uid-ml"},
-            "spec": {"namespaces": ["ml-dev"]}
+            "spec": {"namespaces": ["ml-dev"], "quotas": [
+                {"sharingPolicy": "b", "guaranteed": 2},
+                {"sharingPolicy": "a", "guaranteed": 4, "limit": 8}]}
         }))
         .unwrap();
         let hard: BTreeMap<Arc<str>, u32> = [
@@ -354,6 +388,8 @@ mod tests {
         let annotations = quota.metadata.annotations.clone().unwrap();
         assert_eq!(annotations["teamgpu.io/team"], "ml");
         assert_eq!(annotations["teamgpu.io/device-classes"], "a.teamgpu.io");
+        // What a member with `view` in the namespace reads of the team (b's class is not usable).
+        assert_eq!(annotations["teamgpu.io/quotas"], "a: guaranteed 4, limit 8");
         // The hash covers those annotations too: a team's classes can change while every hard
         // stays the same.
         let mut read = annotations.clone();
