@@ -100,7 +100,8 @@ pub fn table(plan: &Plan) -> String {
     if !warnings.is_empty() {
         let _ = writeln!(out, "\nWarnings:");
         for w in &warnings {
-            let _ = writeln!(out, "  - {w}");
+            // A CEL error points at the column on lines of its own.
+            let _ = writeln!(out, "  - {}", w.replace('\n', "\n    "));
         }
     }
     out
@@ -131,7 +132,7 @@ fn conditions(plan: &Plan) -> String {
                 c.type_.to_owned(),
                 if c.status { "True" } else { "False" }.to_owned(),
                 c.reason.to_owned(),
-                c.message.clone(),
+                c.message.lines().next().unwrap_or_default().to_owned(),
             ]);
         }
     }

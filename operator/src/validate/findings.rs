@@ -1,6 +1,6 @@
 //! What a plan warns about, for a person and for `plan -f --fail-on-warnings`: the planner's
-//! cluster-wide warnings, and the conditions that say a policy does not work as written (a
-//! selector that does not compile, guarantees scaled down). Pure.
+//! cluster-wide warnings (overcommitted pools among them), and a selector that does not
+//! compile, which only its policy's condition tells. Pure.
 
 use crate::core::plan::Plan;
 use crate::core::plan::conditions::types;
@@ -12,13 +12,6 @@ pub fn warnings(plan: &Plan) -> Vec<String> {
         for c in &policy.conditions {
             if c.type_ == types::SELECTOR_VALID && !c.status {
                 out.push(format!("GpuSharingPolicy {}: {}", policy.name, c.message));
-            }
-        }
-    }
-    for team in &plan.teams {
-        for c in &team.conditions {
-            if c.type_ == types::OVERCOMMITTED && c.status {
-                out.push(format!("TeamGpuPolicy {}: {}", team.name, c.message));
             }
         }
     }
