@@ -18,6 +18,7 @@ pub mod manifests;
 pub mod output;
 pub mod plugin;
 pub mod top;
+pub mod validate;
 pub mod whatif;
 pub mod why;
 

@@ -19,11 +19,23 @@ enum Command {
     /// change on the cluster of the kubeconfig: the objects the operator would write and each
     /// team's numbers before and after.
     Plan {
-        /// YAML files or folders (`-` is standard input): GpuSharingPolicies, TeamGpuPolicies,
-        /// Namespaces, DeviceClasses, ResourceSlices, ResourceClaims (other kinds are skipped
-        /// with a note). With `--live`, they replace the live objects of the same name.
+        /// YAML or JSON files or folders (`-` is standard input): GpuSharingPolicies,
+        /// TeamGpuPolicies, Namespaces, DeviceClasses, ResourceSlices, ResourceClaims (other
+        /// kinds are skipped with a note). teamgpu's policies are checked as the API server
+        /// checks them; any invalid object fails the command (exit 1). With `--live`, they
+        /// replace the live objects of the same name.
         #[arg(short = 'f', long = "filename")]
         files: Vec<std::path::PathBuf>,
+        /// Fail (exit 1) when the plan has warnings: an unknown sharing policy, a namespace
+        /// claimed twice, overcommitted guarantees, a selector that matches no device or does
+        /// not compile. For CI.
+        #[arg(long)]
+        fail_on_warnings: bool,
+        /// The most YAML nodes one file may have (a List of 5,000 8-GPU ResourceSlices has
+        /// about 2.3 million).
+        #[arg(long, env = teamgpu::input::MAX_YAML_NODES_ENV,
+              default_value_t = teamgpu::input::Limits::DEFAULT_MAX_YAML_NODES)]
+        max_yaml_nodes: usize,
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
@@ -165,17 +177,27 @@ fn main() -> anyhow::Result<()> {
             files,
             output,
             live: false,
+            fail_on_warnings,
+            max_yaml_nodes,
             ..
-        } => plan(&files, output)?,
+        } => plan(&files, output, fail_on_warnings, max_yaml_nodes)?,
         Command::Plan {
             files,
             output,
             live: true,
             operator_user,
             admin_groups,
+            max_yaml_nodes,
+            ..
         } => {
             let admin_groups = (!admin_groups.is_empty()).then_some(admin_groups);
-            block_on(plan_live(&files, output, operator_user, admin_groups))?
+            block_on(plan_live(
+                &files,
+                output,
+                operator_user,
+                admin_groups,
+                max_yaml_nodes,
+            ))?
         }
         Command::Top {
             output,
@@ -221,24 +243,67 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn plan(files: &[std::path::PathBuf], format: Format) -> anyhow::Result<()> {
-    let state = if files.is_empty() {
-        teamgpu::example::state().context("loading the built-in example")?
+fn plan(
+    files: &[std::path::PathBuf],
+    format: Format,
+    fail_on_warnings: bool,
+    max_yaml_nodes: usize,
+) -> anyhow::Result<()> {
+    let (state, invalid) = if files.is_empty() {
+        let state = teamgpu::example::state().context("loading the built-in example")?;
+        (state, None)
     } else {
-        let loaded = teamgpu::input::load(files)?;
-        for note in &loaded.notes {
-            eprintln!("note: {note}");
-        }
-        loaded.state
+        let (state, invalid) = read_files(files, max_yaml_nodes);
+        (state, invalid.err())
     };
     let plan = teamgpu::core::plan::plan(&state);
+    let warnings = teamgpu::validate::findings::warnings(&plan);
     let text = match format {
         Format::Table => teamgpu::output::table(&plan),
+        // An invalid input prints no objects: a pipe into `kubectl apply` applies nothing.
+        _ if invalid.is_some() => String::new(),
         Format::Yaml => teamgpu::output::yaml(&plan).context("serializing the plan")?,
         Format::Json => teamgpu::output::json(&plan).context("serializing the plan")?,
     };
     std::io::stdout().write_all(text.as_bytes())?;
+    if let Some(invalid) = invalid {
+        return Err(invalid);
+    }
+    if fail_on_warnings && !warnings.is_empty() {
+        for w in &warnings {
+            eprintln!("warning: {w}");
+        }
+        anyhow::bail!(
+            "{} warnings, and --fail-on-warnings was given",
+            warnings.len()
+        );
+    }
     Ok(())
+}
+
+/// The state of the files' valid objects; every error goes to standard error, and the
+/// result is an error when there was one.
+fn read_files(
+    files: &[std::path::PathBuf],
+    max_yaml_nodes: usize,
+) -> (teamgpu::core::state::ClusterState, anyhow::Result<()>) {
+    let limits = teamgpu::input::Limits { max_yaml_nodes };
+    let loaded = teamgpu::input::load(files, &limits);
+    for note in &loaded.notes {
+        eprintln!("note: {note}");
+    }
+    for error in &loaded.errors {
+        for line in error.to_string().lines() {
+            eprintln!("error: {line}");
+        }
+    }
+    let invalid = match loaded.errors.len() {
+        0 => Ok(()),
+        n => Err(anyhow::anyhow!(
+            "{n} of the inputs are invalid (listed above) and were left out of the plan"
+        )),
+    };
+    (loaded.state, invalid)
 }
 
 /// A runtime for one command that reads the cluster.
@@ -268,18 +333,17 @@ async fn plan_live(
     format: Format,
     operator_user: Option<String>,
     admin_groups: Option<Vec<String>>,
+    max_yaml_nodes: usize,
 ) -> anyhow::Result<()> {
     // The files first: a typo fails before the cluster is asked.
-    let changes = teamgpu::input::load(files)?;
-    for note in &changes.notes {
-        eprintln!("note: {note}");
-    }
+    let (changes, invalid) = read_files(files, max_yaml_nodes);
+    invalid?;
     let live = teamgpu::live::read(&client().await?, operator_user, admin_groups).await?;
     for note in &live.notes {
         eprintln!("note: {note}");
     }
     let before = teamgpu::core::plan::plan(&live.state);
-    let after = teamgpu::core::plan::plan(&teamgpu::whatif::overlay(&live.state, changes.state));
+    let after = teamgpu::core::plan::plan(&teamgpu::whatif::overlay(&live.state, changes));
     let what_if = teamgpu::whatif::what_if(&before, &after, &live.managed);
     let text = match format {
         Format::Table => teamgpu::whatif::table(&what_if),

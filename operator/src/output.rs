@@ -93,13 +93,50 @@ pub fn table(plan: &Plan) -> String {
             p.name, p.device_class, p.capacity
         );
     }
-    if !plan.warnings.is_empty() {
+    if !plan.sharing_policies.is_empty() || !plan.teams.is_empty() {
+        let _ = write!(out, "\nConditions:\n{}", conditions(plan));
+    }
+    let warnings = crate::validate::findings::warnings(plan);
+    if !warnings.is_empty() {
         let _ = writeln!(out, "\nWarnings:");
-        for w in &plan.warnings {
-            let _ = writeln!(out, "  - {w}");
+        for w in &warnings {
+            // A CEL error points at the column on lines of its own.
+            let _ = writeln!(out, "  - {}", w.replace('\n', "\n    "));
         }
     }
     out
+}
+
+/// The conditions the operator would set on each policy, one row each, as in its status.
+fn conditions(plan: &Plan) -> String {
+    let mut rows: Vec<Vec<String>> = vec![
+        ["  POLICY", "TYPE", "STATUS", "REASON", "MESSAGE"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    let policies = plan
+        .sharing_policies
+        .iter()
+        .map(|p| (format!("GpuSharingPolicy/{}", p.name), &p.conditions))
+        .chain(
+            plan.teams
+                .iter()
+                .map(|t| (format!("TeamGpuPolicy/{}", t.name), &t.conditions)),
+        );
+    for (policy, conditions) in policies {
+        let mut sorted: Vec<_> = conditions.iter().collect();
+        sorted.sort_by_key(|c| c.type_);
+        for c in sorted {
+            rows.push(vec![
+                format!("  {policy}"),
+                c.type_.to_owned(),
+                if c.status { "True" } else { "False" }.to_owned(),
+                c.reason.to_owned(),
+                c.message.lines().next().unwrap_or_default().to_owned(),
+            ]);
+        }
+    }
+    align(&rows)
 }
 
 /// Rows as columns two spaces apart, each as wide as its widest cell; no trailing blanks.
