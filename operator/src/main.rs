@@ -77,7 +77,8 @@ enum Command {
         #[arg(long, default_value_t = teamgpu::manifests::default_image())]
         image: String,
     },
-    /// Print a shell completion script (e.g. `source <(teamgpu completion bash)`).
+    /// Print a shell completion script (e.g. `source <(teamgpu completion bash)`); as the kubectl
+    /// plugin, one that completes `kubectl teamgpu ...` (source it after kubectl's own).
     Completion {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
@@ -177,7 +178,10 @@ fn main() -> anyhow::Result<()> {
             std::io::stdout().write_all(yaml.as_bytes())?;
         }
         Command::Completion { shell } => {
-            clap_complete::generate(shell, &mut command, name, &mut std::io::stdout());
+            // A fresh command: the parsed one carries bin names ("kubectl teamgpu plan") that
+            // the generators cannot look subcommands up by.
+            let script = teamgpu::plugin::completion_script(shell, &Cli::command(), name);
+            std::io::stdout().write_all(&script)?;
         }
         Command::Crd {
             reference: true, ..
