@@ -105,6 +105,10 @@ struct RunArgs {
     /// Address of the probes /healthz and /readyz.
     #[arg(long, env = "TEAMGPU_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
     health_addr: std::net::SocketAddr,
+    /// /healthz fails (503, with the reason) once work has waited this many seconds without a
+    /// reconcile pass finishing; 0 never fails it.
+    #[arg(long, env = "TEAMGPU_HEALTHZ_STALL_SECONDS", default_value_t = teamgpu::controller::DEFAULT_HEALTHZ_STALL.as_secs())]
+    healthz_stall_seconds: u64,
     /// Reclaim borrowed devices by eviction for teams that do not say otherwise.
     #[arg(long, env = "TEAMGPU_RECLAIM")]
     reclaim: bool,
@@ -311,8 +315,14 @@ async fn why(pod: &str, namespace: Option<String>, format: Format) -> anyhow::Re
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    // Colours only for a person at a terminal: a Pod's log (a pipe) gets plain text.
+    use std::io::IsTerminal as _;
+    let colour = std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour);
     match args.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
@@ -333,6 +343,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         reclaim_min_runtime: std::time::Duration::from_secs(args.reclaim_min_runtime_seconds),
         resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),
         admin_groups: (!args.admin_groups.is_empty()).then_some(args.admin_groups),
+        healthz_stall: std::time::Duration::from_secs(args.healthz_stall_seconds),
         ..teamgpu::controller::Config::default()
     };
     // One thread: the operator waits on the API server far more than it computes (5 s of CPU
@@ -372,6 +383,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     result
 }
+
+/// The log filter without `RUST_LOG`. kube-client's request tracing logs every failed request at
+/// ERROR, which `kube=warn` lets through: each API error twice, once without context, beside
+/// teamgpu's own line that names the step and says whether it retries. `RUST_LOG` (e.g.
+/// `info,kube_client=debug`) brings them back.
+const DEFAULT_LOG_FILTER: &str = "info,kube=warn,kube_client::client::builder=off";
 
 /// How long a graceful stop (handing the Lease back) may take: the Deployment gives the Pod 10 s
 /// after SIGTERM before it kills it.
