@@ -237,7 +237,10 @@ pub fn team_report(
         None if !unknown.is_empty() => (
             false,
             "SharingPolicyNotReady",
-            format!("no devices for {}", unknown.join(", ")),
+            format!(
+                "no devices for {}: the GpuSharingPolicies are missing or not ready",
+                unknown.join(", ")
+            ),
         ),
         None if namespaces.is_empty() => (
             false,
