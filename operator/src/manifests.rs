@@ -23,7 +23,7 @@ pub fn default_image() -> String {
 pub const ROOT: &str = "config/default";
 
 /// The files of `config/` the bundle reads, by path from the repository root.
-const EMBEDDED: [(&str, &str); 13] = [
+const EMBEDDED: [(&str, &str); 14] = [
     (
         "config/default/kustomization.yaml",
         include_str!("../../config/default/kustomization.yaml"),
@@ -75,6 +75,10 @@ const EMBEDDED: [(&str, &str); 13] = [
     (
         "config/manager/service.yaml",
         include_str!("../../config/manager/service.yaml"),
+    ),
+    (
+        "config/manager/networkpolicy.yaml",
+        include_str!("../../config/manager/networkpolicy.yaml"),
     ),
 ];
 
