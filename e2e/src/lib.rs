@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod control_plane;
+pub mod docs;
 pub mod fixtures;
 pub mod node_agent;
 pub mod operator;

@@ -1,0 +1,282 @@
+//! The reclaim tracker over passes: grace periods, minimum runtimes, Events.
+
+use super::*;
+
+/// Team `owner` (namespace `o`, guaranteed 8) waits for 2 devices of sharing policy `a`;
+/// `borrower` (namespace `b`, guaranteed 4) holds 12 in 4-device Jobs.
+fn plan() -> Plan {
+    let team = |name: &str, namespace: &str, allocated, effective_guarantee| TeamReport {
+        name: name.into(),
+        namespaces: vec![namespace.into()],
+        quotas: vec![QuotaStatus {
+            sharing_policy: "a".into(),
+            allocated,
+            effective_guarantee,
+            weight: 1,
+            ..QuotaStatus::default()
+        }],
+        ..TeamReport::default()
+    };
+    Plan {
+        teams: vec![team("owner", "o", 6, 8), team("borrower", "b", 12, 4)],
+        reclaims: vec![order()],
+        ..Plan::default()
+    }
+}
+
+fn order() -> ReclaimOrder {
+    ReclaimOrder {
+        sharing_policy: "a".into(),
+        borrower: "borrower".into(),
+        devices: 2,
+        for_team: "owner".into(),
+    }
+}
+
+fn team(name: &str, reclaim: Value) -> TeamGpuPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+        "metadata": {"name": name, "uid": format!("u-{name}")},
+        "spec": {"reclaim": reclaim}
+    }))
+    .unwrap()
+}
+
+/// Three 4-device Jobs of one Pod each, started an hour apart (j3 newest, 10:00).
+fn cluster() -> (Vec<Arc<PodView>>, Vec<Arc<ClaimView>>) {
+    let started = |h: u32| json!({"status": {"startTime": format!("2026-06-01T{h:02}:00:00Z")}});
+    let pods = views(&[
+        pod("b", "j1-0", Some(("Job", "j1")), json!({}), started(8)),
+        pod("b", "j2-0", Some(("Job", "j2")), json!({}), started(9)),
+        pod("b", "j3-0", Some(("Job", "j3")), json!({}), started(10)),
+    ]);
+    let claims = vec![
+        claim("b", "j1-0-gpu", 4, &["j1-0"]),
+        claim("b", "j2-0-gpu", 4, &["j2-0"]),
+        claim("b", "j3-0-gpu", 4, &["j3-0"]),
+    ];
+    (pods, claims)
+}
+
+const OFF: ReclaimDefaults = ReclaimDefaults {
+    enabled: false,
+    grace: Duration::from_secs(120),
+    min_runtime: Duration::ZERO,
+};
+
+/// A tracker for the waiting team, from `t0`.
+struct Waiting {
+    teams: Vec<TeamGpuPolicy>,
+    defaults: ReclaimDefaults,
+    tracker: ReclaimTracker,
+    t0: Instant,
+}
+
+impl Waiting {
+    /// The team opted in with a grace period of 30 s.
+    fn new() -> Self {
+        Self::with(json!({"enabled": true, "gracePeriodSeconds": 30}), OFF)
+    }
+
+    /// The team's `spec.reclaim` is `reclaim`; the operator's defaults are `defaults`.
+    fn with(reclaim: Value, defaults: ReclaimDefaults) -> Self {
+        Waiting {
+            teams: vec![team("owner", reclaim), team("borrower", json!({}))],
+            defaults,
+            tracker: ReclaimTracker::default(),
+            t0: Instant::now(),
+        }
+    }
+
+    /// What a pass of `plan` at `secs` after `t0` (and after 12:00 on the wall) asks for.
+    fn reclaimed(&mut self, plan: &Plan, secs: u64) -> Reclaimed {
+        let now = self.t0 + Duration::from_secs(secs);
+        let wall = Timestamp::from_second(at(NOW).as_second() + secs as i64).unwrap();
+        let (pods, claims) = cluster();
+        let input = ReclaimInput {
+            plan,
+            teams: &self.teams,
+            claims: &claims,
+            pods: &pods,
+        };
+        self.tracker.evictions(input, self.defaults, now, wall)
+    }
+
+    /// The workloads evicted in a pass of `plan` at `secs` after `t0`.
+    fn pass(&mut self, plan: &Plan, secs: u64) -> Vec<String> {
+        let reclaimed = self.reclaimed(plan, secs);
+        reclaimed
+            .evictions
+            .iter()
+            .map(|e| e.workload.clone())
+            .collect()
+    }
+
+    fn wakes_at(&self) -> Option<u64> {
+        let at = self.tracker.next_attempt()?;
+        Some(at.duration_since(self.t0).as_secs())
+    }
+}
+
+#[test]
+fn an_opted_in_team_evicts_once_its_grace_period_has_passed() {
+    let mut waiting = Waiting::new();
+    assert!(waiting.pass(&plan(), 0).is_empty());
+    assert_eq!(waiting.wakes_at(), Some(30), "woken when the grace ends");
+    assert!(waiting.pass(&plan(), 29).is_empty());
+    // 2 short, every Job holds 4: the newest Job goes whole.
+    assert_eq!(waiting.pass(&plan(), 30), ["Job b/j3"]);
+    assert_eq!(waiting.wakes_at(), None);
+    // A refused eviction wakes the loop 10 s later.
+    waiting
+        .tracker
+        .refused(waiting.t0 + Duration::from_secs(31));
+    assert_eq!(waiting.wakes_at(), Some(41));
+    waiting
+        .tracker
+        .clear_due(waiting.t0 + Duration::from_secs(41));
+    assert_eq!(waiting.wakes_at(), None);
+}
+
+#[test]
+fn a_reclaim_no_longer_ordered_starts_its_grace_period_again() {
+    let mut waiting = Waiting::new();
+    waiting.pass(&plan(), 0);
+    let settled = Plan {
+        reclaims: Vec::new(),
+        ..plan()
+    };
+    assert!(waiting.pass(&settled, 10).is_empty());
+    assert_eq!(waiting.wakes_at(), None);
+    assert!(
+        waiting.pass(&plan(), 30).is_empty(),
+        "the grace period starts again at 30 s"
+    );
+    assert_eq!(waiting.wakes_at(), Some(60));
+}
+
+#[test]
+fn a_team_reclaims_only_when_it_or_the_operators_default_opts_in() {
+    let evicted = |reclaim, defaults, secs| {
+        let mut waiting = Waiting::with(reclaim, defaults);
+        waiting.pass(&plan(), 0);
+        waiting.pass(&plan(), secs)
+    };
+    let on = ReclaimDefaults {
+        enabled: true,
+        ..OFF
+    };
+    let none = Vec::<String>::new();
+    assert_eq!(evicted(json!({}), OFF, 120), none);
+    assert_eq!(evicted(json!({}), on, 120), ["Job b/j3"]);
+    assert_eq!(evicted(json!({"enabled": false}), on, 120), none);
+    assert_eq!(evicted(json!({"enabled": true}), OFF, 120), ["Job b/j3"]);
+    // The operator's grace period (120 s) applies to a team that sets none.
+    assert_eq!(evicted(json!({}), on, 119), none);
+}
+
+#[test]
+fn a_minimum_runtime_spares_young_workloads_and_says_until_when() {
+    // The Jobs started at 08:00, 09:00 and 10:00; it is 12:00. With 3.5 hours, only j1 may go.
+    let mut waiting = Waiting::with(
+        json!({"enabled": true, "gracePeriodSeconds": 0, "minRuntimeSeconds": 12600}),
+        OFF,
+    );
+    assert_eq!(waiting.pass(&plan(), 0), ["Job b/j1"]);
+    // With 5 hours, none may: the team is told when the first may go, and the loop wakes then.
+    let mut waiting = Waiting::with(
+        json!({"enabled": true, "gracePeriodSeconds": 0, "minRuntimeSeconds": 18000}),
+        OFF,
+    );
+    let reclaimed = waiting.reclaimed(&plan(), 0);
+    assert!(reclaimed.evictions.is_empty());
+    assert_eq!(
+        waiting.wakes_at(),
+        Some(3600),
+        "j1 reaches 5 hours at 13:00"
+    );
+    let notes: Vec<(&str, Option<&str>, &str)> = (reclaimed.events.iter())
+        .map(|e| (e.reason, e.regarding.namespace.as_deref(), e.note.as_str()))
+        .collect();
+    let note = "2 devices of a are still short: the borrowers' workloads that could free them \
+                have run less than the minimum runtime (18000 s); reclaim takes them from \
+                2026-06-01T13:00:00Z";
+    let copy = format!("TeamGpuPolicy owner: {note}");
+    assert_eq!(
+        notes,
+        [
+            ("ReclaimWaiting", Some("o"), copy.as_str()),
+            ("ReclaimWaiting", None, note)
+        ]
+    );
+    // The operator's default applies to a team that sets none.
+    let mut waiting = Waiting::with(
+        json!({"enabled": true, "gracePeriodSeconds": 0}),
+        ReclaimDefaults {
+            min_runtime: Duration::from_secs(12600),
+            ..OFF
+        },
+    );
+    assert_eq!(waiting.pass(&plan(), 0), ["Job b/j1"]);
+}
+
+#[test]
+fn an_eviction_is_told_on_the_pods_the_borrower_and_in_both_teams_namespaces() {
+    let mut waiting = Waiting::with(json!({"enabled": true, "gracePeriodSeconds": 0}), OFF);
+    let reclaimed = waiting.reclaimed(&plan(), 0);
+    let [eviction] = &reclaimed.evictions[..] else {
+        panic!("one eviction: {reclaimed:?}")
+    };
+    assert_eq!(eviction.pods, [("b".to_owned(), "j3-0".to_owned())]);
+    let reference =
+        |api_version: &str, kind: &str, namespace: Option<&str>, name: &str| ObjectReference {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
+            namespace: namespace.map(Into::into),
+            name: Some(name.into()),
+            ..Default::default()
+        };
+    let borrower = ObjectReference {
+        uid: Some("u-borrower".into()),
+        ..reference("teamgpu.io/v1alpha1", "TeamGpuPolicy", None, "borrower")
+    };
+    let told = |reason: &'static str, note: &str| -> Vec<Event> {
+        [
+            (reference("v1", "Pod", Some("b"), "j3-0"), String::new()),
+            (borrower.clone(), String::new()),
+            (
+                reference("v1", "ResourceQuota", Some("b"), "teamgpu"),
+                "TeamGpuPolicy borrower: ".to_owned(),
+            ),
+            (
+                reference("v1", "ResourceQuota", Some("o"), "teamgpu"),
+                "TeamGpuPolicy owner: ".to_owned(),
+            ),
+        ]
+        .into_iter()
+        .map(|(regarding, prefix)| Event {
+            regarding,
+            type_: EventType::Warning,
+            reason,
+            action: "Evict",
+            note: format!("{prefix}{note}"),
+        })
+        .collect()
+    };
+    assert_eq!(
+        eviction_events(eviction, Ok(())),
+        told(
+            "Reclaimed",
+            "evicting Job b/j3 (1 Pod, 4 devices of a, priority 0): borrower holds devices above \
+             its guarantee that owner needs back (2 short)"
+        )
+    );
+    assert_eq!(
+        eviction_events(eviction, Err("a PodDisruptionBudget")),
+        told(
+            "EvictionRefused",
+            "could not evict Job b/j3 (1 Pod, 4 devices of a, priority 0) to give devices back \
+             to owner: a PodDisruptionBudget; no Pod of it was evicted; retrying"
+        )
+    );
+}

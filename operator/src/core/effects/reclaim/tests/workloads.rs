@@ -1,0 +1,143 @@
+//! What a workload is, and which claims it frees.
+
+use super::*;
+
+#[test]
+fn a_pod_belongs_to_its_controller_its_label_or_itself() {
+    let labels = |pairs: Value| pairs;
+    let pods = [
+        pod("b", "train-0", Some(("Job", "train")), json!({}), json!({})),
+        pod("b", "train-1", Some(("Job", "train")), json!({}), json!({})),
+        pod(
+            "b",
+            "web-x",
+            Some(("ReplicaSet", "web")),
+            json!({}),
+            json!({}),
+        ),
+        pod(
+            "b",
+            "db-0",
+            Some(("StatefulSet", "db")),
+            json!({}),
+            json!({}),
+        ),
+        pod("b", "solo", None, json!({}), json!({})),
+        pod(
+            "b",
+            "sweep-a",
+            None,
+            labels(json!({"teamgpu.io/workload": "sweep"})),
+            json!({}),
+        ),
+        pod(
+            "b2",
+            "sweep-b",
+            Some(("Job", "other")),
+            labels(json!({"teamgpu.io/workload": "sweep"})),
+            json!({}),
+        ),
+        pod(
+            "b",
+            "js-0",
+            Some(("Job", "js-workers-0")),
+            labels(json!({"jobset.sigs.k8s.io/jobset-name": "js"})),
+            json!({}),
+        ),
+        pod(
+            "b",
+            "lws-0-1",
+            Some(("StatefulSet", "lws-0")),
+            labels(json!({"leaderworkerset.sigs.k8s.io/name": "lws",
+                          "leaderworkerset.sigs.k8s.io/group-index": "0"})),
+            json!({}),
+        ),
+    ];
+    let keys: Vec<String> = views(&pods)
+        .iter()
+        .map(|p| match &p.workload {
+            WorkloadKey::Labelled(l) => format!("label {l}"),
+            WorkloadKey::Owner { kind, name } => format!("{kind} {name}"),
+            WorkloadKey::Alone => "alone".into(),
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "Job train",
+            "Job train",
+            "alone",
+            "alone",
+            "alone",
+            "label sweep",
+            "label sweep",
+            "JobSet js",
+            "LeaderWorkerSet lws/0"
+        ]
+    );
+}
+
+#[test]
+fn a_workload_frees_the_claims_only_its_pods_hold() {
+    let pods = views(&[
+        pod("b", "train-0", Some(("Job", "train")), json!({}), json!({})),
+        pod("b", "train-1", Some(("Job", "train")), json!({}), json!({})),
+        // A launcher Pod without GPUs goes with its Job.
+        pod(
+            "b",
+            "train-launcher",
+            Some(("Job", "train")),
+            json!({}),
+            json!({}),
+        ),
+        pod("b", "solo", None, json!({}), json!({})),
+        pod("b", "helper", None, json!({}), json!({})),
+        pod(
+            "b",
+            "sweep-a",
+            None,
+            json!({"teamgpu.io/workload": "sweep"}),
+            json!({}),
+        ),
+        pod(
+            "b2",
+            "sweep-b",
+            None,
+            json!({"teamgpu.io/workload": "sweep"}),
+            json!({}),
+        ),
+        // Another team's Pod with the same label is not part of it.
+        pod(
+            "o",
+            "sweep-c",
+            None,
+            json!({"teamgpu.io/workload": "sweep"}),
+            json!({}),
+        ),
+    ]);
+    let claims = [
+        claim("b", "train-0-gpu", 4, &["train-0"]),
+        claim("b", "train-1-gpu", 4, &["train-1"]),
+        // Shared with a Pod of another workload: evicting one of them frees nothing.
+        claim("b", "shared", 2, &["solo", "helper"]),
+        claim("b", "solo-gpu", 1, &["solo"]),
+        claim("b", "sweep-a-gpu", 2, &["sweep-a"]),
+        claim("b2", "sweep-b-gpu", 2, &["sweep-b"]),
+        claim("o", "sweep-c-gpu", 8, &["sweep-c"]),
+    ];
+    let team = ["b".to_owned(), "b2".to_owned()];
+    let found: Vec<(String, u64, usize)> = workloads(&pods, &claims, &team, CLASS)
+        .into_iter()
+        .map(|w| (w.name, w.devices, w.pods.len()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("workload sweep".to_owned(), 4, 2),
+            ("Job b/train".to_owned(), 8, 3),
+            ("Pod b/solo".to_owned(), 1, 1),
+        ]
+    );
+    assert_eq!(label_elsewhere(&pods, &team, "sweep"), ["o"]);
+    assert!(workloads(&pods, &claims, &team, "other.teamgpu.io").is_empty());
+}
