@@ -401,6 +401,7 @@ mod tests {
                 "ClusterRoleBinding /teamgpu",
                 "Service teamgpu-system/teamgpu-metrics",
                 "Deployment teamgpu-system/teamgpu",
+                "NetworkPolicy teamgpu-system/teamgpu-metrics",
             ]
         );
         assert!(
@@ -408,7 +409,7 @@ mod tests {
                 .iter()
                 .all(|o| o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "teamgpu")
         );
-        let deployment = objects.last().unwrap();
+        let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
         assert_eq!(
             deployment["spec"]["template"]["spec"]["containers"][0]["image"],
             "example.com/teamgpu:dev"
@@ -418,7 +419,7 @@ mod tests {
     #[test]
     fn the_default_image_is_this_version() {
         let objects = objects(&default_image()).unwrap();
-        let deployment = objects.last().unwrap();
+        let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
         assert_eq!(
             deployment["spec"]["template"]["spec"]["containers"][0]["image"],
             format!("ghcr.io/teamgpu/teamgpu:v{}", env!("CARGO_PKG_VERSION"))
