@@ -96,7 +96,8 @@ enum Command {
         #[arg(long, default_value_t = teamgpu::manifests::default_image())]
         image: String,
     },
-    /// Print a shell completion script (e.g. `source <(teamgpu completion bash)`).
+    /// Print a shell completion script (e.g. `source <(teamgpu completion bash)`); as the kubectl
+    /// plugin, one that completes `kubectl teamgpu ...` (source it after kubectl's own).
     Completion {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
@@ -123,6 +124,10 @@ struct RunArgs {
     /// Address of the probes /healthz and /readyz.
     #[arg(long, env = "TEAMGPU_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
     health_addr: std::net::SocketAddr,
+    /// /healthz fails (503, with the reason) once work has waited this many seconds without a
+    /// reconcile pass finishing; 0 never fails it.
+    #[arg(long, env = "TEAMGPU_HEALTHZ_STALL_SECONDS", default_value_t = teamgpu::controller::DEFAULT_HEALTHZ_STALL.as_secs())]
+    healthz_stall_seconds: u64,
     /// Reclaim borrowed devices by eviction for teams that do not say otherwise.
     #[arg(long, env = "TEAMGPU_RECLAIM")]
     reclaim: bool,
@@ -214,7 +219,10 @@ fn main() -> anyhow::Result<()> {
             std::io::stdout().write_all(yaml.as_bytes())?;
         }
         Command::Completion { shell } => {
-            clap_complete::generate(shell, &mut command, name, &mut std::io::stdout());
+            // A fresh command: the parsed one carries bin names ("kubectl teamgpu plan") that
+            // the generators cannot look subcommands up by.
+            let script = teamgpu::plugin::completion_script(shell, &Cli::command(), name);
+            std::io::stdout().write_all(&script)?;
         }
         Command::Crd {
             reference: true, ..
@@ -392,8 +400,14 @@ async fn why(pod: &str, namespace: Option<String>, format: Format) -> anyhow::Re
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    // Colours only for a person at a terminal: a Pod's log (a pipe) gets plain text.
+    use std::io::IsTerminal as _;
+    let colour = std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour);
     match args.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
@@ -415,6 +429,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),
         admin_groups: (!args.admin_groups.is_empty()).then_some(args.admin_groups),
         enforcement: args.enforcement,
+        healthz_stall: std::time::Duration::from_secs(args.healthz_stall_seconds),
         ..teamgpu::controller::Config::default()
     };
     // One thread: the operator waits on the API server far more than it computes (5 s of CPU
@@ -454,6 +469,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     result
 }
+
+/// The log filter without `RUST_LOG`. kube-client's request tracing logs every failed request at
+/// ERROR, which `kube=warn` lets through: each API error twice, once without context, beside
+/// teamgpu's own line that names the step and says whether it retries. `RUST_LOG` (e.g.
+/// `info,kube_client=debug`) brings them back.
+const DEFAULT_LOG_FILTER: &str = "info,kube=warn,kube_client::client::builder=off";
 
 /// How long a graceful stop (handing the Lease back) may take: the Deployment gives the Pod 10 s
 /// after SIGTERM before it kills it.

@@ -23,7 +23,7 @@ pub fn default_image() -> String {
 pub const ROOT: &str = "config/default";
 
 /// The files of `config/` the bundle reads, by path from the repository root.
-const EMBEDDED: [(&str, &str); 14] = [
+const EMBEDDED: [(&str, &str); 15] = [
     (
         "config/default/kustomization.yaml",
         include_str!("../../config/default/kustomization.yaml"),
@@ -79,6 +79,10 @@ const EMBEDDED: [(&str, &str); 14] = [
     (
         "config/manager/service.yaml",
         include_str!("../../config/manager/service.yaml"),
+    ),
+    (
+        "config/manager/networkpolicy.yaml",
+        include_str!("../../config/manager/networkpolicy.yaml"),
     ),
 ];
 
@@ -402,6 +406,7 @@ mod tests {
                 "ClusterRoleBinding /teamgpu",
                 "Service teamgpu-system/teamgpu-metrics",
                 "Deployment teamgpu-system/teamgpu",
+                "NetworkPolicy teamgpu-system/teamgpu-metrics",
             ]
         );
         assert!(
@@ -409,7 +414,7 @@ mod tests {
                 .iter()
                 .all(|o| o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "teamgpu")
         );
-        let deployment = objects.last().unwrap();
+        let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
         assert_eq!(
             deployment["spec"]["template"]["spec"]["containers"][0]["image"],
             "example.com/teamgpu:dev"
@@ -419,7 +424,7 @@ mod tests {
     #[test]
     fn the_default_image_is_this_version() {
         let objects = objects(&default_image()).unwrap();
-        let deployment = objects.last().unwrap();
+        let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
         assert_eq!(
             deployment["spec"]["template"]["spec"]["containers"][0]["image"],
             format!("ghcr.io/teamgpu/teamgpu:v{}", env!("CARGO_PKG_VERSION"))

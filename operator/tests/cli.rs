@@ -144,7 +144,8 @@ fn manifests_hold_the_install_and_run_the_image_asked_for() {
             "RoleBinding",
             "ClusterRoleBinding",
             "Service",
-            "Deployment"
+            "Deployment",
+            "NetworkPolicy"
         ]
     );
     let image = |docs: &[serde_json::Value]| {

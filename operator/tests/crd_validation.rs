@@ -786,6 +786,8 @@ fn printer_columns() {
             ("DeviceClass", "string", ".status.deviceClassName"),
             ("Strategy", "string", ".spec.sharing.strategy"),
             ("Devices", "integer", ".status.devices"),
+            ("Allocated", "integer", ".status.allocated"),
+            ("Outside-Teams", "integer", ".status.usedOutsideTeams"),
             (
                 "Ready",
                 "string",
@@ -798,7 +800,11 @@ fn printer_columns() {
         columns(TGP),
         expect(&[
             ("Weight", "integer", ".spec.weight"),
-            ("Namespaces", "string", ".status.namespaces"),
+            ("Namespaces", "integer", ".status.namespaceCount"),
+            ("Guaranteed", "integer", ".status.totals.guaranteed"),
+            ("Entitlement", "integer", ".status.totals.entitlement"),
+            ("Allocated", "integer", ".status.totals.allocated"),
+            ("Pending", "integer", ".status.totals.pending"),
             (
                 "Ready",
                 "string",

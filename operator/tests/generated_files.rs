@@ -578,6 +578,60 @@ fn config_argocd_operator_is_config_default_with_the_crds_in_an_earlier_wave() {
 }
 
 #[test]
+fn only_the_monitoring_namespace_reaches_the_metrics_port_that_the_service_monitor_scrapes() {
+    let (Some(default), Some(monitoring)) =
+        (kustomize("config/default"), kustomize("config/monitoring"))
+    else {
+        return;
+    };
+    let policy = find(&default, "NetworkPolicy", "teamgpu-metrics");
+    assert_eq!(policy["metadata"]["namespace"], NAMESPACE);
+    // It selects the operator's Pods, and only for what comes in (the API server is reached
+    // outwards).
+    let deployment = find(&default, "Deployment", "teamgpu");
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selector = policy["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .expect("podSelector.matchLabels");
+    assert!(!selector.is_empty());
+    for (key, value) in selector {
+        assert_eq!(&pod_labels[key], value, "the Pod lacks label {key}={value}");
+    }
+    assert_eq!(strings(&policy["spec"]["policyTypes"]), ["Ingress"]);
+    // One way in: the metrics port, from the monitoring namespace. The probes need none (the
+    // kubelet is on the Pod's node, which NetworkPolicies always let in).
+    assert_eq!(
+        policy["spec"]["ingress"],
+        serde_json::json!([{
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"port": "metrics", "protocol": "TCP"}],
+        }])
+    );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let metrics_port = container["ports"]
+        .as_array()
+        .expect("container ports")
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a container port named metrics");
+    assert_eq!(metrics_port["containerPort"], 8080);
+    // The ServiceMonitor scrapes that very port, as plain HTTP (no token or TLS to configure).
+    let monitor = find(&monitoring, "ServiceMonitor", "teamgpu");
+    let service = find(&default, "Service", "teamgpu-metrics");
+    for endpoint in monitor["spec"]["endpoints"].as_array().expect("endpoints") {
+        let port = service["spec"]["ports"]
+            .as_array()
+            .expect("Service ports")
+            .iter()
+            .find(|p| p["name"] == endpoint["port"])
+            .unwrap_or_else(|| panic!("the Service has no port {}", endpoint["port"]));
+        assert_eq!(port["targetPort"], "metrics");
+        assert!(endpoint["scheme"].is_null() || endpoint["scheme"] == "http");
+        assert!(endpoint["bearerTokenSecret"].is_null() && endpoint["authorization"].is_null());
+    }
+}
+
+#[test]
 fn config_monitoring_renders_a_service_monitor_alerts_and_a_dashboard_for_grafana() {
     let Some(docs) = kustomize("config/monitoring") else {
         return;

@@ -33,6 +33,12 @@ pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
         json_path = ".spec.sharing.strategy"
     ),
     printcolumn(name = "Devices", type_ = "integer", json_path = ".status.devices"),
+    printcolumn(name = "Allocated", type_ = "integer", json_path = ".status.allocated"),
+    printcolumn(
+        name = "Outside-Teams",
+        type_ = "integer",
+        json_path = ".status.usedOutsideTeams"
+    ),
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -264,15 +270,14 @@ pub struct GpuSharingPolicyStatus {
     /// Matching devices published in ResourceSlices (complete pools, untainted).
     #[serde(default)]
     pub devices: u32,
+    /// Of those, devices allocated to the teams' claims.
+    #[serde(default)]
+    pub allocated: u32,
     /// Of those, devices allocated through other DeviceClasses (outside every team, or from
     /// before teamgpu governed them): not available to teams.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default)]
     pub used_outside_teams: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }

@@ -21,8 +21,28 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Weight", type_ = "integer", json_path = ".spec.weight"),
     printcolumn(
         name = "Namespaces",
-        type_ = "string",
-        json_path = ".status.namespaces"
+        type_ = "integer",
+        json_path = ".status.namespaceCount"
+    ),
+    printcolumn(
+        name = "Guaranteed",
+        type_ = "integer",
+        json_path = ".status.totals.guaranteed"
+    ),
+    printcolumn(
+        name = "Entitlement",
+        type_ = "integer",
+        json_path = ".status.totals.entitlement"
+    ),
+    printcolumn(
+        name = "Allocated",
+        type_ = "integer",
+        json_path = ".status.totals.allocated"
+    ),
+    printcolumn(
+        name = "Pending",
+        type_ = "integer",
+        json_path = ".status.totals.pending"
     ),
     printcolumn(
         name = "Ready",
@@ -203,6 +223,12 @@ pub struct TeamGpuPolicyStatus {
     /// The namespaces that belong to the team now, sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
+    /// How many namespaces belong to the team now.
+    #[serde(default)]
+    pub namespace_count: u32,
+    /// The team's devices summed over its quota entries (what `kubectl get tgp` shows).
+    #[serde(default)]
+    pub totals: QuotaTotals,
     /// What the team gets per sharing policy, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["sharingPolicy"]))]
@@ -210,6 +236,20 @@ pub struct TeamGpuPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// A team's devices summed over its quota entries (of every sharing policy).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaTotals {
+    /// Devices the quotas guarantee (as configured, before any scaling down).
+    pub guaranteed: u32,
+    /// The team's hard quota now: effective guarantees plus what it may borrow.
+    pub entitlement: u32,
+    /// Devices allocated to the team's claims.
+    pub allocated: u32,
+    /// Devices the team's Pods wait for.
+    pub pending: u32,
 }
 
 /// The numbers behind one quota entry, all in devices.

@@ -35,6 +35,11 @@ use reconciler::Reconciler;
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "teamgpu";
 
+/// How long work may wait for a pass before /healthz fails: ten times the longest pass
+/// measured, the 29 s first converge of the benchmark cluster (docs/sizing.md), which writes
+/// 10,000 objects in one pass.
+pub const DEFAULT_HEALTHZ_STALL: Duration = Duration::from_secs(300);
+
 /// How the operator runs.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -67,6 +72,8 @@ pub struct Config {
     /// What teamgpu's admission bindings do with a request that breaks a rule (`Warn` or
     /// `Audit` to see first what `Deny` would refuse).
     pub enforcement: crate::core::plan::admission::Enforcement,
+    /// /healthz fails once work has waited this long without a pass finishing; zero: never.
+    pub healthz_stall: Duration,
 }
 
 impl Default for Config {
@@ -86,6 +93,7 @@ impl Default for Config {
             debounce: Duration::from_millis(100),
             admin_groups: None,
             enforcement: crate::core::plan::admission::Enforcement::Deny,
+            healthz_stall: DEFAULT_HEALTHZ_STALL,
         }
     }
 }
@@ -213,7 +221,8 @@ pub async fn run(
     let operator_user = operator_user?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
-    let _endpoints = serve_endpoints(&config, &ready, &metrics).await?;
+    let progress = Arc::new(http::LoopProgress::default());
+    let _endpoints = serve_endpoints(&config, &ready, &metrics, &progress).await?;
 
     let wake = observe::Wake::default();
     let mut watches = JoinSet::new();
@@ -254,7 +263,7 @@ pub async fn run(
         operator_user,
     );
     tokio::select! {
-        () = reconcile_loop(reconciler, &config, &notify, leader, &metrics) => {}
+        () = reconcile_loop(reconciler, &config, &notify, leader, &metrics, &progress) => {}
         () = shutdown => tracing::info!("shutting down"),
     }
     watches.shutdown().await;
@@ -279,12 +288,15 @@ async fn serve_endpoints(
     config: &Config,
     ready: &Arc<AtomicBool>,
     metrics: &Arc<Metrics>,
+    progress: &Arc<http::LoopProgress>,
 ) -> Result<Vec<AbortOnDrop<()>>, Error> {
     let mut servers = Vec::new();
     for addr in std::iter::once(config.metrics_addr).chain(config.health_addr) {
         let health = http::Health {
             ready: ready.clone(),
             metrics: metrics.clone(),
+            progress: progress.clone(),
+            stall_bound: config.healthz_stall,
         };
         let (_, task) = http::serve(addr, health)
             .await
@@ -355,6 +367,7 @@ async fn reconcile_loop(
     notify: &tokio::sync::Notify,
     mut leader: watch::Receiver<bool>,
     metrics: &Metrics,
+    progress: &http::LoopProgress,
 ) {
     let mut leader_open = config.leader_elect;
     let mut next_resync = Instant::now() + config.resync;
@@ -374,6 +387,7 @@ async fn reconcile_loop(
             changed = leader.changed(), if leader_open => leader_open = changed.is_ok(),
             () = tokio::time::sleep_until(wake_at.into()) => {}
         }
+        progress.work_arrived(Instant::now());
         if Instant::now() >= next_resync {
             next_resync = Instant::now() + config.resync;
         }
@@ -381,6 +395,7 @@ async fn reconcile_loop(
         reconciler.reclaim.clear_due(Instant::now());
         reconciler.requeuer.clear_due(Instant::now());
         reconciler.reconcile().await;
+        progress.pass_finished();
     }
 }
 

@@ -134,6 +134,9 @@ mod tests {
             "status": {
                 "observedGeneration": 2,
                 "namespaces": ["ml-dev"],
+                "namespaceCount": 1,
+                "totals": {"guaranteed": 0, "entitlement": entitlement, "allocated": 0,
+                           "pending": 0},
                 "quotas": [{"sharingPolicy": "a100", "guaranteed": 0, "effectiveGuarantee": 0,
                             "limit": 0, "weight": 0, "capacity": 0, "entitlement": entitlement,
                             "borrowed": 0, "requested": 0, "allocated": 0, "pending": 0,
@@ -165,7 +168,8 @@ mod tests {
             [Effect::Status {
                 kind: PolicyKind::GpuSharingPolicy,
                 name: "a100".into(),
-                status: json!({"deviceClassName": "a100.teamgpu.io", "devices": 8}),
+                status: json!({"deviceClassName": "a100.teamgpu.io", "devices": 8,
+                               "allocated": 0, "usedOutsideTeams": 0}),
             }]
         );
     }
@@ -176,6 +180,8 @@ mod tests {
         let expected = json!({
             "observedGeneration": 2,
             "namespaces": ["ml-dev"],
+            "namespaceCount": 1,
+            "totals": {"guaranteed": 0, "entitlement": 4, "allocated": 0, "pending": 0},
             "quotas": [{"sharingPolicy": "a100", "guaranteed": 0, "effectiveGuarantee": 0,
                         "limit": 0, "weight": 0, "capacity": 0, "entitlement": 4,
                         "borrowed": 0, "requested": 0, "allocated": 0, "pending": 0,

@@ -197,6 +197,8 @@ pub struct SharingPolicyReport {
     pub generation: Option<i64>,
     pub device_class: String,
     pub capacity: u32,
+    /// Matching devices allocated to the teams' claims.
+    pub allocated: u32,
     /// Matching devices allocated through other DeviceClasses.
     pub used_outside_teams: u32,
     pub conditions: Vec<DesiredCondition>,
@@ -249,6 +251,7 @@ impl Plan {
             observed_generation: report.generation,
             device_class_name: Some(report.device_class.clone()),
             devices: report.capacity,
+            allocated: report.allocated,
             used_outside_teams: report.used_outside_teams,
             conditions: conditions::merge(
                 previous_conditions,
@@ -273,6 +276,8 @@ impl Plan {
         Some(TeamGpuPolicyStatus {
             observed_generation: report.generation,
             namespaces: report.namespaces.clone(),
+            namespace_count: clamp(report.namespaces.len() as u64),
+            totals: status::totals(&report.quotas),
             quotas: report.quotas.clone(),
             conditions: conditions::merge(
                 previous_conditions,

@@ -10,7 +10,7 @@ use super::objects::device_class_name;
 use super::policies::CompiledPolicy;
 use super::shares::Demand;
 use super::{Plan, SharingPolicyReport, TeamReport, clamp, name_of};
-use crate::api::{DEFAULT_DRIVER, QuotaStatus, SharingStrategy, TeamGpuPolicy};
+use crate::api::{DEFAULT_DRIVER, QuotaStatus, QuotaTotals, SharingStrategy, TeamGpuPolicy};
 use crate::core::fairshare::PoolShares;
 
 /// What the reports are made of.
@@ -40,9 +40,13 @@ pub fn reports(inputs: &Inputs, out: &mut Plan) {
             .get(&policy.name)
             .copied()
             .unwrap_or(0);
+        let allocated = inputs
+            .shares
+            .get(policy.name.as_str())
+            .map_or(0, |pool| sum(pool.teams.iter().map(|t| t.allocated)));
         out.sharing_policies.push(sharing_report(
             policy,
-            capacity,
+            (capacity, allocated),
             inputs.outside.get(policy.name.as_str()),
             inputs.matches,
             inputs.inventory,
@@ -60,6 +64,20 @@ pub fn reports(inputs: &Inputs, out: &mut Plan) {
     warnings(inputs, &by_name, out);
     out.warnings.sort();
     out.warnings.dedup();
+}
+
+/// A team's devices summed over its quota entries, for `kubectl get tgp`.
+pub fn totals(quotas: &[QuotaStatus]) -> QuotaTotals {
+    QuotaTotals {
+        guaranteed: sum(quotas.iter().map(|q| q.guaranteed)),
+        entitlement: sum(quotas.iter().map(|q| q.entitlement)),
+        allocated: sum(quotas.iter().map(|q| q.allocated)),
+        pending: sum(quotas.iter().map(|q| q.pending)),
+    }
+}
+
+fn sum(counts: impl Iterator<Item = u32>) -> u32 {
+    counts.fold(0, u32::saturating_add)
 }
 
 /// Findings a person should look at: namespaces claimed twice, quotas naming missing policies,
@@ -106,9 +124,11 @@ fn warnings(inputs: &Inputs, by_name: &BTreeMap<&str, &CompiledPolicy>, out: &mu
     }
 }
 
+/// A policy's report; `(capacity, allocated)`: its devices available to teams, and of those
+/// allocated to the teams' claims.
 pub fn sharing_report(
     policy: &CompiledPolicy,
-    capacity: u32,
+    (capacity, allocated): (u32, u32),
     outside: Option<&BTreeMap<&DeviceId, &str>>,
     matches: &MatchReport,
     inventory: &Inventory,
@@ -183,6 +203,7 @@ pub fn sharing_report(
         generation: policy.policy.metadata.generation,
         device_class: class,
         capacity,
+        allocated,
         used_outside_teams: outside.map_or(0, |o| clamp(o.len() as u64)),
         conditions: conds,
     }
@@ -205,8 +226,62 @@ pub fn team_report(
         quota_statuses(team, &name, &namespaces, by_name, shares, demand);
     quotas.sort_by(|a, b| a.sharing_policy.cmp(&b.sharing_policy));
 
+    let mut conds = team_findings(membership.conflicts.get(&name), &scaled, &unknown);
+    let selector_error = membership.selector_errors.get(&name);
+    let (ready, reason, message) = match selector_error {
+        Some(e) => (
+            false,
+            "InvalidNamespaceSelector",
+            format!("namespaceSelector: {e}"),
+        ),
+        None if !unknown.is_empty() => (
+            false,
+            "SharingPolicyNotReady",
+            format!(
+                "no devices for {}: the GpuSharingPolicies are missing or not ready",
+                unknown.join(", ")
+            ),
+        ),
+        None if namespaces.is_empty() => (
+            false,
+            "NoNamespaces",
+            "no namespace belongs to the team".to_owned(),
+        ),
+        None => (
+            true,
+            "Planned",
+            format!(
+                "quotas and templates planned in {} namespaces",
+                namespaces.len()
+            ),
+        ),
+    };
+    let mut message = message;
+    if let Some(missing) = membership.missing.get(&name) {
+        message.push_str(&format!(
+            "; listed namespaces not found: {}",
+            missing.join(", ")
+        ));
+    }
+    conds.push(DesiredCondition::new(types::READY, ready, reason, message));
+    TeamReport {
+        name,
+        generation: team.metadata.generation,
+        weight: team.spec.weight,
+        namespaces,
+        quotas,
+        conditions: conds,
+    }
+}
+
+/// A team's conditions besides Ready: namespaces claimed twice, guarantees scaled down, quotas
+/// naming sharing policies that are missing or not ready.
+fn team_findings(
+    conflicts: Option<&BTreeMap<String, Vec<String>>>,
+    scaled: &[String],
+    unknown: &[String],
+) -> Vec<DesiredCondition> {
     let mut conds = Vec::new();
-    let conflicts = membership.conflicts.get(&name);
     conds.push(match conflicts {
         Some(c) if !c.is_empty() => DesiredCondition::new(
             types::CONFLICT,
@@ -263,48 +338,7 @@ pub fn team_report(
             ),
         )
     });
-    let selector_error = membership.selector_errors.get(&name);
-    let (ready, reason, message) = match selector_error {
-        Some(e) => (
-            false,
-            "InvalidNamespaceSelector",
-            format!("namespaceSelector: {e}"),
-        ),
-        None if !unknown.is_empty() => (
-            false,
-            "SharingPolicyNotReady",
-            format!("no devices for {}", unknown.join(", ")),
-        ),
-        None if namespaces.is_empty() => (
-            false,
-            "NoNamespaces",
-            "no namespace belongs to the team".to_owned(),
-        ),
-        None => (
-            true,
-            "Planned",
-            format!(
-                "quotas and templates planned in {} namespaces",
-                namespaces.len()
-            ),
-        ),
-    };
-    let mut message = message;
-    if let Some(missing) = membership.missing.get(&name) {
-        message.push_str(&format!(
-            "; listed namespaces not found: {}",
-            missing.join(", ")
-        ));
-    }
-    conds.push(DesiredCondition::new(types::READY, ready, reason, message));
-    TeamReport {
-        name,
-        generation: team.metadata.generation,
-        weight: team.spec.weight,
-        namespaces,
-        quotas,
-        conditions: conds,
-    }
+    conds
 }
 
 /// What a policy whose selectors compile matches: devices found, devices used outside teams,
@@ -473,4 +507,53 @@ fn quota_statuses(
         quotas.push(status);
     }
     (quotas, unknown, scaled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(
+        policy: &str,
+        guaranteed: u32,
+        entitlement: u32,
+        allocated: u32,
+        pending: u32,
+    ) -> QuotaStatus {
+        QuotaStatus {
+            sharing_policy: policy.into(),
+            guaranteed,
+            effective_guarantee: guaranteed,
+            entitlement,
+            allocated,
+            pending,
+            requested: allocated + pending,
+            ..QuotaStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_teams_totals_add_up_its_quota_entries() {
+        let quotas = [
+            quota("a100-80gb", 8, 12, 10, 3),
+            quota("a100-shared", 2, 2, 1, 0),
+            quota("h100", 0, 0, 0, 4),
+        ];
+        assert_eq!(
+            totals(&quotas),
+            QuotaTotals {
+                guaranteed: 10,
+                entitlement: 14,
+                allocated: 11,
+                pending: 7,
+            }
+        );
+        assert_eq!(totals(&[]), QuotaTotals::default());
+    }
+
+    #[test]
+    fn totals_saturate_instead_of_wrapping() {
+        let quotas = [quota("a", u32::MAX, 0, 0, 0), quota("b", 1, 0, 0, 0)];
+        assert_eq!(totals(&quotas).guaranteed, u32::MAX);
+    }
 }

@@ -1,0 +1,93 @@
+//! `teamgpu run`'s logs as a Deployment's log shows them: stdout is a pipe. The operator is
+//! pointed at an API server that is not there (a closed port on the loopback), so it logs its
+//! start-up retries; each run is stopped after a moment.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// What `teamgpu run args` prints on stdout in 1.5 s against a closed port, with `RUST_LOG`
+/// as given (`None`: unset).
+fn logs(args: &[&str], rust_log: Option<&str>) -> String {
+    let dir = std::env::temp_dir().join(format!("teamgpu-logs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: gone\n\
+         clusters: [{name: gone, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: gone, user: {token: not-a-token}}]\n\
+         contexts: [{name: gone, context: {cluster: gone, user: gone}}]\n",
+    )
+    .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_teamgpu"));
+    command
+        .args([
+            "run",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(filter) = rust_log {
+        command.env("RUST_LOG", filter);
+    }
+    let mut child = command.spawn().expect("teamgpu runs");
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().expect("teamgpu is still running");
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).expect("the logs are UTF-8")
+}
+
+#[test]
+fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    let text = logs(&[], None);
+    assert!(
+        text.contains("start-up request failed; retrying"),
+        "no retry logged:\n{text}"
+    );
+    assert!(
+        !text.contains("\x1b["),
+        "ANSI escapes in piped logs:\n{text:?}"
+    );
+}
+
+#[test]
+fn json_logs_are_one_object_a_line() {
+    let text = logs(&["--log-format", "json"], None);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty(), "no logs");
+    for line in lines {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            event["level"].is_string() && event["timestamp"].is_string(),
+            "{line}"
+        );
+        assert!(!line.contains("\x1b["), "{line:?}");
+    }
+}
+
+#[test]
+fn kube_client_request_errors_follow_the_log_filter() {
+    // By default each failed request is told once, by teamgpu, with what it does about it.
+    let default = logs(&[], None);
+    assert!(default.contains("WARN teamgpu::controller"), "{default}");
+    assert!(!default.contains("kube_client"), "{default}");
+    // Asked for, kube-client's own lines are there.
+    let asked = logs(&[], Some("info,kube_client=error"));
+    assert!(
+        asked.contains("ERROR kube_client::client::builder"),
+        "{asked}"
+    );
+    // And a filter that wants errors only hides teamgpu's warnings and kube-client's alike.
+    let quiet = logs(&[], Some("error,kube_client=off"));
+    assert!(quiet.trim().is_empty(), "{quiet}");
+}
