@@ -171,7 +171,22 @@ enum Format {
     Json,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors go to standard error as their chain of causes, never with a backtrace (a user's
+/// `RUST_BACKTRACE` is for panics), and exit 1.
+fn main() -> std::process::ExitCode {
+    match run_command() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {error}");
+            for cause in error.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_command() -> anyhow::Result<()> {
     let name = teamgpu::plugin::program_name(std::env::args_os().next().as_deref());
     let mut command = Cli::command().bin_name(name);
     let cli = Cli::from_arg_matches_mut(&mut command.get_matches_mut())
@@ -307,8 +322,11 @@ fn read_files(
     }
     let invalid = match loaded.errors.len() {
         0 => Ok(()),
+        1 => Err(anyhow::anyhow!(
+            "1 input is invalid (listed above) and was left out of the plan"
+        )),
         n => Err(anyhow::anyhow!(
-            "{n} of the inputs are invalid (listed above) and were left out of the plan"
+            "{n} inputs are invalid (listed above) and were left out of the plan"
         )),
     };
     (loaded.state, invalid)
