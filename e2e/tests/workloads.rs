@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -24,16 +24,26 @@ const CONVERGE: Duration = Duration::from_secs(20);
 /// The 16 A100 PCIe GPUs of the fixture's two PCIe nodes.
 const POLICY: &str = "pcie";
 
-/// A sandbox with the fixture's devices and the sharing policy `pcie` of its 16 PCIe GPUs
-/// (templates of 1, 2 and 4 devices), and the operator running as its ServiceAccount.
+/// A sandbox with the fixture's devices and one sharing policy (by default `pcie`, of its 16
+/// PCIe GPUs on two nodes, templates of 1, 2 and 4 devices), and the operator running as its
+/// ServiceAccount.
 struct World {
     sandbox: Sandbox,
     client: Client,
     _operator: Operator,
+    /// The sharing policy and how many templates it makes.
+    policy: &'static str,
+    templates: usize,
 }
 
 impl World {
     async fn new() -> Option<World> {
+        World::with_policy(POLICY, "NVIDIA A100-PCIE-40GB", &[1, 2, 4]).await
+    }
+
+    /// The world with sharing policy `policy` of the fixture's `product` GPUs, with templates
+    /// of `counts` devices.
+    async fn with_policy(policy: &'static str, product: &str, counts: &[u32]) -> Option<World> {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
@@ -44,14 +54,14 @@ impl World {
         let (sandbox, operator_config) = Sandbox::with_example_devices().await?;
         let client = sandbox.client();
         priority_classes(&client).await;
-        let policy: GpuSharingPolicy = serde_json::from_value(json!({
+        let object: GpuSharingPolicy = serde_json::from_value(json!({
             "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-            "metadata": {"name": POLICY},
-            "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]},
-                     "claimTemplates": {"counts": [1, 2, 4]}}}))
+            "metadata": {"name": policy},
+            "spec": {"selector": {"productNames": [product]},
+                     "claimTemplates": {"counts": counts}}}))
         .unwrap();
         Api::<GpuSharingPolicy>::all(client.clone())
-            .create(&PostParams::default(), &policy)
+            .create(&PostParams::default(), &object)
             .await
             .unwrap();
         let (operator_client, _) = teamgpu_e2e::cluster::recorded(operator_config);
@@ -60,15 +70,17 @@ impl World {
             sandbox,
             client,
             _operator: operator,
+            policy,
+            templates: counts.len(),
         })
     }
 
-    /// A team owning namespace `name` with `quota` of `pcie` and `reclaim` settings; returns
+    /// A team owning namespace `name` with `quota` of the policy and `reclaim` settings; returns
     /// the namespace once its quota and templates are in.
     async fn team(&self, name: &str, quota: Value, reclaim: Value) -> String {
         let ns = self.sandbox.namespace(name, None).await.unwrap();
         let mut quota = quota;
-        quota["sharingPolicy"] = json!(POLICY);
+        quota["sharingPolicy"] = json!(self.policy);
         let team: TeamGpuPolicy = serde_json::from_value(json!({
             "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
             "metadata": {"name": name},
@@ -87,7 +99,11 @@ impl World {
                 .map_err(|e| e.to_string())?
                 .items
                 .len();
-            if n == 3 { Ok(()) } else { Err(format!("{n}")) }
+            if n == self.templates {
+                Ok(())
+            } else {
+                Err(format!("{n}"))
+            }
         })
         .await;
         ns
@@ -395,4 +411,93 @@ async fn a_pod_that_waited_a_minute_is_bound_within_seconds_of_room_appearing() 
         "bound {bound:?} after room appeared, having waited {waited:?}"
     );
     eprintln!("bound {bound:?} after the room appeared, having waited {waited:?}");
+}
+
+/// Issue 22's fragmentation: a borrower's 1-GPU Pods are spread over four 8-GPU nodes, 6 on
+/// each, so the pool has 8 free devices (2 per node) and the owner's 8-GPU claim fits no node.
+/// Counting, nothing would be short; reclaim evicts the 6 Pods of one node (the low-priority
+/// ones) and the owner's Pod is bound there, within 30 s of asking (3 s grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eight_gpu_claim_gets_a_whole_node_back_when_free_devices_are_scattered() {
+    // The fixture's four A100 SXM nodes (pools gpu-a-01 .. gpu-a-04), 8 GPUs each.
+    let Some(world) = World::with_policy("sxm", "NVIDIA A100-SXM4-80GB", &[1, 8]).await else {
+        return;
+    };
+    let owner = (world.team(
+        "owner",
+        json!({"guaranteed": 8, "limit": 8}),
+        json!({"enabled": true, "gracePeriodSeconds": 3, "minRuntimeSeconds": 0}),
+    ))
+    .await;
+    let borrower = (world.team("borrower", json!({"guaranteed": 0, "limit": 32}), json!({}))).await;
+    let slices = Api::<ResourceSlice>::all(world.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let node_of = |pool: &str| {
+        (slices.items.iter())
+            .find(|s| s.spec.pool.name == pool)
+            .and_then(|s| s.spec.node_name.clone())
+            .unwrap_or_else(|| panic!("no slice of pool {pool}"))
+    };
+    // 6 one-GPU Pods pinned to each node; those on gpu-a-03's node are low priority.
+    for pool in ["gpu-a-01", "gpu-a-02", "gpu-a-03", "gpu-a-04"] {
+        let (prefix, class) = match pool {
+            "gpu-a-03" => ("low", "teamgpu-e2e-low"),
+            _ => ("high", "teamgpu-e2e-high"),
+        };
+        for i in 0..6 {
+            let mut p = pod(&format!("{prefix}-{pool}-{i}"), "sxm", Some(class));
+            let spec = p.spec.as_mut().unwrap();
+            spec.node_selector =
+                Some([("kubernetes.io/hostname".to_owned(), node_of(pool))].into());
+            world.create_pod(&borrower, p).await;
+        }
+    }
+    world.holds(&borrower, 24, Duration::from_secs(60)).await;
+    let before = world.pods(&borrower).await;
+
+    let asked = Instant::now();
+    world.create_pod(&owner, pod("train", "sxm-x8", None)).await;
+    // Reclaim takes the low-priority node's 6 Pods (grace 3 s)...
+    eventually(
+        "the low-priority Pods evicted",
+        Duration::from_secs(20),
+        || async {
+            let left = world.pods(&borrower).await;
+            let low = left.iter().filter(|(n, _)| n.starts_with("low-")).count();
+            if low == 0 {
+                Ok(())
+            } else {
+                Err(format!("{low} left of {}", left.len()))
+            }
+        },
+    )
+    .await;
+    eprintln!("low-priority Pods gone {:?} after asking", asked.elapsed());
+    world.holds(&owner, 8, Duration::from_secs(30)).await;
+    let restored = asked.elapsed();
+    let train = Api::<Pod>::namespaced(world.client.clone(), &owner);
+    eventually("train bound", Duration::from_secs(10), || async {
+        let p = train.get("train").await.map_err(|e| e.to_string())?;
+        match p.spec.and_then(|s| s.node_name) {
+            Some(node) if node == node_of("gpu-a-03") => Ok(()),
+            other => Err(format!("on {other:?}")),
+        }
+    })
+    .await;
+    // Exactly the 6 low-priority Pods of gpu-a-03's node went; the 18 others kept running.
+    let after = world.pods(&borrower).await;
+    let gone: BTreeSet<String> = before.difference(&after).map(|(n, _)| n.clone()).collect();
+    let expected: BTreeSet<String> = (0..6).map(|i| format!("low-gpu-a-03-{i}")).collect();
+    assert_eq!(gone, expected);
+    assert_eq!(after.len(), 18, "{after:?}");
+    world.holds(&borrower, 18, CONVERGE).await;
+    let told = world.events(&borrower, "Reclaimed").await;
+    assert!(
+        told.iter()
+            .any(|n| n.contains("low-gpu-a-03-0 (1 Pod, 1 devices of sxm")),
+        "{told:?}"
+    );
+    eprintln!("owner's 8-GPU Pod bound {restored:?} after asking (3 s grace)");
 }

@@ -727,6 +727,7 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
                     namespace: state.namespaces[i].name.clone(),
                     device_class: "a100-80gb.teamgpu.io".into(),
                     devices: *devices,
+                    claims: vec![*devices],
                     oldest: None,
                 }];
             }
@@ -946,4 +947,90 @@ fn an_unreadable_team_keeps_what_it_had() {
         plan.objects.retained_owners,
         ["TeamGpuPolicy.inference".to_owned()].into()
     );
+}
+
+/// A claim of `devices` whole A100 80GB GPUs in `namespace`, allocated on pool `node` of the
+/// example (devices `gpu-<first>` ..) when `node` is given.
+fn a100_claim(
+    namespace: &str,
+    name: &str,
+    devices: usize,
+    on: Option<(&str, usize)>,
+) -> ResourceClaim {
+    let results: Vec<serde_json::Value> = (on.iter())
+        .flat_map(|(pool, first)| {
+            (0..devices).map(move |i| {
+                json!({"request": "gpu", "driver": "gpu.nvidia.com",
+                "pool": pool, "device": format!("gpu-{}", first + i)})
+            })
+        })
+        .collect();
+    let mut claim = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "a100-80gb.teamgpu.io", "count": devices}}]}}});
+    if on.is_some() {
+        claim["status"] = json!({"allocation": {"devices": {"results": results}}});
+    }
+    serde_json::from_value(claim).unwrap()
+}
+
+#[test]
+fn a_claim_that_fits_no_node_is_reclaimed_for_though_the_pool_counts_enough_free() {
+    // The example's four 8-GPU A100 80GB nodes; a borrower holds 6 one-GPU claims on each
+    // (24), so 8 are free, 2 per node; the owner (guarantee 8) waits for one claim of 8.
+    let mut state = example();
+    state.teams = vec![
+        team(
+            json!({"metadata": {"name": "owner"}, "spec": {"namespaces": ["owner"],
+            "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 8}]}}),
+        ),
+        team(
+            json!({"metadata": {"name": "borrower"}, "spec": {"namespaces": ["borrower"],
+            "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 0, "limit": 32}]}}),
+        ),
+    ];
+    state.namespaces = ["owner", "borrower"]
+        .map(|n| {
+            Arc::new(NamespaceInfo {
+                name: n.into(),
+                ..Default::default()
+            })
+        })
+        .to_vec();
+    let nodes = ["gpu-a-01", "gpu-a-02", "gpu-a-03", "gpu-a-04"];
+    state.claims = (nodes.iter())
+        .flat_map(|node| {
+            (0..6).map(move |i| a100_claim("borrower", &format!("{node}-{i}"), 1, Some((node, i))))
+        })
+        .collect();
+    state.claims.push(a100_claim("owner", "train", 8, None));
+    state.pending = vec![teamgpu::core::state::PendingDemand {
+        namespace: "owner".into(),
+        device_class: "a100-80gb.teamgpu.io".into(),
+        devices: 8,
+        claims: vec![8],
+        oldest: None,
+    }];
+    let planned = plan(&state);
+    let orders: Vec<(&str, u32, &str)> = (planned.reclaims.iter())
+        .map(|r| (r.borrower.as_str(), r.devices, r.for_team.as_str()))
+        .collect();
+    assert_eq!(orders, [("borrower", 8, "owner")]);
+    let placement = &planned.placements[0];
+    assert_eq!(placement.sharing_policy, "a100-80gb");
+    assert_eq!(placement.unplaced["owner"], [8]);
+    let free: Vec<u32> = placement.free.values().copied().collect();
+    assert_eq!(free, [2, 2, 2, 2]);
+    assert_eq!(
+        placement.nodes.values().map(|n| &**n).collect::<Vec<_>>(),
+        nodes
+    );
+
+    // gpu-a-04's claims end: that node has 8 free, the claim fits, nothing is reclaimed.
+    (state.claims).retain(|c| !c.metadata.name.as_deref().unwrap().starts_with("gpu-a-04"));
+    let planned = plan(&state);
+    assert!(planned.reclaims.is_empty(), "{:?}", planned.reclaims);
+    assert!(planned.placements.is_empty());
 }

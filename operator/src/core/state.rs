@@ -25,6 +25,9 @@ pub struct PendingDemand {
     pub namespace: String,
     pub device_class: String,
     pub devices: u32,
+    /// The devices of each waiting claim, largest first (they add up to `devices`); a claim's
+    /// devices must all be on one node. Empty when not known: placement is not checked then.
+    pub claims: Vec<u32>,
     /// When the longest-waiting of those Pods was created.
     pub oldest: Option<k8s_openapi::jiff::Timestamp>,
 }

@@ -57,6 +57,16 @@ impl PoolMatch {
         }
     }
 
+    /// How many of the pool's devices set `name` (at `place` among the sets) matches.
+    fn count(&self, name: &str, place: usize) -> u32 {
+        match self {
+            PoolMatch::Counts(counts) => (counts.iter())
+                .find(|(p, _)| *p as usize == place)
+                .map_or(0, |(_, n)| *n),
+            PoolMatch::Whole(report) => report.counts.get(name).copied().unwrap_or(0),
+        }
+    }
+
     /// Adds this pool's counts to `total`, which names every set.
     fn add_to(&self, total: &mut MatchReport, names: &[&String]) {
         match self {
@@ -108,6 +118,37 @@ impl Matching {
             }
             total
         })
+    }
+}
+
+/// What nothing matches: before the first [`Matching::update`].
+static NOTHING: MatchReport = MatchReport {
+    counts: BTreeMap::new(),
+    overlaps: Vec::new(),
+    overlap_pairs: BTreeMap::new(),
+    errors: BTreeMap::new(),
+};
+
+impl Matching {
+    /// What the last [`Matching::update`] found.
+    pub fn total(&self) -> &MatchReport {
+        self.total.value(&()).unwrap_or(&NOTHING)
+    }
+
+    /// Per pool, how many counted devices the set `name` matched in the last
+    /// [`Matching::update`] with `sets`; pools it matches none of are left out.
+    pub fn pool_counts(
+        &self,
+        name: &str,
+        sets: &BTreeMap<String, &CompiledSelectors>,
+    ) -> Vec<(&PoolKey, u32)> {
+        let Some(place) = sets.keys().position(|n| n == name) else {
+            return Vec::new();
+        };
+        (self.pools.values())
+            .map(|(pool, found)| (pool, found.count(name, place)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 }
 

@@ -17,6 +17,7 @@ pub mod membership;
 pub mod namespace_admission;
 pub mod objects;
 pub mod pending;
+pub mod placement;
 mod policies;
 pub mod rbac;
 pub mod selector;
@@ -231,6 +232,9 @@ pub struct Plan {
     pub sharing_policies: Vec<SharingPolicyReport>,
     pub teams: Vec<TeamReport>,
     pub reclaims: Vec<ReclaimOrder>,
+    /// Where the devices are for the teams whose waiting claims fit no node (see
+    /// [`placement`]), by sharing policy.
+    pub placements: Vec<placement::Placement>,
     /// Cluster-wide findings a person should look at, sorted.
     pub warnings: Vec<String>,
 }
@@ -505,7 +509,8 @@ impl Planner {
         // all of them when a selector changed), what of it is used outside teams, and which
         // other classes select governed devices.
         let inventory = &self.inventory;
-        let matches = self.matching.update(inventory, selectors, &sets);
+        self.matching.update(inventory, selectors, &sets);
+        let matches = self.matching.total();
         for pool in inventory.incomplete_pools() {
             out.warnings.push(format!(
                 "pool {} of driver {} is incomplete (not all of its ResourceSlices are published): its devices are not counted",
@@ -535,14 +540,20 @@ impl Planner {
 
         // 4. Fair shares of every pool, from the usage and pending demand of each namespace.
         let demand = shares::Demand::new(&self.usage, &state.pending);
+        let rooms = |policy: &str| {
+            let usage = self.usage.values().map(|(_, u)| u);
+            let counts = self.matching.pool_counts(policy, &sets);
+            placement::rooms(policy, counts, usage, outside.get(policy), inventory)
+        };
         let findings = shares::fair_shares(
             &mut self.shares,
             &policies,
             &teams,
             &membership,
-            (&demand, &available),
+            (&demand, &available, &rooms),
         );
         out.reclaims = findings.reclaims;
+        out.placements = findings.placements;
         out.warnings.extend(findings.warnings);
         let shares = shares::by_policy(&self.shares);
 

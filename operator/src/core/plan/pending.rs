@@ -51,7 +51,9 @@ pub fn pending_demand(
         .iter()
         .map(|c| ((&*c.namespace, &*c.name), *c))
         .collect();
-    let mut demand: BTreeMap<(String, String), (u64, Option<Timestamp>)> = BTreeMap::new();
+    // Per (namespace, class): devices, each claim's devices, the oldest Pod's creation.
+    type Waiting = (u64, Vec<u32>, Option<Timestamp>);
+    let mut demand: BTreeMap<(String, String), Waiting> = BTreeMap::new();
     for pod in pods {
         let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let Some(namespace) = pod.metadata.namespace.as_deref() else {
@@ -86,8 +88,10 @@ pub fn pending_demand(
                 },
             };
             for (class, devices) in charge {
-                let (sum, oldest) = demand.entry((namespace.to_owned(), class)).or_default();
+                let (sum, claims, oldest) =
+                    demand.entry((namespace.to_owned(), class)).or_default();
                 *sum += devices;
+                claims.push(u32::try_from(devices).unwrap_or(u32::MAX));
                 *oldest = match (*oldest, created) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -98,11 +102,15 @@ pub fn pending_demand(
     demand
         .into_iter()
         .map(
-            |((namespace, device_class), (devices, oldest))| PendingDemand {
-                namespace,
-                device_class,
-                devices: u32::try_from(devices).unwrap_or(u32::MAX),
-                oldest,
+            |((namespace, device_class), (devices, mut claims, oldest))| {
+                claims.sort_unstable_by(|a, b| b.cmp(a));
+                PendingDemand {
+                    namespace,
+                    device_class,
+                    devices: u32::try_from(devices).unwrap_or(u32::MAX),
+                    claims,
+                    oldest,
+                }
             },
         )
         .collect()
@@ -237,6 +245,7 @@ mod tests {
                 namespace: "ml".into(),
                 device_class: "a100.teamgpu.io".into(),
                 devices: 4,
+                claims: vec![2, 2],
                 oldest: None,
             }]
         );

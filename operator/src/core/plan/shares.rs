@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use super::cache::Cache;
 use super::membership::Membership;
 use super::objects::device_class_name;
+use super::placement::{self, Placement, PoolRoom};
 use super::policies::CompiledPolicy;
 use super::usage::{ClassUsage, Usage};
 use super::{ReclaimOrder, clamp, name_of};
@@ -20,6 +21,8 @@ pub type Shares = Cache<String, PoolInput, PoolShares>;
 pub struct Demand<'a> {
     usage: &'a Cache<String, u64, Usage>,
     pending: BTreeMap<(&'a str, &'a str), u32>,
+    /// The devices of each waiting claim, per (namespace, class).
+    claims: BTreeMap<(&'a str, &'a str), &'a [u32]>,
     oldest: BTreeMap<(&'a str, &'a str), k8s_openapi::jiff::Timestamp>,
 }
 
@@ -27,9 +30,13 @@ impl<'a> Demand<'a> {
     pub fn new(usage: &'a Cache<String, u64, Usage>, pending: &'a [PendingDemand]) -> Self {
         let mut waiting: BTreeMap<(&str, &str), u32> = BTreeMap::new();
         let mut oldest = BTreeMap::new();
+        let mut claims = BTreeMap::new();
         for p in pending {
             let key = (p.namespace.as_str(), p.device_class.as_str());
             *waiting.entry(key).or_default() += p.devices;
+            if !p.claims.is_empty() {
+                claims.insert(key, p.claims.as_slice());
+            }
             if let Some(t) = p.oldest {
                 oldest
                     .entry(key)
@@ -40,8 +47,19 @@ impl<'a> Demand<'a> {
         Self {
             usage,
             pending: waiting,
+            claims,
             oldest,
         }
+    }
+
+    /// The devices of each claim `namespaces`' Pods wait for in `class`, largest first.
+    pub fn waiting_claims(&self, namespaces: &[String], class: &str) -> Vec<u32> {
+        let mut out: Vec<u32> = (namespaces.iter())
+            .filter_map(|ns| self.claims.get(&(ns.as_str(), class)))
+            .flat_map(|c| c.iter().copied())
+            .collect();
+        out.sort_unstable_by(|a, b| b.cmp(a));
+        out
     }
 
     /// When the longest-waiting Pod of `namespaces` for `class` was created.
@@ -79,16 +97,26 @@ impl<'a> Demand<'a> {
 #[derive(Default)]
 pub struct Findings {
     pub reclaims: Vec<ReclaimOrder>,
+    pub placements: Vec<Placement>,
     pub warnings: Vec<String>,
 }
 
-/// The fair shares of every usable policy's pool, `available` devices each, into `shares`.
+/// How many devices a policy's pool has for the teams.
+pub type Available<'a> = &'a dyn Fn(&str) -> u32;
+
+/// Where a policy's devices are and how many are free, pool by pool (read only when a team
+/// waits below its guarantee).
+pub type Rooms<'a> = &'a dyn Fn(&str) -> Vec<PoolRoom>;
+
+/// The fair shares of every usable policy's pool, `available` devices each, into `shares`; and
+/// where a team waits below its guarantee, whether its claims fit the free devices of a node
+/// (`rooms`, see [`super::placement`]).
 pub fn fair_shares(
     shares: &mut Shares,
     policies: &[CompiledPolicy],
     teams: &[&TeamGpuPolicy],
     membership: &Membership,
-    (demand, available): (&Demand, &dyn Fn(&str) -> u32),
+    (demand, available, rooms): (&Demand, Available, Rooms),
 ) -> Findings {
     let mut findings = Findings::default();
     for policy in policies.iter().filter(|p| p.usable()) {
@@ -101,14 +129,19 @@ pub fn fair_shares(
                 .collect(),
         };
         let pool = shares.get(policy.name.clone(), input, fairshare::compute_pool);
-        for reclaim in &pool.reclaims {
-            findings.reclaims.push(ReclaimOrder {
-                sharing_policy: policy.name.clone(),
-                borrower: reclaim.borrower.clone(),
-                devices: reclaim.devices,
-                for_team: reclaim.for_team.clone(),
-            });
-        }
+        let waits =
+            (pool.teams.iter()).any(|t| t.pending > 0 && t.allocated < t.effective_guarantee);
+        let placement = waits
+            .then(|| {
+                let claims_of = |team: &str| {
+                    let namespaces = membership.namespaces.get(team);
+                    demand.waiting_claims(namespaces.map_or(&[][..], Vec::as_slice), &class)
+                };
+                placement::place(&policy.name, pool, &rooms(&policy.name), claims_of)
+            })
+            .flatten();
+        (findings.reclaims).extend(placement::orders(&policy.name, pool, placement.as_ref()));
+        findings.placements.extend(placement);
         if let Some(over) = &pool.overcommit {
             findings
                 .warnings

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
 
-use super::inventory::DeviceId;
+use super::inventory::{DeviceId, PoolKey};
 use super::objects::is_teamgpu_class;
 
 /// `resourceapi.AllocationResultsMaxSize`: what an `All` request is charged.
@@ -284,6 +284,9 @@ pub struct Usage {
     /// Devices allocated through classes that are not teamgpu's. Admin access is left out: it
     /// does not take the device from anyone.
     pub outside: Vec<OutsideAllocation>,
+    /// Devices allocated per (DeviceClass, pool), admin access left out: where the devices are,
+    /// for placement (a claim's devices are all on its Pod's node).
+    pub by_pool: BTreeMap<(Arc<str>, PoolKey), u64>,
 }
 
 impl Usage {
@@ -318,6 +321,13 @@ impl Usage {
                 });
             }
             if let Some(class) = &d.class {
+                if !d.admin_access {
+                    let pool = PoolKey {
+                        driver: d.id.driver.clone(),
+                        pool: d.id.pool.clone(),
+                    };
+                    *self.by_pool.entry((class.clone(), pool)).or_default() += 1;
+                }
                 let e = allocated.entry(class).or_default();
                 e.0 += 1;
                 e.1 += u64::from(d.admin_access);

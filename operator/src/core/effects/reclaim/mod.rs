@@ -3,6 +3,7 @@
 //! evicted (through the Eviction API, which enforces PodDisruptionBudgets) after a grace period.
 //! Which workloads: [`victims::choose`]; what a workload is: [`workload`].
 
+pub mod nodes;
 pub mod victims;
 pub mod workload;
 
@@ -16,10 +17,11 @@ use kube::{Resource, ResourceExt};
 
 use super::{Event, EventType, Eviction, in_team_namespaces};
 use crate::api::TeamGpuPolicy;
+use crate::core::plan::inventory::{DeviceId, PoolKey};
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
 use victims::{Borrower, Choice};
-use workload::{PodView, Workload, label_elsewhere, workloads};
+use workload::{NodeOf, PodView, Workload, label_elsewhere, workloads};
 
 /// How soon a refused eviction (a PodDisruptionBudget) is tried again.
 const RETRY_REFUSED: Duration = Duration::from_secs(10);
@@ -122,9 +124,34 @@ impl ReclaimTracker {
                 self.wake_at(since + grace);
                 continue;
             }
-            let borrowers = borrowers(input, policy, orders);
-            let shortfall = orders.iter().map(|o| u64::from(o.devices)).sum();
-            let choice = victims::choose(&borrowers, shortfall, min_runtime, wall);
+            // Where the team's claims fit no node, room is made on a node; else by count.
+            let placement = (input.plan.placements.iter()).find(|p| p.sharing_policy == *policy);
+            let unplaced = placement.and_then(|p| Some((p, p.unplaced.get(team)?)));
+            let node_of = |id: &DeviceId| {
+                let pool = PoolKey {
+                    driver: id.driver.clone(),
+                    pool: id.pool.clone(),
+                };
+                placement.and_then(|p| p.nodes.get(&pool).cloned())
+            };
+            let borrowers = borrowers(input, policy, orders, &node_of);
+            let (shortfall, choice) = match unplaced {
+                Some((placement, claims)) => {
+                    let free = (placement.free.iter())
+                        .map(|(node, n)| (node.clone(), u64::from(*n)))
+                        .collect();
+                    let choice =
+                        nodes::choose_on_nodes(&borrowers, &free, claims, min_runtime, wall);
+                    (claims.iter().copied().map(u64::from).sum(), choice)
+                }
+                None => {
+                    let shortfall = orders.iter().map(|o| u64::from(o.devices)).sum();
+                    (
+                        shortfall,
+                        victims::choose(&borrowers, shortfall, min_runtime, wall),
+                    )
+                }
+            };
             if let Some(at) = choice.eligible_at {
                 let wait = (at.as_second() - wall.as_second()).max(0);
                 self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
@@ -187,7 +214,12 @@ impl<'a> TeamInPlan<'a> {
 
 /// The borrowers of `orders`, furthest above their fair share first: the engine's water-fill
 /// asks most, per weight, of those (ties by name).
-fn borrowers(input: ReclaimInput<'_>, policy: &str, orders: &[&ReclaimOrder]) -> Vec<Borrower> {
+fn borrowers(
+    input: ReclaimInput<'_>,
+    policy: &str,
+    orders: &[&ReclaimOrder],
+    node_of: NodeOf,
+) -> Vec<Borrower> {
     let class = objects::device_class_name(policy);
     let mut out: Vec<(u64, Borrower)> = orders
         .iter()
@@ -204,7 +236,7 @@ fn borrowers(input: ReclaimInput<'_>, policy: &str, orders: &[&ReclaimOrder]) ->
                 team: order.borrower.clone(),
                 owes: order.devices.into(),
                 above_guarantee,
-                workloads: workloads(input.pods, input.claims, team.namespaces, &class),
+                workloads: workloads(input.pods, input.claims, team.namespaces, (&class, node_of)),
             };
             (weight, borrower)
         })

@@ -45,6 +45,9 @@ pub struct Choice {
     /// When a workload that is too young now, and could cover more, reaches the minimum
     /// runtime.
     pub eligible_at: Option<Timestamp>,
+    /// Where each waiting claim goes (its devices, its node), when reclaim makes room per node
+    /// ([`super::nodes::choose_on_nodes`]).
+    pub placed: Vec<(u64, Option<std::sync::Arc<str>>)>,
 }
 
 /// Which of the `borrowers`' workloads to evict to free `shortfall` devices, at `now`, with a
@@ -167,14 +170,14 @@ enum Round {
 }
 
 /// Seconds `w` has run at `now`; one not started yet has not run.
-fn runtime(w: &Workload, now: Timestamp) -> u64 {
+pub(super) fn runtime(w: &Workload, now: Timestamp) -> u64 {
     w.started.map_or(0, |s| {
         u64::try_from(now.as_second() - s.as_second()).unwrap_or(0)
     })
 }
 
 /// When `w` will have run `min_runtime` seconds.
-fn eligible_at(w: &Workload, min_runtime: u64, now: Timestamp) -> Timestamp {
+pub(super) fn eligible_at(w: &Workload, min_runtime: u64, now: Timestamp) -> Timestamp {
     let start = w.started.unwrap_or(now).as_second();
     let at = start.saturating_add(i64::try_from(min_runtime).unwrap_or(i64::MAX));
     Timestamp::from_second(at).unwrap_or(Timestamp::MAX)

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::usage::{ClaimView, Names};
 
 /// The label that groups Pods into one workload explicitly, across the team's namespaces.
@@ -106,6 +107,8 @@ pub struct Workload {
     /// Devices of the class that come free when all its Pods are gone: the claims reserved by
     /// its Pods and by no other Pod.
     pub devices: u64,
+    /// Those devices per node (`None`: devices of pools without a node), sorted.
+    pub nodes: Vec<(Option<Arc<str>>, u64)>,
     /// The highest priority among its Pods: a workload is as important as its most important
     /// Pod.
     pub priority: i32,
@@ -142,14 +145,18 @@ fn describe(scope: &Scope) -> String {
     }
 }
 
+/// Which node a device is on (`None`: reached from any node, or not known).
+pub type NodeOf<'a> = &'a dyn Fn(&DeviceId) -> Option<Arc<str>>;
+
 /// The workloads in `namespaces` (one team's) that hold devices of `class`, from the Pods not
-/// done yet and the claims. A claim counts for a workload when every Pod holding it is one of
-/// the workload's; a claim held by Pods of two workloads frees nothing when only one goes.
+/// done yet and the claims, each device on the node `node_of` says. A claim counts for a
+/// workload when every Pod holding it is one of the workload's; a claim held by Pods of two
+/// workloads frees nothing when only one goes.
 pub fn workloads(
     pods: &[Arc<PodView>],
     claims: &[Arc<ClaimView>],
     namespaces: &[String],
-    class: &str,
+    (class, node_of): (&str, NodeOf),
 ) -> Vec<Workload> {
     let in_team = |ns: &str| namespaces.iter().any(|n| n == ns);
     let mut by_scope: BTreeMap<Scope, Vec<&PodView>> = BTreeMap::new();
@@ -159,24 +166,28 @@ pub fn workloads(
         scope_of_pod.insert((&pod.namespace, &pod.name), scope.clone());
         by_scope.entry(scope).or_default().push(pod);
     }
-    let mut devices: BTreeMap<&Scope, u64> = BTreeMap::new();
+    let mut devices: BTreeMap<&Scope, BTreeMap<Option<Arc<str>>, u64>> = BTreeMap::new();
     for claim in claims.iter().filter(|c| in_team(&c.namespace)) {
-        let held = (claim.devices.iter())
+        let held: Vec<&DeviceId> = (claim.devices.iter())
             .filter(|d| d.class.as_deref() == Some(class) && !d.admin_access)
-            .count() as u64;
+            .map(|d| &d.id)
+            .collect();
         let mut holders = (claim.reserved_for_pods.iter())
             .map(|pod| scope_of_pod.get(&(&*claim.namespace, &**pod)));
         let Some(Some(first)) = holders.next() else {
             continue;
         };
-        if held > 0 && holders.all(|s| s == Some(first)) {
-            *devices.entry(first).or_default() += held;
+        if !held.is_empty() && holders.all(|s| s == Some(first)) {
+            let nodes = devices.entry(first).or_default();
+            for id in held {
+                *nodes.entry(node_of(id)).or_default() += 1;
+            }
         }
     }
     by_scope
         .iter()
         .filter_map(|(scope, pods)| {
-            let devices = *devices.get(scope)?;
+            let nodes = devices.get(scope)?;
             let top = pods.iter().max_by_key(|p| p.priority)?;
             let mut names: Vec<_> = (pods.iter())
                 .map(|p| (p.namespace.clone(), p.name.clone()))
@@ -189,7 +200,8 @@ pub fn workloads(
                     _ => None,
                 },
                 pods: names,
-                devices,
+                devices: nodes.values().sum(),
+                nodes: nodes.iter().map(|(n, d)| (n.clone(), *d)).collect(),
                 priority: top.priority,
                 priority_class: top.priority_class.clone(),
                 started: pods.iter().filter_map(|p| p.started).min(),

@@ -209,6 +209,17 @@ impl Pool {
         self.devices().filter(move |d| usable && !d.tainted())
     }
 
+    /// The node whose Pods can use the pool's devices: the `nodeName` of every slice of the
+    /// newest generation, when they all name the same one (the NVIDIA driver publishes a pool
+    /// per node). `None` for devices reached from many nodes (network-attached, `allNodes`,
+    /// a node selector) or slices that disagree.
+    pub fn node(&self) -> Option<&Arc<str>> {
+        let first = self.slices.first()?.node.as_ref()?;
+        (self.slices.iter())
+            .all(|s| s.node.as_ref() == Some(first))
+            .then_some(first)
+    }
+
     /// Identity of the slices this pool was built from: equal fingerprints, equal pools.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint

@@ -73,6 +73,45 @@ fn views(pods: &[Pod]) -> Vec<Arc<PodView>> {
         .collect()
 }
 
+mod nodes;
+/// A workload with `devices` on each node of `on` (`None`: no node), with `priority`, started
+/// at `started`.
+fn workload(name: &str, on: &[(Option<&str>, u64)], priority: i32, started: &str) -> Workload {
+    Workload {
+        name: name.into(),
+        label: None,
+        pods: vec![(Arc::from("b"), Arc::from(name))],
+        devices: on.iter().map(|(_, d)| d).sum(),
+        nodes: on.iter().map(|(n, d)| (n.map(Arc::from), *d)).collect(),
+        priority,
+        priority_class: None,
+        started: Some(at(started)),
+        terminating: false,
+    }
+}
+
+fn borrower(team: &str, owes: u64, above_guarantee: u64, workloads: Vec<Workload>) -> Borrower {
+    Borrower {
+        team: team.into(),
+        owes,
+        above_guarantee,
+        workloads,
+    }
+}
+
+/// Room above each borrower's guarantee once its workloads on their way out are counted.
+fn room_left(borrowers: &[Borrower]) -> Vec<u64> {
+    (borrowers.iter())
+        .map(|x| {
+            let leaving: u64 = (x.workloads.iter())
+                .filter(|w| w.terminating)
+                .map(|w| w.devices)
+                .sum();
+            x.above_guarantee.saturating_sub(leaving)
+        })
+        .collect()
+}
+
 mod tracker;
 mod victims;
 mod workloads;

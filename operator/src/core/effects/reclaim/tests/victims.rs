@@ -4,25 +4,7 @@ use super::*;
 
 /// A workload of `devices` devices with `priority`, started at `started`.
 fn w(name: &str, devices: u64, priority: i32, started: &str) -> Workload {
-    Workload {
-        name: name.into(),
-        label: None,
-        pods: vec![(Arc::from("b"), Arc::from(name))],
-        devices,
-        priority,
-        priority_class: None,
-        started: Some(at(started)),
-        terminating: false,
-    }
-}
-
-fn borrower(team: &str, owes: u64, above_guarantee: u64, workloads: Vec<Workload>) -> Borrower {
-    Borrower {
-        team: team.into(),
-        owes,
-        above_guarantee,
-        workloads,
-    }
+    workload(name, &[(None, devices)], priority, started)
 }
 
 fn chosen(borrowers: &[Borrower], shortfall: u64, min_runtime: u64) -> Vec<String> {
@@ -182,6 +164,7 @@ proptest! {
                 label: None,
                 pods: vec![(Arc::from("ns"), Arc::from(format!("t{t}-w{i}").as_str()))],
                 devices: *devices,
+                nodes: vec![(None, *devices)],
                 priority: *priority * 1000,
                 priority_class: None,
                 started: Timestamp::from_second(now.as_second() - age).ok(),
@@ -192,12 +175,7 @@ proptest! {
         let choice = choose(&borrowers, shortfall, min_runtime, now);
         let mut seen = BTreeSet::new();
         // Room above each borrower's guarantee once its workloads on their way out are counted.
-        let mut room: Vec<u64> = (borrowers.iter())
-            .map(|x| {
-                let leaving: u64 = x.workloads.iter().filter(|w| w.terminating).map(|w| w.devices).sum();
-                x.above_guarantee.saturating_sub(leaving)
-            })
-            .collect();
+        let mut room = room_left(&borrowers);
         let mut left = shortfall.saturating_sub(choice.in_flight);
         for (b, w) in &choice.evict {
             prop_assert!(left > 0, "{} taken when nothing was short", w.name);

@@ -126,7 +126,7 @@ fn a_workload_frees_the_claims_only_its_pods_hold() {
         claim("o", "sweep-c-gpu", 8, &["sweep-c"]),
     ];
     let team = ["b".to_owned(), "b2".to_owned()];
-    let found: Vec<(String, u64, usize)> = workloads(&pods, &claims, &team, CLASS)
+    let found: Vec<(String, u64, usize)> = workloads(&pods, &claims, &team, (CLASS, &|_| None))
         .into_iter()
         .map(|w| (w.name, w.devices, w.pods.len()))
         .collect();
@@ -139,5 +139,5 @@ fn a_workload_frees_the_claims_only_its_pods_hold() {
         ]
     );
     assert_eq!(label_elsewhere(&pods, &team, "sweep"), ["o"]);
-    assert!(workloads(&pods, &claims, &team, "other.teamgpu.io").is_empty());
+    assert!(workloads(&pods, &claims, &team, ("other.teamgpu.io", &|_| None)).is_empty());
 }
