@@ -37,3 +37,9 @@ where
         }
     }
 }
+
+// The Rust code of docs/fair-sharing.md runs as a doctest (here, not in the operator crate, whose
+// sources the image builds from without docs/), so the page cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/fair-sharing.md")]
+struct FairSharingPage;

@@ -21,8 +21,3 @@ pub mod top;
 pub mod validate;
 pub mod whatif;
 pub mod why;
-
-// The Rust code of docs/fair-sharing.md runs as a doctest, so the page cannot drift from the API.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/fair-sharing.md")]
-struct FairSharingPage;
