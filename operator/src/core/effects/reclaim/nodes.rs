@@ -94,8 +94,10 @@ struct State {
     free: Free,
 }
 
-/// How a set of workloads ranks for one claim: lower is better.
-type Cost = (u64, i32, u64, usize, Reverse<Timestamp>);
+/// How a set of workloads ranks for one claim: lower is better. Start times are whole seconds:
+/// of equals, the set whose first name is last goes (as `victims::choose`, for Pods numbered in
+/// order).
+type Cost = (u64, i32, u64, usize, Reverse<Timestamp>, Reverse<String>);
 
 impl State {
     fn new(borrowers: &[Borrower], free: &Free) -> Self {
@@ -214,12 +216,17 @@ impl State {
                 .map(|c| workload(c).started.unwrap_or(Timestamp::MAX))
                 .min()
                 .unwrap_or(Timestamp::MAX);
+            let first_name = (set.iter())
+                .map(|c| workload(c).name.to_string())
+                .min()
+                .unwrap_or_default();
             let cost = (
                 over_owed,
                 top,
                 devices - need,
                 last_borrower,
                 Reverse(oldest),
+                Reverse(first_name),
             );
             if best.as_ref().is_none_or(|(b, _)| cost < *b) {
                 best = Some((cost, mask));

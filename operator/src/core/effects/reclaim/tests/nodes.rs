@@ -234,3 +234,17 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn of_pods_started_in_the_same_second_the_last_name_goes_whatever_its_node() {
+    // Start times are whole seconds: job-07 on node-a and job-08 on node-b started together.
+    let started = "2026-06-01T08:00:00Z";
+    let workloads = vec![
+        w("job-07", &[("node-a", 1)], 0, started),
+        w("job-08", &[("node-b", 1)], 0, started),
+    ];
+    let borrowers = vec![borrower("borrower", 1, 2, workloads)];
+    let free = free(&[("node-a", 0), ("node-b", 0)]);
+    let choice = choose_on_nodes(&borrowers, &free, &[1], 0, at(NOW));
+    assert_eq!(names(&choice), ["job-08"]);
+}
