@@ -197,3 +197,23 @@ pub fn operator_process(binary: &Path, kubeconfig: &Path) -> std::process::Comma
         .env("KUBECONFIG", kubeconfig);
     command
 }
+
+/// The policies of `config/samples`, read as `teamgpu plan -f` reads them.
+pub fn samples() -> (
+    Vec<teamgpu::api::GpuSharingPolicy>,
+    Vec<teamgpu::api::TeamGpuPolicy>,
+) {
+    let dir = repo_root().join("config/samples");
+    let mut loaded = teamgpu::input::Loaded::default();
+    for path in std::fs::read_dir(&dir)
+        .expect("config/samples is readable")
+        .map(|e| e.expect("a samples entry").path())
+    {
+        if path.file_name().is_some_and(|n| n != "kustomization.yaml") {
+            let text = std::fs::read_to_string(&path).expect("a sample is readable");
+            teamgpu::input::add_documents(&mut loaded, &path, &text)
+                .expect("the samples are valid");
+        }
+    }
+    (loaded.state.sharing_policies, loaded.state.teams)
+}

@@ -20,11 +20,10 @@ use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu::core::plan::admission::Enforcement;
 use teamgpu_e2e::eventually;
-use teamgpu_e2e::fixtures::fresh;
+use teamgpu_e2e::fixtures::{fresh, samples};
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
 
-const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/samples");
 const CONVERGE: Duration = Duration::from_secs(20);
 const MANAGED: &str = "app.kubernetes.io/managed-by=teamgpu";
 /// The refusal of `teamgpu-non-team-requests`, in its message.
@@ -75,23 +74,14 @@ impl Day {
     }
 
     async fn install_samples(&self) {
-        let mut loaded = teamgpu::input::Loaded::default();
-        for path in std::fs::read_dir(SAMPLES)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-        {
-            if path.file_name().is_some_and(|n| n != "kustomization.yaml") {
-                let text = std::fs::read_to_string(&path).unwrap();
-                teamgpu::input::add_documents(&mut loaded, &path, &text).unwrap();
-            }
-        }
-        for p in &loaded.state.sharing_policies {
+        let (sharing, teams) = samples();
+        for p in &sharing {
             Api::<GpuSharingPolicy>::all(self.client())
                 .create(&PostParams::default(), &fresh(p))
                 .await
                 .unwrap();
         }
-        for t in &loaded.state.teams {
+        for t in &teams {
             let mut t = fresh(t);
             t.spec.namespaces = t.spec.namespaces.iter().map(|n| self.ns(n)).collect();
             Api::<TeamGpuPolicy>::all(self.client())

@@ -16,27 +16,11 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu_e2e::cluster::OPERATOR_NAMESPACE;
-use teamgpu_e2e::fixtures::{fresh, gpu_pod};
+use teamgpu_e2e::fixtures::{fresh, gpu_pod, samples};
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::recording::Counters;
 use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
 use teamgpu_e2e::{TestCluster, eventually};
-
-const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/samples");
-
-fn samples() -> (Vec<GpuSharingPolicy>, Vec<TeamGpuPolicy>) {
-    let mut loaded = teamgpu::input::Loaded::default();
-    for name in std::fs::read_dir(SAMPLES)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-    {
-        if name.file_name().is_some_and(|n| n != "kustomization.yaml") {
-            let text = std::fs::read_to_string(&name).unwrap();
-            teamgpu::input::add_documents(&mut loaded, &name, &text).unwrap();
-        }
-    }
-    (loaded.state.sharing_policies, loaded.state.teams)
-}
 
 /// A cluster with the NVIDIA driver's DeviceClasses, six 8-GPU nodes and the namespaces of the
 /// built-in example, in a [`Sandbox`]: the namespaces have names of their own (`world.ns(name)`;
