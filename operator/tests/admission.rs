@@ -363,3 +363,44 @@ fn both_policies_leave_the_operator_and_only_the_operator_alone() {
         );
     }
 }
+
+#[test]
+fn ten_thousand_team_namespaces_fit_the_api_servers_expression_limit() {
+    // Names of the longest length Kubernetes allows (63): the API server refuses a CEL
+    // expression over 100,000 code points, which one list of 10,000 names would be.
+    let names: Vec<String> = (0..10_000)
+        .map(|i| format!("team-{i:05}-{}", "x".repeat(52)))
+        .collect();
+    assert!(names.iter().all(|n| n.len() == 63));
+    let team_namespaces = names.iter().map(String::as_str).collect();
+    let policy = non_team_policy(&governed(), DEFAULT_OPERATOR_USER, &team_namespaces);
+    let conditions = policy
+        .spec
+        .as_ref()
+        .unwrap()
+        .match_conditions
+        .clone()
+        .unwrap();
+    assert!(conditions.len() <= 64, "{}", conditions.len());
+    assert!(
+        conditions.len() > 2,
+        "the list is cut: {}",
+        conditions.len()
+    );
+    for c in &conditions {
+        assert!(
+            c.expression.chars().count() <= 100_000,
+            "{}: {}",
+            c.name,
+            c.expression.len()
+        );
+    }
+    let gpu = claim(exactly("a100-80gb.teamgpu.io"));
+    let deny_in = |namespace: &str| {
+        evaluate(&policy, &gpu, request("ResourceClaim", namespace), None).unwrap()
+    };
+    for team_namespace in [&names[0], &names[4_999], &names[9_999]] {
+        assert!(deny_in(team_namespace).is_empty(), "{team_namespace}");
+    }
+    assert_eq!(deny_in("web").len(), 1);
+}

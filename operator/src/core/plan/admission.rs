@@ -346,10 +346,7 @@ pub fn non_team_policy(
 ) -> ValidatingAdmissionPolicy {
     let variables = governed_variables(governed);
     let mut match_conditions = not_the_operator(operator);
-    match_conditions.push(MatchCondition {
-        name: "outside-every-team".into(),
-        expression: format!("!(request.namespace in {})", cel_list(team_namespaces)),
-    });
+    match_conditions.extend(outside_every_team(team_namespaces));
     let outside = format!(
         "'namespace ' + request.namespace + ' belongs to no TeamGpuPolicy, so it may not use GPUs that teamgpu governs (teamgpu DeviceClasses and classes selecting the same devices): label it for a team, or ask a cluster admin to exempt it with {EXEMPT_LABEL}=true'"
     );
@@ -379,6 +376,40 @@ pub fn non_team_policy(
         }),
         status: None,
     }
+}
+
+/// The API server refuses a CEL expression of more than 100,000 code points; the match
+/// conditions that list the team namespaces stay below it with room for the text around the list.
+const MAX_LIST_CHARS: usize = 90_000;
+
+/// Match conditions that leave out every namespace of `team_namespaces`, a list per condition
+/// of at most [`MAX_LIST_CHARS`] (about 4,500 names of the benchmark's length; 10,000 namespaces
+/// take three conditions, of the 64 a policy may have). The first is `outside-every-team`, the
+/// others `outside-every-team-2`, ...
+fn outside_every_team(team_namespaces: &BTreeSet<&str>) -> Vec<MatchCondition> {
+    let mut chunks: Vec<Vec<&str>> = vec![Vec::new()];
+    let mut chars = 0;
+    for name in team_namespaces {
+        // A quoted name and its separator.
+        let size = name.chars().count() + 4;
+        if chars + size > MAX_LIST_CHARS && chunks.last().is_some_and(|c| !c.is_empty()) {
+            chunks.push(Vec::new());
+            chars = 0;
+        }
+        chars += size;
+        chunks.last_mut().expect("one chunk at least").push(name);
+    }
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, names)| MatchCondition {
+            name: match i {
+                0 => "outside-every-team".into(),
+                i => format!("outside-every-team-{}", i + 1),
+            },
+            expression: format!("!(request.namespace in {})", cel_list(names)),
+        })
+        .collect()
 }
 
 /// The binding of the team policy: the namespace's teamgpu quota as params, in every namespace
