@@ -3,21 +3,22 @@
 //!
 //! ```sh
 //! TEAMGPU_E2E_ASSETS=/path/to/bin cargo run --release -p teamgpu-e2e --example admission_cost -- \
-//!     [writes] [team-namespaces ...]
+//!     [writes] [none | team-namespaces ...]
 //! ```
 //!
-//! Defaults: 2000 writes, sizes 1000 and 10000. For each size the benchmark applies the four
+//! Defaults: 2000 writes; configurations `none 0 10000 none 0 10000` (`none`: no teamgpu policy
+//! at all; a number: teamgpu's policies with that many team namespaces, run in the order given,
+//! so that a drift of the machine's load shows). For each size the benchmark applies the four
 //! admission policies and bindings that teamgpu generates (built by the library's own
 //! builders, with that many team namespaces listed in the non-team policy's match condition),
 //! waits until admission enforces them, and then creates, 16 in flight, `writes`
 //! ResourceClaims (of a DeviceClass teamgpu does not govern) and `writes` Pods (held by a
-//! scheduling gate, so nothing else touches them) in a namespace outside every team. It does
-//! the same with no teamgpu policy installed, before and after, and prints per configuration
-//! the API server's CPU per write (`process_cpu_seconds_total` of its `/metrics`; its own
+//! scheduling gate, so nothing else touches them) in a namespace outside every team. It prints
+//! per configuration the API server's CPU per write (`process_cpu_seconds_total` of its `/metrics`; its own
 //! process only, so other load on the machine counts little), its admission time per write
-//! (`apiserver_admission_controller_admission_duration_seconds` per plugin and
-//! `apiserver_validating_admission_policy_check_duration_seconds` per policy) and the wall time,
-//! and each ratio to the first run without teamgpu.
+//! (`apiserver_admission_controller_admission_duration_seconds`, per plugin) and the wall time,
+//! each ratio to the first configuration; and, per size, what a namespace joining a team costs:
+//! the non-team policy rewritten, and the time until admission lets the namespace use its class.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -51,7 +52,7 @@ struct Measured {
 /// What `writes` creates cost.
 struct Cost {
     cpu_per_write_ms: f64,
-    /// Milliseconds per write, by admission plugin and by policy, where more than 0.005.
+    /// Milliseconds per write, by admission plugin, where more than 0.005.
     admission_per_write_ms: BTreeMap<String, f64>,
     wall: Duration,
 }
@@ -60,7 +61,7 @@ struct Cost {
 #[derive(Clone)]
 struct Counters {
     cpu_seconds: f64,
-    /// Seconds spent per admission plugin (`name`) and per policy (`policy`).
+    /// Seconds spent per admission plugin (`name`).
     by_label: BTreeMap<String, f64>,
 }
 
@@ -337,16 +338,13 @@ async fn join(cluster: &TestCluster, mut names: BTreeSet<String>) -> Join {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let writes = args.first().copied().unwrap_or(2000);
-    let sizes = if args.len() > 1 {
-        args[1..].to_vec()
-    } else {
-        vec![1000, 10000]
-    };
+    let mut args = std::env::args().skip(1);
+    let writes = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
+    // `none`: no teamgpu policy; a number: teamgpu's policies with that many team namespaces.
+    let mut configurations: Vec<Option<usize>> = args.map(|a| a.parse().ok()).collect();
+    if configurations.is_empty() {
+        configurations = vec![None, Some(0), Some(10_000), None, Some(0), Some(10_000)];
+    }
     let cluster = TestCluster::start().await.unwrap_or_else(|e| panic!("{e}"));
     let plain: DeviceClass = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
@@ -358,11 +356,15 @@ async fn main() {
     let _ = classes.create(&PostParams::default(), &plain).await;
     namespace(&cluster, "probe-outside").await;
 
-    uninstall(&cluster).await;
-    until_refused(&cluster, "probe-outside", false).await;
-    let mut rows = vec![measure(&cluster, "no teamgpu", 0, writes).await];
+    let mut rows = Vec::new();
     let mut joins = Vec::new();
-    for (round, &size) in sizes.iter().enumerate() {
+    for (round, configuration) in configurations.into_iter().enumerate() {
+        let Some(size) = configuration else {
+            uninstall(&cluster).await;
+            until_refused(&cluster, "probe-outside", false).await;
+            rows.push(measure(&cluster, "no teamgpu", round, writes).await);
+            continue;
+        };
         let names = team_namespaces(size);
         install(&cluster, &names).await;
         until_refused(&cluster, "probe-outside", true).await;
@@ -372,12 +374,10 @@ async fn main() {
             until_refused(&cluster, last, false).await;
         }
         let label = format!("teamgpu, {size} team namespaces");
-        rows.push(measure(&cluster, &label, round + 1, writes).await);
+        rows.push(measure(&cluster, &label, round, writes).await);
         joins.push(join(&cluster, names).await);
     }
     uninstall(&cluster).await;
-    until_refused(&cluster, "probe-outside", false).await;
-    rows.push(measure(&cluster, "no teamgpu, again", sizes.len() + 1, writes).await);
 
     let base = &rows[0];
     println!(
@@ -413,7 +413,7 @@ async fn main() {
             j.enforced.as_secs_f64() * 1000.0
         );
     }
-    println!("\nadmission time per write (ms; plugins by name, policies by policy):");
+    println!("\nadmission time per write (ms, by plugin):");
     for row in &rows {
         println!(
             "- {}: claims {:?}; Pods {:?}",
