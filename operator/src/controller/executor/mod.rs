@@ -16,7 +16,7 @@ mod requests;
 
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
 use crate::core::diff::{Kind, ObjectKey, OwnWrites, Write};
-use crate::core::effects::{Effect, EventKey, Eviction, eviction_events};
+use crate::core::effects::{Effect, EventKey, Eviction, FailedWrite, Failure, eviction_events};
 use requests::Requests;
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
@@ -51,6 +51,27 @@ impl WriteError {
             },
             WriteError::Api(_) => "transport",
             WriteError::TimedOut(_) => "timeout",
+        }
+    }
+
+    /// Whether the API server refused the write (4xx but a conflict, a request timeout or too
+    /// many requests: the same write is refused again until a rule changes), or gave no verdict.
+    fn failure(&self) -> Failure {
+        match self {
+            WriteError::Api(kube::Error::Api(s))
+                if (400..500).contains(&s.code) && ![408, 409, 429].contains(&s.code) =>
+            {
+                Failure::Refused
+            }
+            _ => Failure::Transient,
+        }
+    }
+
+    /// The API's own words (`Status.message`), else the error's.
+    fn message(&self) -> String {
+        match self {
+            WriteError::Api(kube::Error::Api(s)) if !s.message.is_empty() => s.message.clone(),
+            error => error.to_string(),
         }
     }
 
@@ -124,6 +145,10 @@ pub struct Done {
     pub published: Vec<EventKey>,
     /// Whether an eviction was refused (it is tried again later).
     pub eviction_refused: bool,
+    /// Deletions that succeeded (or found the object gone).
+    pub deleted: Vec<ObjectKey>,
+    /// Writes of objects that failed, refused or not: status tells of the refused ones.
+    pub failed: Vec<FailedWrite>,
 }
 
 /// What one effect did.
@@ -364,9 +389,20 @@ impl Executor {
         match (effect, result) {
             (Effect::Object(write), Ok(outcome)) => {
                 tracing::info!(object = %write.key(), action = effect.verb(), "wrote");
-                if let Outcome::Applied(version) = outcome {
-                    done.applied.push((write.key().clone(), version));
+                match outcome {
+                    Outcome::Applied(version) => done.applied.push((write.key().clone(), version)),
+                    Outcome::Done => done.deleted.push(write.key().clone()),
                 }
+            }
+            (Effect::Object(write), Err(error)) => {
+                self.count_error(&error);
+                tracing::warn!(object = %id, action = effect.verb(), %error, "write failed; retrying with backoff");
+                done.failed.push(FailedWrite {
+                    key: write.key().clone(),
+                    verb: effect.verb(),
+                    message: error.message(),
+                    failure: error.failure(),
+                });
             }
             (Effect::Event(event), Ok(_)) => done.published.push(event.key()),
             (_, Ok(_)) => tracing::debug!(object = %id, action = effect.verb(), "wrote"),
@@ -574,5 +610,32 @@ mod tests {
             WriteError::TimedOut(Duration::from_secs(5)).metric_label(),
             "timeout"
         );
+    }
+
+    #[test]
+    fn a_write_the_api_server_judged_is_refused_and_one_without_verdict_is_transient() {
+        let api = |code, message: &str| {
+            WriteError::Api(kube::Error::Api(
+                kube::core::Status::failure(message, "Reason")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        let denied = api(
+            422,
+            "resourcequotas \"teamgpu\" is forbidden: denied request: no",
+        );
+        assert_eq!(denied.failure(), Failure::Refused);
+        assert_eq!(
+            denied.message(),
+            "resourcequotas \"teamgpu\" is forbidden: denied request: no"
+        );
+        assert_eq!(api(403, "forbidden").failure(), Failure::Refused);
+        for code in [409, 429, 500, 503] {
+            assert_eq!(api(code, "later").failure(), Failure::Transient, "{code}");
+        }
+        let timeout = WriteError::TimedOut(Duration::from_secs(30));
+        assert_eq!(timeout.failure(), Failure::Transient);
+        assert_eq!(timeout.message(), "no answer within 30s");
     }
 }
