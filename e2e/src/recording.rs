@@ -58,6 +58,29 @@ impl Counters {
             .sum()
     }
 
+    /// The writes of an operator that store something: all but the SelfSubjectReview it
+    /// creates at start to learn its user name (a question, stored nowhere).
+    pub fn stored_writes(&self) -> u64 {
+        self.writes(None) - self.get("create", "selfsubjectreviews.authentication.k8s.io")
+    }
+
+    /// Waits until a second passes without a stored write (a pass that wrote the last status
+    /// may still be publishing its Events); returns the stored writes then. Panics after
+    /// `timeout`.
+    pub async fn settled(&self, timeout: std::time::Duration) -> u64 {
+        crate::eventually("the operator settles", timeout, || async {
+            let before = self.stored_writes();
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let after = self.stored_writes();
+            if after == before {
+                Ok(after)
+            } else {
+                Err(format!("{before} -> {after} writes"))
+            }
+        })
+        .await
+    }
+
     /// All counts.
     pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
         lock(&self.counts).clone()

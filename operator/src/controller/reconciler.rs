@@ -17,7 +17,7 @@ use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{self, Kind};
 use crate::core::effects::{
     self, Effect, Malformed, PolicyKind, Published, ReclaimDefaults, ReclaimInput, ReclaimTracker,
-    Requeuer, WaitingPod,
+    Refusals, Requeuer, WaitingPod,
 };
 use crate::core::plan::{self, objects};
 use crate::core::state::ClusterState;
@@ -48,6 +48,8 @@ pub(super) struct Reconciler {
     state: ClusterState,
     /// Custom resources that could not be read into their types.
     malformed: Vec<Malformed>,
+    /// Writes the API server refuses, for the owning policies' status and Events.
+    refusals: Refusals,
 }
 
 /// A policy being deleted (waiting for finalizers or foreground deletion of its dependents) is
@@ -124,6 +126,7 @@ impl Reconciler {
             operator_user,
             state: ClusterState::default(),
             malformed: Vec::new(),
+            refusals: Refusals::default(),
         }
     }
 
@@ -298,7 +301,11 @@ impl Reconciler {
         let (sharing, teams) = (&state.sharing_policies, &state.teams);
         let mut out: Vec<Effect> = writes.into_iter().map(Effect::Object).collect();
         out.extend(effects::malformed_statuses(malformed, &now));
-        out.extend(effects::status_changes(plan, sharing, teams, &now));
+        // Status from what was applied: the refused writes of each policy.
+        let refused = self.refusals.of_policies(plan);
+        out.extend(effects::status_changes(
+            plan, sharing, teams, &refused, &now,
+        ));
         // Most passes order no reclaim and find no Pod waiting: then there is no claim to
         // look at.
         let claims = if plan.reclaims.is_empty() && self.waiting.is_empty() {
@@ -331,6 +338,7 @@ impl Reconciler {
         let mut events = effects::event_transitions(plan, sharing, teams);
         events.extend(reclaimed.events);
         events.extend(effects::waiting_events(plan, &self.waiting));
+        events.extend(refused.events(sharing, teams));
         out.extend(
             self.published
                 .unpublished(events)
@@ -342,8 +350,13 @@ impl Reconciler {
     }
 
     /// Takes in what the executor did: an apply settles its object in the differ, a published
-    /// Event is not published again, a refused eviction is tried again later.
+    /// Event is not published again, a refused eviction is tried again later, a refused write
+    /// shows on its policy.
     fn remember(&mut self, done: Done) {
+        // Refusals: a failed write counts, a written object ends its row.
+        let written = done.applied.iter().map(|(key, _)| key).chain(&done.deleted);
+        let wall = k8s_openapi::jiff::Timestamp::now();
+        self.refusals.record(&done.failed, written, wall);
         for (key, version) in done.applied {
             self.differ.applied(&key, version.as_deref());
         }

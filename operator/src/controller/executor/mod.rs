@@ -12,11 +12,13 @@ use futures::StreamExt;
 use kube::runtime::events::Reporter;
 use tokio::sync::watch;
 
+mod error;
 mod requests;
 
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
 use crate::core::diff::{Kind, ObjectKey, OwnWrites, Write};
-use crate::core::effects::{Effect, EventKey, Eviction, eviction_events};
+use crate::core::effects::{Effect, EventKey, Eviction, FailedWrite, eviction_events};
+pub use error::WriteError;
 use requests::Requests;
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
@@ -26,44 +28,6 @@ const WRITE_CONCURRENCY: usize = 16;
 
 /// How long one write may take before it counts as failed (and is retried with backoff).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why a write failed.
-#[derive(Debug, thiserror::Error)]
-pub enum WriteError {
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-    #[error("no answer within {0:?}")]
-    TimedOut(Duration),
-}
-
-impl WriteError {
-    /// A short, stable label of the error, for metrics and logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            WriteError::Api(kube::Error::Api(s)) => match s.code {
-                409 => "conflict",
-                422 => "invalid",
-                429 => "too_many_requests",
-                403 => "forbidden",
-                404 => "not_found",
-                code if code >= 500 => "server_error",
-                _ => "api",
-            },
-            WriteError::Api(_) => "transport",
-            WriteError::TimedOut(_) => "timeout",
-        }
-    }
-
-    /// Why an eviction did not happen, for the Event that says so.
-    fn refusal(&self) -> String {
-        match self {
-            WriteError::TimedOut(_) => {
-                "not allowed yet: the API server kept answering 429 (a PodDisruptionBudget?)".into()
-            }
-            WriteError::Api(error) => error.to_string(),
-        }
-    }
-}
 
 /// Per-object retry state for failed writes.
 #[derive(Debug, Default)]
@@ -124,6 +88,10 @@ pub struct Done {
     pub published: Vec<EventKey>,
     /// Whether an eviction was refused (it is tried again later).
     pub eviction_refused: bool,
+    /// Deletions that succeeded (or found the object gone).
+    pub deleted: Vec<ObjectKey>,
+    /// Writes of objects that failed, refused or not: status tells of the refused ones.
+    pub failed: Vec<FailedWrite>,
 }
 
 /// What one effect did.
@@ -364,9 +332,20 @@ impl Executor {
         match (effect, result) {
             (Effect::Object(write), Ok(outcome)) => {
                 tracing::info!(object = %write.key(), action = effect.verb(), "wrote");
-                if let Outcome::Applied(version) = outcome {
-                    done.applied.push((write.key().clone(), version));
+                match outcome {
+                    Outcome::Applied(version) => done.applied.push((write.key().clone(), version)),
+                    Outcome::Done => done.deleted.push(write.key().clone()),
                 }
+            }
+            (Effect::Object(write), Err(error)) => {
+                self.count_error(&error);
+                tracing::warn!(object = %id, action = effect.verb(), %error, "write failed; retrying with backoff");
+                done.failed.push(FailedWrite {
+                    key: write.key().clone(),
+                    verb: effect.verb(),
+                    message: error.message(),
+                    failure: error.failure(),
+                });
             }
             (Effect::Event(event), Ok(_)) => done.published.push(event.key()),
             (_, Ok(_)) => tracing::debug!(object = %id, action = effect.verb(), "wrote"),
@@ -555,24 +534,6 @@ mod tests {
                     .id()
                 ]]],
             ]
-        );
-    }
-
-    #[test]
-    fn errors_have_stable_labels() {
-        let api = |code| {
-            WriteError::Api(kube::Error::Api(
-                kube::core::Status::failure("no", "Reason")
-                    .with_code(code)
-                    .boxed(),
-            ))
-        };
-        assert_eq!(api(409).metric_label(), "conflict");
-        assert_eq!(api(503).metric_label(), "server_error");
-        assert_eq!(api(400).metric_label(), "api");
-        assert_eq!(
-            WriteError::TimedOut(Duration::from_secs(5)).metric_label(),
-            "timeout"
         );
     }
 }

@@ -6,10 +6,12 @@
 //! [`status_changes`] and [`malformed_statuses`] (which statuses to write), [`event_transitions`]
 //! and [`Published`] (which Events to publish), [`ReclaimTracker::evictions`] and
 //! [`reclaim::victims`] (which workloads to evict, and when), [`eviction_events`] (what to say
-//! of an eviction's outcome), [`Requeuer`] (which waiting Pods to wake when room appears).
+//! of an eviction's outcome), [`Requeuer`] (which waiting Pods to wake when room appears),
+//! [`Refusals`] (what the API server refused, for status and Events).
 
 mod events;
 pub mod reclaim;
+pub mod refusals;
 mod requeue;
 mod status;
 mod waiting;
@@ -24,6 +26,7 @@ use crate::core::plan::ReclaimOrder;
 pub use events::{EventKey, Published, event_transitions, in_team_namespaces};
 pub use reclaim::workload::PodView;
 pub use reclaim::{ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, eviction_events};
+pub use refusals::{FailedWrite, Failure, Refusals, RefusedByOwner};
 pub use requeue::{REQUEUE_ANNOTATION, Requeue, Requeuer, WaitingPod, room};
 pub use status::{Malformed, malformed_status, malformed_statuses, status_changes};
 pub use waiting::waiting_events;
@@ -78,7 +81,7 @@ impl Effect {
 }
 
 /// The two custom resources teamgpu writes statuses of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PolicyKind {
     GpuSharingPolicy,
     TeamGpuPolicy,

@@ -6,24 +6,32 @@ use kube::ResourceExt;
 use kube::core::DynamicObject;
 use serde_json::{Value, json};
 
-use super::{Effect, PolicyKind};
+use super::{Effect, PolicyKind, RefusedByOwner};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::plan::Plan;
 
-/// The status of every policy whose status in `plan` differs from its live one.
+/// The status of every policy whose status in `plan`, with what the API server `refused` of its
+/// objects, differs from its live one.
 pub fn status_changes(
     plan: &Plan,
     sharing: &[GpuSharingPolicy],
     teams: &[TeamGpuPolicy],
+    refused: &RefusedByOwner,
     now: &Time,
 ) -> Vec<Effect> {
     let sharing_changes = sharing.iter().filter_map(|p| {
-        let status = plan.sharing_status(&p.name_any(), p.status.as_ref(), now);
-        changed(PolicyKind::GpuSharingPolicy, p, p.status.as_ref(), status)
+        let (name, live) = (p.name_any(), p.status.as_ref());
+        let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let applied = refused.condition(PolicyKind::GpuSharingPolicy, &name, conditions);
+        let status = plan.applied_sharing_status(&name, live, applied, now);
+        changed(PolicyKind::GpuSharingPolicy, p, live, status)
     });
     let team_changes = teams.iter().filter_map(|t| {
-        let status = plan.team_status(&t.name_any(), t.status.as_ref(), now);
-        changed(PolicyKind::TeamGpuPolicy, t, t.status.as_ref(), status)
+        let (name, live) = (t.name_any(), t.status.as_ref());
+        let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let applied = refused.condition(PolicyKind::TeamGpuPolicy, &name, conditions);
+        let status = plan.applied_team_status(&name, live, applied, now);
+        changed(PolicyKind::TeamGpuPolicy, t, live, status)
     });
     sharing_changes.chain(team_changes).collect()
 }
@@ -161,6 +169,7 @@ mod tests {
             &plan(),
             &[policy],
             &[team("ml", 4), team("gone", 1)],
+            &RefusedByOwner::default(),
             &at(200),
         );
         assert_eq!(
@@ -176,7 +185,13 @@ mod tests {
 
     #[test]
     fn a_changed_entitlement_rewrites_the_status_and_keeps_the_transition_time() {
-        let written = status_changes(&plan(), &[], &[team("ml", 3)], &at(200));
+        let written = status_changes(
+            &plan(),
+            &[],
+            &[team("ml", 3)],
+            &RefusedByOwner::default(),
+            &at(200),
+        );
         let expected = json!({
             "observedGeneration": 2,
             "namespaces": ["ml-dev"],

@@ -39,10 +39,39 @@ pub mod types {
     pub const OVERCOMMITTED: &str = "Overcommitted";
     pub const SHARING_POLICIES_RESOLVED: &str = "SharingPoliciesResolved";
     pub const USED_OUTSIDE_TEAMS: &str = "UsedOutsideTeams";
+    /// Only while the API server refuses a write of the policy's objects (set by
+    /// `core::effects::refusals`, not by the planner): status then tells what was applied.
+    pub const APPLIED: &str = "Applied";
 }
 
 fn status_str(status: bool) -> &'static str {
     if status { "True" } else { "False" }
+}
+
+/// `desired` as applied: with `applied` (the `Applied` condition, when a write of the policy's
+/// objects is refused) added, and `Ready` False while it is False, for its reason; a `Ready`
+/// the plan already made False keeps the plan's reason, the more basic one.
+pub fn with_applied(
+    desired: &[DesiredCondition],
+    applied: Option<DesiredCondition>,
+) -> std::borrow::Cow<'_, [DesiredCondition]> {
+    let Some(applied) = applied else {
+        return std::borrow::Cow::Borrowed(desired);
+    };
+    let mut out: Vec<DesiredCondition> = desired
+        .iter()
+        .map(|c| match c {
+            c if c.type_ == types::READY && c.status && !applied.status => DesiredCondition::new(
+                types::READY,
+                false,
+                applied.reason,
+                "the API server refuses writes of this policy's objects: see condition Applied",
+            ),
+            c => c.clone(),
+        })
+        .collect();
+    out.push(applied);
+    std::borrow::Cow::Owned(out)
 }
 
 /// The condition list to write: `desired`, sorted by type, keeping `lastTransitionTime` from
@@ -106,6 +135,33 @@ mod tests {
         let flipped = merge(&same, &[ready(false)], Some(2), &at(300));
         assert_eq!(flipped[0].last_transition_time, at(300));
         assert_eq!(flipped[0].status, "False");
+    }
+
+    #[test]
+    fn a_refused_write_makes_a_ready_policy_not_ready_and_leaves_other_reasons_alone() {
+        let ready = DesiredCondition::new(types::READY, true, "Planned", "ok");
+        let refused =
+            DesiredCondition::new(types::APPLIED, false, "WriteRefused", "ResourceQuota a/b");
+        let alone = std::slice::from_ref(&ready);
+        assert_eq!(*with_applied(alone, None), *alone);
+        let desired = [ready];
+        let shown = with_applied(&desired, Some(refused.clone()));
+        let summary: Vec<(&str, bool, &str)> = shown
+            .iter()
+            .map(|c| (c.type_, c.status, c.reason))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("Ready", false, "WriteRefused"),
+                ("Applied", false, "WriteRefused")
+            ]
+        );
+        // A team that is not ready for a reason of the plan keeps that reason.
+        let no_namespaces = DesiredCondition::new(types::READY, false, "NoNamespaces", "none");
+        let desired = [no_namespaces.clone()];
+        let shown = with_applied(&desired, Some(refused.clone()));
+        assert_eq!(*shown, [no_namespaces, refused]);
     }
 
     #[test]

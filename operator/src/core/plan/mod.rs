@@ -247,6 +247,18 @@ impl Plan {
         previous: Option<&GpuSharingPolicyStatus>,
         now: &Time,
     ) -> Option<GpuSharingPolicyStatus> {
+        self.applied_sharing_status(name, previous, None, now)
+    }
+
+    /// [`Plan::sharing_status`] as applied: with `applied`, the `Applied` condition of its
+    /// refused writes ([`conditions::with_applied`]).
+    pub fn applied_sharing_status(
+        &self,
+        name: &str,
+        previous: Option<&GpuSharingPolicyStatus>,
+        applied: Option<DesiredCondition>,
+        now: &Time,
+    ) -> Option<GpuSharingPolicyStatus> {
         let report = self.sharing_policies.iter().find(|r| r.name == name)?;
         let previous_conditions = previous
             .map(|p| p.conditions.as_slice())
@@ -259,7 +271,7 @@ impl Plan {
             used_outside_teams: report.used_outside_teams,
             conditions: conditions::merge(
                 previous_conditions,
-                &report.conditions,
+                &conditions::with_applied(&report.conditions, applied),
                 report.generation,
                 now,
             ),
@@ -271,6 +283,18 @@ impl Plan {
         &self,
         name: &str,
         previous: Option<&TeamGpuPolicyStatus>,
+        now: &Time,
+    ) -> Option<TeamGpuPolicyStatus> {
+        self.applied_team_status(name, previous, None, now)
+    }
+
+    /// [`Plan::team_status`] as applied: with `applied`, the `Applied` condition of its refused
+    /// writes ([`conditions::with_applied`]).
+    pub fn applied_team_status(
+        &self,
+        name: &str,
+        previous: Option<&TeamGpuPolicyStatus>,
+        applied: Option<DesiredCondition>,
         now: &Time,
     ) -> Option<TeamGpuPolicyStatus> {
         let report = self.teams.iter().find(|r| r.name == name)?;
@@ -285,7 +309,7 @@ impl Plan {
             quotas: report.quotas.clone(),
             conditions: conditions::merge(
                 previous_conditions,
-                &report.conditions,
+                &conditions::with_applied(&report.conditions, applied),
                 report.generation,
                 now,
             ),
