@@ -29,7 +29,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use teamgpu::api::TeamGpuPolicy;
-use teamgpu::example::{Scale, synthetic};
+use teamgpu::cli::example::{Scale, synthetic};
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::fixtures::fresh;
 

@@ -45,7 +45,7 @@ impl World {
             .with_test_writer()
             .try_init();
         let (sandbox, operator) = Sandbox::with_example_devices().await?;
-        let example = teamgpu::example::state().unwrap();
+        let example = teamgpu::cli::example::state().unwrap();
         let world = World {
             client: sandbox.client(),
             operator,

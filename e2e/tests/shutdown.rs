@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, ListParams};
-use teamgpu::example::{Scale, synthetic};
+use teamgpu::cli::example::{Scale, synthetic};
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::fixtures::{operator_process, teamgpu_binary};
 

@@ -12,29 +12,29 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::cli::input::{self, InputError, Loaded};
 use crate::core::state::{ClusterState, NamespaceInfo};
-use crate::input::{self, InputError, Loaded};
 
 const SAMPLES: [(&str, &str); 5] = [
     (
         "gpusharingpolicy-a100-80gb.yaml",
-        include_str!("../../config/samples/gpusharingpolicy-a100-80gb.yaml"),
+        include_str!("../../../config/samples/gpusharingpolicy-a100-80gb.yaml"),
     ),
     (
         "gpusharingpolicy-a100-shared.yaml",
-        include_str!("../../config/samples/gpusharingpolicy-a100-shared.yaml"),
+        include_str!("../../../config/samples/gpusharingpolicy-a100-shared.yaml"),
     ),
     (
         "teamgpupolicy-ml-research.yaml",
-        include_str!("../../config/samples/teamgpupolicy-ml-research.yaml"),
+        include_str!("../../../config/samples/teamgpupolicy-ml-research.yaml"),
     ),
     (
         "teamgpupolicy-inference.yaml",
-        include_str!("../../config/samples/teamgpupolicy-inference.yaml"),
+        include_str!("../../../config/samples/teamgpupolicy-inference.yaml"),
     ),
     (
         "teamgpupolicy-data-science.yaml",
-        include_str!("../../config/samples/teamgpupolicy-data-science.yaml"),
+        include_str!("../../../config/samples/teamgpupolicy-data-science.yaml"),
     ),
 ];
 /// The NVIDIA DRA driver's DeviceClasses (rendered from its Helm chart; provenance in the file).

@@ -96,7 +96,7 @@ pub fn table(plan: &Plan) -> String {
     if !plan.sharing_policies.is_empty() || !plan.teams.is_empty() {
         let _ = write!(out, "\nConditions:\n{}", conditions(plan));
     }
-    let warnings = crate::validate::findings::warnings(plan);
+    let warnings = crate::cli::validate::findings::warnings(plan);
     if !warnings.is_empty() {
         let _ = writeln!(out, "\nWarnings:");
         for w in &warnings {

@@ -15,10 +15,10 @@ use super::{
 pub(crate) fn fixture(rel: &str) -> String {
     match rel {
         "nvidia-dra-driver-gpu/resourceslice/resourceslice-8gpu-node.assembled.yaml" => {
-            crate::example::NODE_SLICE_YAML.to_owned()
+            crate::cli::example::NODE_SLICE_YAML.to_owned()
         }
         "nvidia-dra-driver-gpu/deviceclasses.rendered-v1.yaml" => {
-            crate::example::NVIDIA_CLASSES_YAML.to_owned()
+            crate::cli::example::NVIDIA_CLASSES_YAML.to_owned()
         }
         _ => {
             let path = format!("{}/testdata/{rel}", env!("CARGO_MANIFEST_DIR"));

@@ -13,7 +13,7 @@ use teamgpu::core::state::{ClusterState, NamespaceInfo};
 mod objects;
 
 fn example() -> ClusterState {
-    teamgpu::example::state().expect("the built-in example loads")
+    teamgpu::cli::example::state().expect("the built-in example loads")
 }
 
 fn hard(plan: &Plan, namespace: &str) -> BTreeMap<String, String> {

@@ -182,10 +182,13 @@ fn the_plan_is_byte_identical_whatever_the_input_order() {
     let a = plan(&state);
     let b = plan(&reversed);
     assert_eq!(
-        teamgpu::output::yaml(&a).unwrap(),
-        teamgpu::output::yaml(&b).unwrap()
+        teamgpu::cli::output::yaml(&a).unwrap(),
+        teamgpu::cli::output::yaml(&b).unwrap()
     );
-    assert_eq!(teamgpu::output::table(&a), teamgpu::output::table(&b));
+    assert_eq!(
+        teamgpu::cli::output::table(&a),
+        teamgpu::cli::output::table(&b)
+    );
     assert_eq!(a, b);
 }
 

@@ -389,7 +389,7 @@ mod tests {
 
     #[test]
     fn admission_objects_belong_to_the_crds_and_go_with_them() {
-        let mut state = crate::example::state().unwrap();
+        let mut state = crate::cli::example::state().unwrap();
         let owners = vec![
             crd("gpusharingpolicies.teamgpu.io", "uid-1"),
             crd("teamgpupolicies.teamgpu.io", "uid-2"),
