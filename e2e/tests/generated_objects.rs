@@ -190,7 +190,7 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
     // The namespace-membership policy takes every team as params: the API server must accept
     // (type-check and cost-estimate) the policies, and evaluate the membership policy once per
     // team within its runtime budget, at a realistic number of teams.
-    let mut state = teamgpu::cli::example::synthetic(teamgpu::cli::example::Scale {
+    let mut state = teamgpu_synthetic::synthetic(teamgpu_synthetic::Scale {
         teams: 100,
         namespaces_per_team: 1,
         sharing_policies: 20,

@@ -10,12 +10,12 @@
 use std::sync::Arc;
 
 use kube::core::DynamicObject;
-use teamgpu::cli::example::{Scale, synthetic};
 use teamgpu::core::diff::{Differ, Kind, LiveObject};
 use teamgpu::core::plan::Planner;
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::dra_cel::DeviceEnvs;
+use teamgpu_synthetic::{Scale, synthetic};
 
 /// Resident memory of this process (Linux `/proc/self/statm`), 0 where it cannot be read.
 fn held() -> isize {

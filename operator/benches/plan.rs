@@ -12,13 +12,13 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::core::DynamicObject;
-use teamgpu::cli::example::{Scale, synthetic};
 use teamgpu::core::diff::{Differ, Kind, LiveObject};
 use teamgpu::core::plan::inventory::{Inventory, SliceView};
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::plan::{Planner, plan, selector};
 use teamgpu::core::state::ClusterState;
 use teamgpu::dra_cel::{CompiledSelectors, DeviceEnvs, DeviceReads};
+use teamgpu_synthetic::{Scale, synthetic};
 
 fn bench(c: &mut Criterion) {
     let state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
