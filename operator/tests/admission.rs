@@ -3,8 +3,12 @@
 
 use serde_json::{Value, json};
 use teamgpu::core::plan::admission::{
-    DEFAULT_OPERATOR_USER, Governed, evaluate, non_team_policy, team_policy,
+    DEFAULT_OPERATOR_USER, Governed, non_team_policy, team_policy,
 };
+use vap::evaluate;
+
+#[path = "support/vap.rs"]
+mod vap;
 
 /// The NVIDIA driver's classes select governed devices; `gpu.nvidia.com` also serves the
 /// extended resource `nvidia.com/gpu`.

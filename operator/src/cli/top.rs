@@ -11,8 +11,8 @@ use serde::Serialize;
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::cli::cluster::{Policies, ReadError};
 use crate::cli::output::align;
-use crate::core::plan::admission::QUOTA_TEAM_ANNOTATION;
 use crate::core::plan::objects::QUOTA_NAME;
+use crate::core::plan::objects::QUOTA_TEAM_ANNOTATION;
 
 /// Why `teamgpu top` found no team to show.
 #[derive(Debug, thiserror::Error)]

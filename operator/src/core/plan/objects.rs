@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
 
-use super::{NamespacedQuota, admission};
+use super::NamespacedQuota;
 use crate::api::{
     DEFAULT_DRIVER, DeviceType, GROUP, GpuSharingPolicy, SharingStrategy, TeamGpuPolicy,
     TimeSliceInterval,
@@ -28,6 +28,12 @@ pub const OWNER_LABEL: &str = "teamgpu.io/owner";
 pub const CONTENT_HASH_ANNOTATION: &str = "teamgpu.io/content-hash";
 /// The name of the ResourceQuota in every team namespace.
 pub const QUOTA_NAME: &str = "teamgpu";
+/// The annotation of a team namespace's quota that names its team, for the team admission
+/// policy's messages.
+pub const QUOTA_TEAM_ANNOTATION: &str = "teamgpu.io/team";
+/// The annotation of a team namespace's quota that lists the DeviceClasses of the team's quotas,
+/// separated by spaces: what the team admission policy allows.
+pub const QUOTA_CLASSES_ANNOTATION: &str = "teamgpu.io/device-classes";
 /// The name of the single request in every generated template (`resources.claims[].request`).
 pub const TEMPLATE_REQUEST: &str = "gpu";
 /// The NVIDIA driver's opaque configuration API.
@@ -270,13 +276,10 @@ pub fn quota_meta(team: &TeamGpuPolicy, classes: &[String]) -> ObjectMeta {
     let mut meta = owned_meta(team, QUOTA_NAME.to_owned(), None);
     meta.annotations = Some(BTreeMap::from([
         (
-            admission::QUOTA_TEAM_ANNOTATION.to_owned(),
+            QUOTA_TEAM_ANNOTATION.to_owned(),
             team.metadata.name.clone().unwrap_or_default(),
         ),
-        (
-            admission::QUOTA_CLASSES_ANNOTATION.to_owned(),
-            classes.join(" "),
-        ),
+        (QUOTA_CLASSES_ANNOTATION.to_owned(), classes.join(" ")),
         (QUOTAS_ANNOTATION.to_owned(), team_quotas(team, classes)),
     ]));
     meta
