@@ -9,14 +9,14 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 
 use super::cache::Cache;
+use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::{self, TemplateShape, device_class_name, is_managed};
+use super::objects::{NamespacedQuota, NamespacedTemplate};
 use super::policies::CompiledPolicy;
+use super::types::DesiredObjects;
 use super::usage::quota_resource_name as quota_resource;
-use super::{
-    DesiredObjects, NamespacedQuota, NamespacedTemplate, admission, name_of, namespace_admission,
-    rbac,
-};
+use super::{admission, namespace_admission, rbac};
 use crate::api::TeamGpuPolicy;
 use crate::core::fairshare::PoolShares;
 use crate::core::state::ClusterState;

@@ -1,19 +1,21 @@
 //! The Kubernetes objects teamgpu generates: DeviceClasses, ResourceClaimTemplates and
-//! ResourceQuotas. Pure builders; the admission policy lives in [`super::admission`].
+//! ResourceQuotas, and the plan's compact forms of templates and quotas ([`NamespacedTemplate`],
+//! [`NamespacedQuota`]). Pure builders; the admission policy lives in [`super::admission`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClaim, DeviceClass, DeviceClassConfiguration, DeviceClassSpec,
     DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
     ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
 
-use super::NamespacedQuota;
 use crate::api::{
     DEFAULT_DRIVER, DeviceType, GROUP, GpuSharingPolicy, SharingStrategy, TeamGpuPolicy,
     TimeSliceInterval,
@@ -235,7 +237,7 @@ pub fn template_shapes(policy: &GpuSharingPolicy) -> Vec<TemplateShape> {
 }
 
 /// The ResourceClaimTemplates a team gets in each of its namespaces for one sharing policy's
-/// shapes (their namespace left unset: see [`super::NamespacedTemplate`]).
+/// shapes (their namespace left unset: see [`NamespacedTemplate`]).
 pub fn claim_templates(
     team: &TeamGpuPolicy,
     shapes: &[TemplateShape],
@@ -323,6 +325,126 @@ pub fn content_hash<T: serde::Serialize>(value: &T) -> String {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     format!("{hash:016x}")
+}
+
+/// A ResourceClaimTemplate in one namespace. The template itself (whose metadata names no
+/// namespace) is one object for every namespace of a team: 9,000 templates of 100 teams are
+/// 900 objects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamespacedTemplate {
+    pub namespace: Arc<str>,
+    pub template: Arc<ResourceClaimTemplate>,
+}
+
+impl NamespacedTemplate {
+    pub fn name(&self) -> &str {
+        self.template.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The template as it is applied, in its namespace.
+    pub fn to_object(&self) -> ResourceClaimTemplate {
+        let mut object = (*self.template).clone();
+        object.metadata.namespace = Some(self.namespace.to_string());
+        object
+    }
+}
+
+impl serde::Serialize for NamespacedTemplate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_object().serialize(serializer)
+    }
+}
+
+/// The ResourceQuota of one team namespace, kept compact: the names of its resources are one
+/// copy for every quota, and the metadata one copy for a team's quotas (1,000 quotas of 20
+/// resources were 5 MiB as objects, and few are alike). [`NamespacedQuota::to_object`] is the
+/// quota as it is applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamespacedQuota {
+    pub namespace: Arc<str>,
+    /// Name, labels and owner reference, without namespace and content hash.
+    meta: Arc<ObjectMeta>,
+    /// Devices per quota resource name, in name order.
+    hard: Box<[(Arc<str>, u32)]>,
+    /// The hash of the spec (see [`content_hash`]).
+    content_hash: Box<str>,
+}
+
+impl NamespacedQuota {
+    /// The quota with `meta` (name, labels, owner) in `namespace`, limiting each resource of
+    /// `hard` to its devices.
+    pub fn new(
+        meta: Arc<ObjectMeta>,
+        namespace: &str,
+        hard: impl IntoIterator<Item = (Arc<str>, u32)>,
+    ) -> Self {
+        let mut hard: Vec<(Arc<str>, u32)> = hard.into_iter().collect();
+        hard.sort();
+        hard.dedup_by(|a, b| a.0 == b.0);
+        let mut quota = NamespacedQuota {
+            namespace: Arc::from(namespace),
+            meta,
+            hard: hard.into_boxed_slice(),
+            content_hash: Box::default(),
+        };
+        // The annotations tell the team admission policy which classes the team has.
+        quota.content_hash =
+            content_hash(&(&quota.meta.annotations, quota.spec())).into_boxed_str();
+        quota
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or_default()
+    }
+
+    /// Devices per quota resource name.
+    pub fn hard(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.hard.iter().map(|(name, n)| (&**name, *n))
+    }
+
+    /// Whether `self` and `other` are the same quota of the same namespace, told by their
+    /// metadata and content hash.
+    pub fn same_as(&self, other: &NamespacedQuota) -> bool {
+        self.namespace == other.namespace
+            && self.content_hash == other.content_hash
+            && (Arc::ptr_eq(&self.meta, &other.meta) || self.meta == other.meta)
+    }
+
+    fn spec(&self) -> ResourceQuotaSpec {
+        ResourceQuotaSpec {
+            hard: Some(
+                self.hard
+                    .iter()
+                    .map(|(name, n)| (name.to_string(), Quantity(n.to_string())))
+                    .collect(),
+            ),
+            ..ResourceQuotaSpec::default()
+        }
+    }
+
+    /// The quota as it is applied, in its namespace, with its content hash.
+    pub fn to_object(&self) -> ResourceQuota {
+        let mut metadata = (*self.meta).clone();
+        metadata.namespace = Some(self.namespace.to_string());
+        metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                CONTENT_HASH_ANNOTATION.to_owned(),
+                self.content_hash.to_string(),
+            );
+        ResourceQuota {
+            metadata,
+            spec: Some(self.spec()),
+            status: None,
+        }
+    }
+}
+
+impl serde::Serialize for NamespacedQuota {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_object().serialize(serializer)
+    }
 }
 
 #[cfg(test)]
