@@ -10,6 +10,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     ValidationRule,
 };
 
+use super::markdown::{code, code_list, inline, json_code, paragraph};
+
 /// What keeps a CRD from being rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReferenceError {
@@ -417,62 +419,6 @@ fn rule_message(rule: &ValidationRule) -> String {
         (Some(message), None) => inline(message),
         (None, None) => format!("failed rule: {}", code(&rule.rule)),
     }
-}
-
-fn json_code(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::String(s) => code(s),
-        other => code(&other.to_string()),
-    }
-}
-
-fn code_list(items: &[String]) -> String {
-    items.iter().map(|i| code(i)).collect::<Vec<_>>().join(", ")
-}
-
-/// An inline code span that survives a Markdown table: whitespace collapsed, `|` escaped (GFM
-/// unescapes it inside code in a table cell), and a fence longer than any backtick run inside.
-fn code(text: &str) -> String {
-    let text = collapse(text).replace('|', "\\|");
-    let longest_run = text
-        .split(|c| c != '`')
-        .map(str::len)
-        .max()
-        .unwrap_or_default();
-    let fence = "`".repeat(longest_run + 1);
-    if text.starts_with('`') || text.ends_with('`') {
-        format!("{fence} {text} {fence}")
-    } else {
-        format!("{fence}{text}{fence}")
-    }
-}
-
-fn collapse(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Prose for a table cell: one line, `|` escaped, and `<` outside code spans escaped so that
-/// `<policy>` is not taken for an HTML tag.
-fn inline(text: &str) -> String {
-    let mut out = String::new();
-    let mut in_code = false;
-    for c in collapse(text).chars() {
-        match c {
-            '`' => {
-                in_code = !in_code;
-                out.push(c);
-            }
-            '|' => out.push_str("\\|"),
-            '<' if !in_code => out.push_str("&lt;"),
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
-/// Prose outside a table: the same, without the table's pipe escaping.
-fn paragraph(text: &str) -> String {
-    inline(text).replace("\\|", "|")
 }
 
 #[cfg(test)]
