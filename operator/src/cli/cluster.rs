@@ -19,7 +19,7 @@ use crate::core::diff::{Kind, ObjectKey};
 use crate::core::plan::admission::{self, Enforcement};
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL, QUOTA_NAME, is_managed};
 use crate::core::plan::pending;
-use crate::core::state::{ClusterState, NamespaceInfo};
+use crate::core::state::{ClusterState, NamespaceInfo, PendingDemand};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -157,7 +157,6 @@ pub async fn read(
         mut notes,
     } = policies(client).await?;
     let all = ListParams::default();
-    let managed_lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
 
     let namespaces = list(Api::<Namespace>::all(client.clone()), &all, "Namespaces")
         .await?
@@ -175,68 +174,8 @@ pub async fn read(
     let slices: Vec<ResourceSlice> = list(Api::all(client.clone()), &all, "ResourceSlices").await?;
     let claims: Vec<ResourceClaim> = list(Api::all(client.clone()), &all, "ResourceClaims").await?;
 
-    let mut managed = BTreeMap::new();
-    let mut keep = |kind: Kind, value: Option<Value>| {
-        if let Some(value) = value {
-            let meta = &value["metadata"];
-            let key = ObjectKey {
-                kind,
-                namespace: meta["namespace"].as_str().map(str::to_owned),
-                name: meta["name"].as_str().unwrap_or_default().to_owned(),
-            };
-            managed.insert(key, value);
-        }
-    };
-    for class in &device_classes {
-        if is_managed(class) {
-            keep(Kind::DeviceClass, listed_json(Kind::DeviceClass, class));
-        }
-    }
-    let mut templates: Vec<ResourceClaimTemplate> = Vec::new();
-    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
-        let what = match kind {
-            Kind::ValidatingAdmissionPolicy => "ValidatingAdmissionPolicies",
-            Kind::ValidatingAdmissionPolicyBinding => "ValidatingAdmissionPolicyBindings",
-            Kind::ResourceQuota => "ResourceQuotas",
-            Kind::ClusterRole => "ClusterRoles",
-            Kind::ClusterRoleBinding => "ClusterRoleBindings",
-            _ => "ResourceClaimTemplates",
-        };
-        for object in list(api, &managed_lp, what).await? {
-            keep(kind, listed_json(kind, &object));
-            if kind == Kind::ResourceClaimTemplate
-                && let Ok(template) = object.try_parse::<ResourceClaimTemplate>()
-            {
-                templates.push(template);
-            }
-        }
-    }
-
-    // Pending demand, as the operator counts it: Pods waiting, their claims, and the templates
-    // teamgpu made in their namespaces.
-    let pods: Vec<Pod> = list(
-        Api::all(client.clone()),
-        &ListParams::default().fields("status.phase=Pending"),
-        "pending Pods",
-    )
-    .await?;
-    let waiting: BTreeSet<String> = pods.iter().filter_map(|p| p.namespace()).collect();
-    let templates: Vec<&ResourceClaimTemplate> = templates
-        .iter()
-        .filter(|t| t.namespace().is_some_and(|ns| waiting.contains(&ns)))
-        .collect();
-    let mut names = crate::core::plan::usage::Names::default();
-    let claim_views: Vec<crate::core::plan::usage::ClaimView> = claims
-        .iter()
-        .map(|c| crate::core::plan::usage::ClaimView::project(c, &mut names))
-        .collect();
-    let charges = pending::template_charges(&templates);
-    let pending = pending::pending_demand(
-        &pods.iter().collect::<Vec<_>>(),
-        &claim_views.iter().collect::<Vec<_>>(),
-        |ns, name| charges.get(&(ns.to_owned(), name.to_owned())).cloned(),
-    );
+    let (managed, templates) = managed_objects(client, &device_classes).await?;
+    let pending = pending_demand(client, &templates, &claims).await?;
     if sharing_policies.is_empty() && teams.is_empty() {
         notes.push("the cluster has no GpuSharingPolicy and no TeamGpuPolicy".into());
     }
@@ -261,6 +200,84 @@ pub async fn read(
         managed,
         notes,
     })
+}
+
+/// Every object teamgpu manages (the managed DeviceClasses of `device_classes`, the other kinds
+/// listed by the managed-by label), as listed, and the ResourceClaimTemplates among them.
+async fn managed_objects(
+    client: &Client,
+    device_classes: &[DeviceClass],
+) -> Result<(BTreeMap<ObjectKey, Value>, Vec<ResourceClaimTemplate>), ReadError> {
+    let managed_lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let mut managed = BTreeMap::new();
+    let mut keep = |kind: Kind, value: Option<Value>| {
+        if let Some(value) = value {
+            let meta = &value["metadata"];
+            let key = ObjectKey {
+                kind,
+                namespace: meta["namespace"].as_str().map(str::to_owned),
+                name: meta["name"].as_str().unwrap_or_default().to_owned(),
+            };
+            managed.insert(key, value);
+        }
+    };
+    for class in device_classes {
+        if is_managed(class) {
+            keep(Kind::DeviceClass, listed_json(Kind::DeviceClass, class));
+        }
+    }
+    let mut templates: Vec<ResourceClaimTemplate> = Vec::new();
+    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
+        let what = match kind {
+            Kind::ValidatingAdmissionPolicy => "ValidatingAdmissionPolicies",
+            Kind::ValidatingAdmissionPolicyBinding => "ValidatingAdmissionPolicyBindings",
+            Kind::ResourceQuota => "ResourceQuotas",
+            Kind::ClusterRole => "ClusterRoles",
+            Kind::ClusterRoleBinding => "ClusterRoleBindings",
+            _ => "ResourceClaimTemplates",
+        };
+        for object in list(api, &managed_lp, what).await? {
+            keep(kind, listed_json(kind, &object));
+            if kind == Kind::ResourceClaimTemplate
+                && let Ok(template) = object.try_parse::<ResourceClaimTemplate>()
+            {
+                templates.push(template);
+            }
+        }
+    }
+    Ok((managed, templates))
+}
+
+/// Pending demand, as the operator counts it: Pods waiting, their claims (of `claims`), and the
+/// templates teamgpu made in their namespaces (of `templates`).
+async fn pending_demand(
+    client: &Client,
+    templates: &[ResourceClaimTemplate],
+    claims: &[ResourceClaim],
+) -> Result<Vec<PendingDemand>, ReadError> {
+    let pods: Vec<Pod> = list(
+        Api::all(client.clone()),
+        &ListParams::default().fields("status.phase=Pending"),
+        "pending Pods",
+    )
+    .await?;
+    let waiting: BTreeSet<String> = pods.iter().filter_map(|p| p.namespace()).collect();
+    let templates: Vec<&ResourceClaimTemplate> = templates
+        .iter()
+        .filter(|t| t.namespace().is_some_and(|ns| waiting.contains(&ns)))
+        .collect();
+    let mut names = crate::core::plan::usage::Names::default();
+    let claim_views: Vec<crate::core::plan::usage::ClaimView> = claims
+        .iter()
+        .map(|c| crate::core::plan::usage::ClaimView::project(c, &mut names))
+        .collect();
+    let charges = pending::template_charges(&templates);
+    Ok(pending::pending_demand(
+        &pods.iter().collect::<Vec<_>>(),
+        &claim_views.iter().collect::<Vec<_>>(),
+        |ns, name| charges.get(&(ns.to_owned(), name.to_owned())).cloned(),
+    ))
 }
 
 /// The operator's enforcement mode, as its team binding shows it (`Deny` when there is none).
