@@ -473,7 +473,9 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
     let joined = Instant::now();
     eventually(
         "ml-new gets templates, quota and binding",
-        Duration::from_secs(2),
+        // A timeout on a shared 2-core machine, not a speed target: the join time is printed
+        // (and the scale example reports claim -> status latency).
+        Duration::from_secs(20),
         || async {
             let templates = world.templates("ml-new").await;
             let quota = world.quota_hard("ml-new").await;
@@ -491,7 +493,9 @@ async fn labelling_a_namespace_joins_the_team_and_unlabelling_leaves_it() {
     world.label("ml-new", None).await;
     eventually(
         "ml-new loses everything",
-        Duration::from_secs(2),
+        // A timeout on a shared 2-core machine, not a speed target: the join time is printed
+        // (and the scale example reports claim -> status latency).
+        Duration::from_secs(20),
         || async {
             let templates = world.templates("ml-new").await;
             let quota = world.quota_hard("ml-new").await;

@@ -157,7 +157,8 @@ fn generated_crd_files_start_with_the_do_not_edit_header_and_name_the_kustomizat
     );
 }
 
-/// `kubectl kustomize <dir>` as parsed documents, or `None` (with a note) without kubectl.
+/// `kubectl kustomize <dir>` as parsed documents, or `None` (with a note) without kubectl; under
+/// `CI=true` a missing kubectl fails the test.
 fn kustomize(dir: &str) -> Option<Vec<Value>> {
     let output = match Command::new("kubectl")
         .arg("kustomize")
@@ -166,6 +167,11 @@ fn kustomize(dir: &str) -> Option<Vec<Value>> {
     {
         Ok(output) => output,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            // CI must render the trees: a missing kubectl there fails instead of passing silently.
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "kubectl is not on PATH (CI=true): cannot render {dir}"
+            );
             eprintln!("note: kubectl is not on PATH, skipping the render of {dir}");
             return None;
         }
