@@ -111,7 +111,7 @@ impl std::str::FromStr for Enforcement {
 
 /// The DeviceClasses whose devices teamgpu governs, as admission needs them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Governed {
+pub struct GovernedClasses {
     /// Foreign classes (not teamgpu's) that select governed devices; teamgpu's own classes are
     /// recognised by their suffix.
     pub foreign: BTreeSet<String>,
@@ -153,7 +153,7 @@ fn common_variables() -> Vec<Variable> {
 }
 
 /// [`common_variables`] and the governed classes and extended resource names.
-fn governed_variables(governed: &Governed) -> Vec<Variable> {
+fn governed_variables(governed: &GovernedClasses) -> Vec<Variable> {
     let mut variables = common_variables();
     variables.push(Variable {
         name: "governed".into(),
@@ -249,7 +249,7 @@ pub(super) fn validation(expression: String, message_expression: &str) -> Valida
 /// The policy for team namespaces. `governed` are the foreign DeviceClass names that select
 /// devices teamgpu governs; teamgpu's own classes are recognised by their suffix. `operator` is
 /// the operator's user name, which the policy leaves alone.
-pub fn team_policy(governed: &Governed, operator: &str) -> ValidatingAdmissionPolicy {
+pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmissionPolicy {
     let mut variables = governed_variables(governed);
     let annotation = |key: &str| {
         format!(
@@ -333,7 +333,7 @@ pub fn team_policy(governed: &Governed, operator: &str) -> ValidatingAdmissionPo
 /// extended resource. `governed` and `operator` as for [`team_policy`]; `team_namespaces` are
 /// every namespace a team owns, which the policy leaves to the team policy.
 pub fn non_team_policy(
-    governed: &Governed,
+    governed: &GovernedClasses,
     operator: &str,
     team_namespaces: &BTreeSet<&str>,
 ) -> ValidatingAdmissionPolicy {

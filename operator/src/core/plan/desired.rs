@@ -261,7 +261,7 @@ fn admission_objects(
     out: &mut DesiredObjects,
 ) {
     let state = inputs.state;
-    let classes = admission::Governed {
+    let classes = admission::GovernedClasses {
         foreign: inputs.governed_foreign.keys().cloned().collect(),
         extended: governed
             .iter()
