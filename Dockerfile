@@ -14,10 +14,11 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY operator/Cargo.toml operator/Cargo.toml
 COPY operator/benches operator/benches
+COPY operator/synthetic/Cargo.toml operator/synthetic/Cargo.toml
 COPY e2e/Cargo.toml e2e/Cargo.toml
-RUN mkdir -p operator/src e2e/src \
+RUN mkdir -p operator/src operator/synthetic/src e2e/src \
     && echo 'fn main() {}' > operator/src/main.rs \
-    && touch operator/src/lib.rs e2e/src/lib.rs \
+    && touch operator/src/lib.rs operator/synthetic/src/lib.rs e2e/src/lib.rs \
     && cargo build --release --locked -p teamgpu \
     && rm -rf operator/src target/release/.fingerprint/teamgpu-* target/release/deps/teamgpu-* target/release/deps/libteamgpu-*
 

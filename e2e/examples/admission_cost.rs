@@ -31,7 +31,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use teamgpu::core::plan::admission::{self, Enforcement, Governed};
+use teamgpu::core::plan::admission::{self, Enforcement, GovernedClasses};
 use teamgpu::core::plan::namespace_admission;
 use teamgpu_e2e::cluster::TestCluster;
 
@@ -117,8 +117,8 @@ fn team_namespaces(n: usize) -> BTreeSet<String> {
         .collect()
 }
 
-fn governed() -> Governed {
-    Governed {
+fn governed() -> GovernedClasses {
+    GovernedClasses {
         foreign: BTreeSet::new(),
         extended: (0..CLASSES)
             .map(|i| {

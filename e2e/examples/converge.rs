@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use teamgpu::example::{Scale, synthetic};
+use teamgpu_synthetic::{Scale, synthetic};
 
 async fn quotas(client: &kube::Client) -> usize {
     let lp = ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");

@@ -29,9 +29,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use teamgpu::api::TeamGpuPolicy;
-use teamgpu::example::{Scale, synthetic};
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::fixtures::fresh;
+use teamgpu_synthetic::{Scale, synthetic};
 
 /// Requests in flight, for the floor and for filling the cluster.
 const PARALLEL: usize = 16;

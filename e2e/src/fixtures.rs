@@ -204,14 +204,14 @@ pub fn samples() -> (
     Vec<teamgpu::api::TeamGpuPolicy>,
 ) {
     let dir = repo_root().join("config/samples");
-    let mut loaded = teamgpu::input::Loaded::default();
+    let mut loaded = teamgpu::cli::input::Loaded::default();
     for path in std::fs::read_dir(&dir)
         .expect("config/samples is readable")
         .map(|e| e.expect("a samples entry").path())
     {
         if path.file_name().is_some_and(|n| n != "kustomization.yaml") {
             let text = std::fs::read_to_string(&path).expect("a sample is readable");
-            teamgpu::input::add_documents(&mut loaded, &path, &text)
+            teamgpu::cli::input::add_documents(&mut loaded, &path, &text)
                 .expect("the samples are valid");
         }
     }

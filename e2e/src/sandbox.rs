@@ -105,7 +105,7 @@ impl Sandbox {
         let sandbox = Sandbox::start(cluster)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let example = teamgpu::example::state().expect("the built-in example");
+        let example = teamgpu::cli::example::state().expect("the built-in example");
         sandbox
             .devices(&example.device_classes, &example.slices)
             .await

@@ -128,7 +128,7 @@ impl Drop for Refuser {
 
 /// The example's namespaces.
 async fn namespaces(sandbox: &Sandbox) {
-    let example = teamgpu::example::state().unwrap();
+    let example = teamgpu::cli::example::state().unwrap();
     for ns in &example.namespaces {
         let team = ns.labels.get(TEAM_LABEL).map(String::as_str);
         sandbox.namespace(&ns.name, team).await.unwrap();

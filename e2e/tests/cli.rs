@@ -141,7 +141,7 @@ async fn pcie_team(namespace: &str, team: impl FnOnce(&str) -> Value) -> Option<
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let client = sandbox.client();
-    let example = teamgpu::example::state().unwrap();
+    let example = teamgpu::cli::example::state().unwrap();
     sandbox
         .devices(&example.device_classes, &example.slices)
         .await

@@ -38,7 +38,7 @@ struct Day {
 impl Day {
     async fn start() -> Option<Day> {
         let (sandbox, operator) = Sandbox::with_example_devices().await?;
-        let example = teamgpu::example::state().unwrap();
+        let example = teamgpu::cli::example::state().unwrap();
         for ns in &example.namespaces {
             let team = ns.labels.get(TEAM_LABEL).map(String::as_str);
             sandbox.namespace(&ns.name, team).await.unwrap();
@@ -272,8 +272,8 @@ async fn a_member_with_edit_reads_their_team_and_top_shows_it() {
 
     // `teamgpu top` as bob: his team, found through the namespace he works in.
     let train = day.ns("ml-research-train");
-    let policies = teamgpu::top::read(&bob, None, &train).await.unwrap();
-    let top = teamgpu::top::top(&policies.teams, &policies.sharing_policies);
+    let policies = teamgpu::cli::top::read(&bob, None, &train).await.unwrap();
+    let top = teamgpu::cli::top::top(&policies.teams, &policies.sharing_policies);
     let rows: Vec<(&str, &str)> = top
         .teams
         .iter()
@@ -292,7 +292,7 @@ async fn a_member_with_edit_reads_their_team_and_top_shows_it() {
     );
     // carol's namespace names its team, which she may not read: she is told why.
     let carol = as_user(&day, "carol", &[]);
-    let error = teamgpu::top::read(&carol, None, &day.ns("data-science"))
+    let error = teamgpu::cli::top::read(&carol, None, &day.ns("data-science"))
         .await
         .unwrap_err()
         .to_string();
@@ -303,7 +303,7 @@ async fn a_member_with_edit_reads_their_team_and_top_shows_it() {
     );
     // dave's namespace is in no team.
     let dave = as_user(&day, "dave", &[]);
-    let error = teamgpu::top::read(&dave, None, &day.ns("outsider"))
+    let error = teamgpu::cli::top::read(&dave, None, &day.ns("outsider"))
         .await
         .unwrap_err()
         .to_string();
@@ -383,7 +383,9 @@ async fn plan_live_needs_only_the_planner_role() {
     };
     let ci = Client::try_from(config).unwrap();
     // Without the role: refused.
-    let refused = teamgpu::live::read(&ci, None, None).await.unwrap_err();
+    let refused = teamgpu::cli::cluster::read(&ci, None, None)
+        .await
+        .unwrap_err();
     assert!(refused.to_string().contains("forbidden"), "{refused}");
     let name = day.ns("ci-planner");
     let binding: ClusterRoleBinding = serde_json::from_value(json!({
@@ -399,7 +401,7 @@ async fn plan_live_needs_only_the_planner_role() {
         .await
         .unwrap();
     let live = eventually("plan --live as ci", CONVERGE, || async {
-        teamgpu::live::read(&ci, None, None)
+        teamgpu::cli::cluster::read(&ci, None, None)
             .await
             .map_err(|e| e.to_string())
     })

@@ -80,7 +80,7 @@ async fn the_example_plan_is_accepted_by_the_api_server() {
     let Some(cluster) = TestCluster::start_or_skip().await else {
         return;
     };
-    let objects = all_objects(&teamgpu::example::state().unwrap());
+    let objects = all_objects(&teamgpu::cli::example::state().unwrap());
     assert!(
         objects.len() > 30,
         "the example plans {} objects",
@@ -106,7 +106,7 @@ async fn every_sharing_strategy_and_device_type_is_accepted() {
     let Some(cluster) = TestCluster::start_or_skip().await else {
         return;
     };
-    let mut state = teamgpu::example::state().unwrap();
+    let mut state = teamgpu::cli::example::state().unwrap();
     let variants = [
         json!({"selector": {"deviceType": "mig", "migProfiles": ["1g.10gb", "3g.40gb"]},
                "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30, "defaultPinnedDeviceMemoryLimit": "5Gi"}}}),
@@ -190,7 +190,7 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
     // The namespace-membership policy takes every team as params: the API server must accept
     // (type-check and cost-estimate) the policies, and evaluate the membership policy once per
     // team within its runtime budget, at a realistic number of teams.
-    let mut state = teamgpu::example::synthetic(teamgpu::example::Scale {
+    let mut state = teamgpu_synthetic::synthetic(teamgpu_synthetic::Scale {
         teams: 100,
         namespaces_per_team: 1,
         sharing_policies: 20,

@@ -273,7 +273,7 @@ const CREATED_ON_FIRST_EVENT: [&str; 2] =
 fn exported_names() -> BTreeSet<String> {
     use teamgpu::controller::metrics::{ControllerLabels, ErrorLabels, Metrics, WriteLabels};
     let metrics = Metrics::default();
-    let state = teamgpu::example::state().expect("the built-in example loads");
+    let state = teamgpu::cli::example::state().expect("the built-in example loads");
     metrics.observe_plan(&teamgpu::core::plan::plan(&state));
     let controller = ControllerLabels {
         controller: "teamgpu",

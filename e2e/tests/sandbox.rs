@@ -38,7 +38,7 @@ async fn cleaning_deletes_what_scenarios_leave_and_nothing_else() {
     };
     let client: Client = cluster.client();
     // A GPU driver's own class and slice: not the harness's.
-    let example = teamgpu::example::state().unwrap();
+    let example = teamgpu::cli::example::state().unwrap();
     let driver_class = example
         .device_classes
         .iter()

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, ListParams};
-use teamgpu::example::{Scale, synthetic};
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::fixtures::{operator_process, teamgpu_binary};
+use teamgpu_synthetic::{Scale, synthetic};
 
 /// terminationGracePeriodSeconds of config/manager: the kubelet's SIGKILL comes after it.
 const GRACE: Duration = Duration::from_secs(10);

@@ -1,4 +1,4 @@
-//! Workloads shaped like real ones, on a real control plane (see `scenarios.rs` for how it is
+//! Workloads shaped like real ones, on a real control plane (see `scenarios/` for how it is
 //! started): Jobs of several Pods run by the real job controller, claims of 2 and 4 GPUs,
 //! PriorityClasses, a Pod that has waited for a minute. What is asserted is what a user sees
 //! with kubectl: whose Pods are evicted, what each team holds, how soon a waiting Pod is bound.

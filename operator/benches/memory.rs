@@ -15,7 +15,7 @@ use teamgpu::core::plan::Planner;
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::dra_cel::DeviceEnvs;
-use teamgpu::example::{Scale, synthetic};
+use teamgpu_synthetic::{Scale, synthetic};
 
 /// Resident memory of this process (Linux `/proc/self/statm`), 0 where it cannot be read.
 fn held() -> isize {

@@ -18,7 +18,7 @@ use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::plan::{Planner, plan, selector};
 use teamgpu::core::state::ClusterState;
 use teamgpu::dra_cel::{CompiledSelectors, DeviceEnvs, DeviceReads};
-use teamgpu::example::{Scale, synthetic};
+use teamgpu_synthetic::{Scale, synthetic};
 
 fn bench(c: &mut Criterion) {
     let state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
-use teamgpu::input::{Limits, Loaded};
+use teamgpu::cli::input::{Limits, Loaded};
 
 const SAMPLES: [&str; 5] = [
     include_str!("../../config/samples/gpusharingpolicy-a100-80gb.yaml"),
@@ -21,7 +21,7 @@ const SAMPLES: [&str; 5] = [
 
 /// The List of `nodes` copies of the example's 8-GPU node, each its own node and pool.
 fn dump(nodes: usize) -> Value {
-    let template: Value = serde_saphyr::from_str(teamgpu::example::NODE_SLICE_YAML).unwrap();
+    let template: Value = serde_saphyr::from_str(teamgpu::cli::example::NODE_SLICE_YAML).unwrap();
     let items: Vec<Value> = (0..nodes)
         .map(|i| {
             let node = format!("gpu-{i:05}");
@@ -70,7 +70,9 @@ fn bench(c: &mut Criterion) {
     });
     let limits = Limits::default();
     group.bench_function("5,000 ResourceSlices as YAML: parse only", |b| {
-        b.iter(|| teamgpu::input::documents(Path::new("cluster.yaml"), black_box(&yaml), &limits))
+        b.iter(|| {
+            teamgpu::cli::input::documents(Path::new("cluster.yaml"), black_box(&yaml), &limits)
+        })
     });
     group.finish();
 }

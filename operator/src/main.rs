@@ -33,8 +33,8 @@ enum Command {
         fail_on_warnings: bool,
         /// The most YAML nodes one file may have (a List of 5,000 8-GPU ResourceSlices has
         /// about 2.3 million).
-        #[arg(long, env = teamgpu::input::MAX_YAML_NODES_ENV,
-              default_value_t = teamgpu::input::Limits::DEFAULT_MAX_YAML_NODES)]
+        #[arg(long, env = teamgpu::cli::input::MAX_YAML_NODES_ENV,
+              default_value_t = teamgpu::cli::input::Limits::DEFAULT_MAX_YAML_NODES)]
         max_yaml_nodes: usize,
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
@@ -93,7 +93,7 @@ enum Command {
     #[command(visible_alias = "install")]
     Manifests {
         /// The operator's image.
-        #[arg(long, default_value_t = teamgpu::manifests::default_image())]
+        #[arg(long, default_value_t = teamgpu::cli::manifests::default_image())]
         image: String,
     },
     /// Print a shell completion script (e.g. `source <(teamgpu completion bash)`); as the kubectl
@@ -187,7 +187,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run_command() -> anyhow::Result<()> {
-    let name = teamgpu::plugin::program_name(std::env::args_os().next().as_deref());
+    let name = teamgpu::cli::plugin::program_name(std::env::args_os().next().as_deref());
     let mut command = Cli::command().bin_name(name);
     let cli = Cli::from_arg_matches_mut(&mut command.get_matches_mut())
         .unwrap_or_else(|e| e.format(&mut command).exit());
@@ -230,25 +230,25 @@ fn run_command() -> anyhow::Result<()> {
             output,
         } => block_on(why(&pod, namespace, output))?,
         Command::Manifests { image } => {
-            let yaml = teamgpu::manifests::to_yaml(&image)?;
+            let yaml = teamgpu::cli::manifests::to_yaml(&image)?;
             std::io::stdout().write_all(yaml.as_bytes())?;
         }
         Command::Completion { shell } => {
             // A fresh command: the parsed one carries bin names ("kubectl teamgpu plan") that
             // the generators cannot look subcommands up by.
-            let script = teamgpu::plugin::completion_script(shell, &Cli::command(), name);
+            let script = teamgpu::cli::plugin::completion_script(shell, &Cli::command(), name);
             std::io::stdout().write_all(&script)?;
         }
         Command::Crd {
             reference: true, ..
         } => {
-            let markdown = teamgpu::crd::reference_markdown()?;
+            let markdown = teamgpu::cli::crd::reference_markdown()?;
             std::io::stdout().write_all(markdown.as_bytes())?;
         }
         Command::Crd {
             output_dir: None, ..
         } => {
-            let yaml = teamgpu::crd::to_yaml().context("serializing the CRDs")?;
+            let yaml = teamgpu::cli::crd::to_yaml().context("serializing the CRDs")?;
             std::io::stdout().write_all(yaml.as_bytes())?;
         }
         Command::Crd {
@@ -256,7 +256,7 @@ fn run_command() -> anyhow::Result<()> {
             ..
         } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            for (name, content) in teamgpu::crd::files().context("serializing the CRDs")? {
+            for (name, content) in teamgpu::cli::crd::files().context("serializing the CRDs")? {
                 let path = dir.join(name);
                 std::fs::write(&path, content)
                     .with_context(|| format!("writing {}", path.display()))?;
@@ -273,20 +273,20 @@ fn plan(
     max_yaml_nodes: usize,
 ) -> anyhow::Result<()> {
     let (state, invalid) = if files.is_empty() {
-        let state = teamgpu::example::state().context("loading the built-in example")?;
+        let state = teamgpu::cli::example::state().context("loading the built-in example")?;
         (state, None)
     } else {
         let (state, invalid) = read_files(files, max_yaml_nodes);
         (state, invalid.err())
     };
     let plan = teamgpu::core::plan::plan(&state);
-    let warnings = teamgpu::validate::findings::warnings(&plan);
+    let warnings = teamgpu::cli::validate::findings::warnings(&plan);
     let text = match format {
-        Format::Table => teamgpu::output::table(&plan),
+        Format::Table => teamgpu::cli::output::table(&plan),
         // An invalid input prints no objects: a pipe into `kubectl apply` applies nothing.
         _ if invalid.is_some() => String::new(),
-        Format::Yaml => teamgpu::output::yaml(&plan).context("serializing the plan")?,
-        Format::Json => teamgpu::output::json(&plan).context("serializing the plan")?,
+        Format::Yaml => teamgpu::cli::output::yaml(&plan).context("serializing the plan")?,
+        Format::Json => teamgpu::cli::output::json(&plan).context("serializing the plan")?,
     };
     std::io::stdout().write_all(text.as_bytes())?;
     if let Some(invalid) = invalid {
@@ -310,8 +310,8 @@ fn read_files(
     files: &[std::path::PathBuf],
     max_yaml_nodes: usize,
 ) -> (teamgpu::core::state::ClusterState, anyhow::Result<()>) {
-    let limits = teamgpu::input::Limits { max_yaml_nodes };
-    let loaded = teamgpu::input::load(files, &limits);
+    let limits = teamgpu::cli::input::Limits { max_yaml_nodes };
+    let loaded = teamgpu::cli::input::load(files, &limits);
     for note in &loaded.notes {
         eprintln!("note: {note}");
     }
@@ -364,15 +364,15 @@ async fn plan_live(
     // The files first: a typo fails before the cluster is asked.
     let (changes, invalid) = read_files(files, max_yaml_nodes);
     invalid?;
-    let live = teamgpu::live::read(&client().await?, operator_user, admin_groups).await?;
+    let live = teamgpu::cli::cluster::read(&client().await?, operator_user, admin_groups).await?;
     for note in &live.notes {
         eprintln!("note: {note}");
     }
     let before = teamgpu::core::plan::plan(&live.state);
-    let after = teamgpu::core::plan::plan(&teamgpu::whatif::overlay(&live.state, changes));
-    let what_if = teamgpu::whatif::what_if(&before, &after, &live.managed);
+    let after = teamgpu::core::plan::plan(&teamgpu::cli::whatif::overlay(&live.state, changes));
+    let what_if = teamgpu::cli::whatif::what_if(&before, &after, &live.managed);
     let text = match format {
-        Format::Table => teamgpu::whatif::table(&what_if),
+        Format::Table => teamgpu::cli::whatif::table(&what_if),
         _ => serialized(&what_if, format)?,
     };
     std::io::stdout().write_all(text.as_bytes())?;
@@ -386,13 +386,13 @@ async fn top(
 ) -> anyhow::Result<()> {
     let client = client().await?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-    let policies = teamgpu::top::read(&client, team.as_deref(), &namespace).await?;
+    let policies = teamgpu::cli::top::read(&client, team.as_deref(), &namespace).await?;
     for note in &policies.notes {
         eprintln!("note: {note}");
     }
-    let top = teamgpu::top::top(&policies.teams, &policies.sharing_policies);
+    let top = teamgpu::cli::top::top(&policies.teams, &policies.sharing_policies);
     let text = match format {
-        Format::Table => teamgpu::top::table(&top),
+        Format::Table => teamgpu::cli::top::table(&top),
         _ => serialized(&top, format)?,
     };
     std::io::stdout().write_all(text.as_bytes())?;
@@ -400,16 +400,16 @@ async fn top(
 }
 
 async fn why(pod: &str, namespace: Option<String>, format: Format) -> anyhow::Result<()> {
-    let name = teamgpu::why::pod_name(pod)?;
+    let name = teamgpu::cli::why::pod_name(pod)?;
     let client = client().await?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-    let read = teamgpu::live::why_facts(&client, &namespace, name).await?;
+    let read = teamgpu::cli::cluster::why_facts(&client, &namespace, name).await?;
     for note in &read.notes {
         eprintln!("note: {note}");
     }
-    let why = teamgpu::why::diagnose(&read.facts, k8s_openapi::jiff::Timestamp::now());
+    let why = teamgpu::cli::why::diagnose(&read.facts, k8s_openapi::jiff::Timestamp::now());
     let text = match format {
-        Format::Table => teamgpu::why::text(&why),
+        Format::Table => teamgpu::cli::why::text(&why),
         _ => serialized(&why, format)?,
     };
     std::io::stdout().write_all(text.as_bytes())?;

@@ -3,13 +3,17 @@
 
 use serde_json::{Value, json};
 use teamgpu::core::plan::admission::{
-    DEFAULT_OPERATOR_USER, Governed, evaluate, non_team_policy, team_policy,
+    DEFAULT_OPERATOR_USER, GovernedClasses, non_team_policy, team_policy,
 };
+use vap::evaluate;
+
+#[path = "support/vap.rs"]
+mod vap;
 
 /// The NVIDIA driver's classes select governed devices; `gpu.nvidia.com` also serves the
 /// extended resource `nvidia.com/gpu`.
-fn governed() -> Governed {
-    Governed {
+fn governed() -> GovernedClasses {
+    GovernedClasses {
         foreign: ["gpu.nvidia.com".to_owned(), "mig.nvidia.com".to_owned()].into(),
         extended: [
             "nvidia.com/gpu",
@@ -353,8 +357,8 @@ fn both_policies_leave_the_operator_and_only_the_operator_alone() {
     // effect. Here: the condition names exactly the given user, quoted as a CEL string.
     let user = "system:serviceaccount:gpu-ops:team'gpu";
     for policy in [
-        team_policy(&Governed::default(), user),
-        non_team_policy(&Governed::default(), user, &["ml-dev"].into()),
+        team_policy(&GovernedClasses::default(), user),
+        non_team_policy(&GovernedClasses::default(), user, &["ml-dev"].into()),
     ] {
         let conditions = policy.spec.unwrap().match_conditions.unwrap();
         assert_eq!(

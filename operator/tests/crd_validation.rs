@@ -45,7 +45,7 @@ struct Crds {
 }
 
 static CRDS: LazyLock<Crds> = LazyLock::new(|| {
-    let mut all = teamgpu::crd::all().into_iter().map(|(_, crd)| crd);
+    let mut all = teamgpu::cli::crd::all().into_iter().map(|(_, crd)| crd);
     let gsp = all.next().expect("the GpuSharingPolicy CRD");
     let tgp = all.next().expect("the TeamGpuPolicy CRD");
     assert_eq!(gsp.spec.names.kind, GSP);

@@ -51,7 +51,7 @@ fn first_difference_in(file: &str, actual: &str, expected: &str) -> String {
 #[test]
 fn crds_folder_matches_the_generated_crds() {
     let dir = repo_root().join("crds");
-    let generated = teamgpu::crd::files().expect("the CRDs serialize");
+    let generated = teamgpu::cli::crd::files().expect("the CRDs serialize");
     let mut problems = Vec::new();
     for (name, expected) in &generated {
         match std::fs::read_to_string(dir.join(name)) {
@@ -83,7 +83,7 @@ fn crds_folder_matches_the_generated_crds() {
 
 #[test]
 fn docs_api_md_matches_the_generated_api_reference() {
-    let expected = teamgpu::crd::reference_markdown().expect("the CRDs render");
+    let expected = teamgpu::cli::crd::reference_markdown().expect("the CRDs render");
     let actual = std::fs::read_to_string(repo_root().join("docs/api.md")).unwrap_or_else(|err| {
         panic!("docs/api.md cannot be read ({err}); create it with `{REGENERATE_REFERENCE}`")
     });
@@ -99,7 +99,7 @@ fn docs_api_md_matches_the_generated_api_reference() {
 /// the message `kubectl apply` prints when a rule fails.
 #[test]
 fn api_reference_shows_defaults_enums_bounds_and_rule_messages() {
-    let reference = teamgpu::crd::reference_markdown().expect("the CRDs render");
+    let reference = teamgpu::cli::crd::reference_markdown().expect("the CRDs render");
     let row = |field: &str| {
         reference
             .lines()
@@ -137,11 +137,11 @@ fn api_reference_shows_defaults_enums_bounds_and_rule_messages() {
 
 #[test]
 fn generated_crd_files_start_with_the_do_not_edit_header_and_name_the_kustomization() {
-    let files = teamgpu::crd::files().expect("the CRDs serialize");
+    let files = teamgpu::cli::crd::files().expect("the CRDs serialize");
     assert!(
         files
             .iter()
-            .all(|(_, content)| content.starts_with(teamgpu::crd::GENERATED_HEADER))
+            .all(|(_, content)| content.starts_with(teamgpu::cli::crd::GENERATED_HEADER))
     );
     let (_, kustomization) = files
         .iter()
@@ -157,7 +157,8 @@ fn generated_crd_files_start_with_the_do_not_edit_header_and_name_the_kustomizat
     );
 }
 
-/// `kubectl kustomize <dir>` as parsed documents, or `None` (with a note) without kubectl.
+/// `kubectl kustomize <dir>` as parsed documents, or `None` (with a note) without kubectl; under
+/// `CI=true` a missing kubectl fails the test.
 fn kustomize(dir: &str) -> Option<Vec<Value>> {
     let output = match Command::new("kubectl")
         .arg("kustomize")
@@ -166,6 +167,11 @@ fn kustomize(dir: &str) -> Option<Vec<Value>> {
     {
         Ok(output) => output,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            // CI must render the trees: a missing kubectl there fails instead of passing silently.
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "kubectl is not on PATH (CI=true): cannot render {dir}"
+            );
             eprintln!("note: kubectl is not on PATH, skipping the render of {dir}");
             return None;
         }
@@ -239,7 +245,7 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
         .filter(|d| d["kind"] == "CustomResourceDefinition")
         .collect();
     assert_eq!(crds.len(), 2, "rendered: {kinds:?}");
-    for (_, generated) in teamgpu::crd::all() {
+    for (_, generated) in teamgpu::cli::crd::all() {
         let name = generated.metadata.name.as_deref().expect("CRDs are named");
         let rendered = find(&docs, "CustomResourceDefinition", name);
         // kustomize re-serializes the YAML (`32.0` comes out as `32`): compare numbers as numbers.

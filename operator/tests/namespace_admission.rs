@@ -9,7 +9,15 @@
 
 use serde_json::{Value, json};
 use teamgpu::api::TeamGpuPolicy;
-use teamgpu::core::plan::admission::{DEFAULT_OPERATOR_USER, evaluate_change};
+use teamgpu::core::plan::admission::DEFAULT_OPERATOR_USER;
+use vap::evaluate_change;
+
+#[path = "support/vap.rs"]
+#[allow(
+    dead_code,
+    reason = "this file judges changes only (`evaluate_change`)"
+)]
+mod vap;
 use teamgpu::core::plan::namespace_admission::membership_policy;
 
 fn team(name: &str, selector: Value, members: Value) -> TeamGpuPolicy {

@@ -505,7 +505,7 @@ fn the_same_object_twice_keeps_the_later_with_a_note() {
 
 /// The NVIDIA driver's 8-GPU node slice (the built-in example's), for node `node`.
 fn node_slice(node: &str) -> Value {
-    let fixture = include_str!("../src/example/resourceslice-8gpu-node.yaml");
+    let fixture = include_str!("../src/cli/example/resourceslice-8gpu-node.yaml");
     let mut slice: Value = serde_saphyr::from_str(fixture).unwrap();
     slice["metadata"] = json!({"name": format!("{node}-gpu.nvidia.com-x")});
     slice["spec"]["nodeName"] = node.into();

@@ -1,11 +1,20 @@
-//! What docs/architecture.md promises about the source: no file in `operator/src` over 700 lines,
-//! no function over 120. Files are rustfmt-formatted, so a function ends at the first line that
-//! closes its indentation.
+//! What docs/architecture.md promises about the source: no file in `operator/src` over 600 lines,
+//! no function over 100 (tests included). Files are rustfmt-formatted, so a function ends at the
+//! first line that closes its indentation.
 
 use std::path::{Path, PathBuf};
 
-const MAX_FILE_LINES: usize = 700;
-const MAX_FN_LINES: usize = 120;
+const MAX_FILE_LINES: usize = 600;
+const MAX_FN_LINES: usize = 100;
+
+/// Files still over [`MAX_FILE_LINES`], and functions (`file::name`) still over [`MAX_FN_LINES`],
+/// while issue 26's rewrite of the controller lands; each entry must still be needed, so the list
+/// only shrinks. Paths are below `operator/src`.
+const ALLOWED_LONG_FILES: &[&str] = &["controller/observe.rs"];
+const ALLOWED_LONG_FUNCTIONS: &[&str] = &[
+    "controller/observe.rs::start",
+    "controller/metrics.rs::default",
+];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("operator/src is readable") {
@@ -18,8 +27,8 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `(line of the fn, its length)` for every function of one file.
-fn functions(text: &str) -> Vec<(usize, usize)> {
+/// `(line of the fn, its length, its name)` for every function of one file.
+fn functions(text: &str) -> Vec<(usize, usize, String)> {
     let lines: Vec<&str> = text.lines().collect();
     let mut found = Vec::new();
     for (start, line) in lines.iter().enumerate() {
@@ -35,8 +44,12 @@ fn functions(text: &str) -> Vec<(usize, usize)> {
             continue;
         }
         let close = format!("{indent}}}");
+        let name: String = signature["fn ".len()..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
         if let Some(end) = lines[start..].iter().position(|l| *l == close) {
-            found.push((start + 1, end + 1));
+            found.push((start + 1, end + 1, name));
         }
     }
     found
@@ -50,19 +63,34 @@ fn no_source_file_or_function_is_longer_than_the_architecture_page_says() {
         &mut files,
     );
     assert!(files.len() > 50, "found only {} source files", files.len());
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut too_long = Vec::new();
+    let mut allowed_and_long = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("source is readable");
+        let relative = file
+            .strip_prefix(&src)
+            .expect("below src")
+            .to_string_lossy()
+            .replace('\\', "/");
         let lines = text.lines().count();
         if lines > MAX_FILE_LINES {
-            too_long.push(format!("{}: {lines} lines", file.display()));
+            if ALLOWED_LONG_FILES.contains(&relative.as_str()) {
+                allowed_and_long.push(relative.clone());
+            } else {
+                too_long.push(format!("{relative}: {lines} lines"));
+            }
         }
-        for (line, length) in functions(&text) {
+        for (line, length, name) in functions(&text) {
             if length > MAX_FN_LINES {
-                too_long.push(format!(
-                    "{}:{line}: a function of {length} lines",
-                    file.display()
-                ));
+                let function = format!("{relative}::{name}");
+                if ALLOWED_LONG_FUNCTIONS.contains(&function.as_str()) {
+                    allowed_and_long.push(function);
+                } else {
+                    too_long.push(format!(
+                        "{relative}:{line}: {name}, a function of {length} lines"
+                    ));
+                }
             }
         }
     }
@@ -70,11 +98,23 @@ fn no_source_file_or_function_is_longer_than_the_architecture_page_says() {
         too_long.is_empty(),
         "files over {MAX_FILE_LINES} lines or functions over {MAX_FN_LINES} (docs/architecture.md): {too_long:#?}"
     );
+    let stale: Vec<&&str> = ALLOWED_LONG_FILES
+        .iter()
+        .chain(ALLOWED_LONG_FUNCTIONS)
+        .filter(|entry| !allowed_and_long.iter().any(|a| a == **entry))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "allowed to be long but no longer are (remove them from the list): {stale:?}"
+    );
 }
 
 #[test]
 fn the_function_measure_finds_a_long_function() {
     let long = format!("fn long() {{\n{}}}\n", "    let _ = 1;\n".repeat(130));
-    assert_eq!(functions(&long), [(1, 132)]);
-    assert_eq!(functions("    pub fn short() {\n    }\n"), [(1, 2)]);
+    assert_eq!(functions(&long), [(1, 132, "long".to_owned())]);
+    assert_eq!(
+        functions("    pub fn short() {\n    }\n"),
+        [(1, 2, "short".to_owned())]
+    );
 }

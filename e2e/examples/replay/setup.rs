@@ -22,7 +22,7 @@ use crate::workload::{GPUS_PER_NODE, GRACE_SECONDS, Job, NODES, Priority, Team};
 pub const SHARING_POLICY: &str = "gpu";
 /// The DeviceClass of configuration (c), which has no teamgpu.
 const PLAIN_CLASS: &str = "replay-plain";
-/// The product name of the replay's GPUs (`teamgpu::example::synthetic`'s first).
+/// The product name of the replay's GPUs (`teamgpu_synthetic::synthetic`'s first).
 const PRODUCT: &str = "NVIDIA Model 0";
 /// Template sizes: `gpu`, `gpu-x2`, `gpu-x4`, `gpu-x8`.
 const TEMPLATE_COUNTS: [u32; 4] = [1, 2, 4, 8];
@@ -104,14 +104,14 @@ pub async fn cluster(sandbox: &Sandbox) -> Result<NodeAgent, Error> {
         .collect();
     let config = sandbox.cluster().config().clone();
     let agent = tokio::task::spawn_blocking(move || node_agent::start(config, &extra)).await??;
-    let scale = teamgpu::example::Scale {
+    let scale = teamgpu_synthetic::Scale {
         teams: 0,
         namespaces_per_team: 0,
         sharing_policies: 1,
         nodes: NODES as usize,
         claims: 0,
     };
-    let slices = teamgpu::example::synthetic(scale)?.slices;
+    let slices = teamgpu_synthetic::synthetic(scale)?.slices;
     sandbox.devices(&[], &slices).await?;
     priority_classes(&sandbox.client()).await?;
     Ok(agent)

@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_plan_becomes_series_a_dashboard_and_alerts_can_read() {
-        let state = crate::example::state().unwrap();
+        let state = crate::cli::example::state().unwrap();
         let plan = crate::core::plan::plan(&state);
         let metrics = Metrics::default();
         metrics.observe_plan(&plan);

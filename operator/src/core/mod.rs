@@ -1,6 +1,6 @@
 //! The pure core of teamgpu: what the cluster should look like and what to write to get there,
 //! as functions over plain data. Nothing here holds a `kube::Client`; `crate::controller` and
-//! `crate::live` do the I/O around it.
+//! `crate::cli::cluster` do the I/O around it.
 
 pub mod diff;
 pub mod effects;

@@ -11,8 +11,7 @@ use kube_cel::cel::Value;
 use kube_cel::cel::objects::{Key, Map};
 
 use super::context::{ParseKind, parse_with_kube_cel};
-use super::reads::{DeviceReads, Footprint, Kind, Leaf};
-use super::selectors::LeafValue;
+use super::reads::{DeviceReads, Footprint, Kind, Leaf, shared_name};
 use super::{SelectorError, parse_qualified_name};
 use crate::intern::Interner;
 
@@ -190,29 +189,36 @@ fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
     Arc::ptr_eq(a, b) || **a == **b
 }
 
-/// The one shared copy of an attribute or capacity name (a domain or an id), for every device
-/// input and every compiled selector: a selector then finds a device's attribute by pointer.
-/// Drivers publish a fixed set of names; past `KEPT` distinct names a name is not shared (and
-/// found by its text).
-pub(super) fn shared_name(name: &str) -> Arc<str> {
-    const KEPT: usize = 1 << 16;
-    static NAMES: std::sync::OnceLock<std::sync::Mutex<Interner<str>>> = std::sync::OnceLock::new();
-    let mut names = NAMES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if names.len() >= KEPT {
-        return Arc::from(name);
-    }
-    names.intern(name)
-}
-
 /// The entry of a selector's leaf, whose names are shared with the devices' ([`shared_name`]).
 fn find_leaf<'a, T>(entries: &'a Entries<T>, domain: &Arc<str>, id: &Arc<str>) -> Option<&'a T> {
     entries
         .iter()
         .find(|(d, i, _)| same(i, id) && same(d, domain))
         .map(|(_, _, v)| v)
+}
+
+/// The value of one [`Leaf`] on a device, as the memo compares it.
+#[derive(Clone, Copy)]
+pub(super) enum LeafValue<'a> {
+    Driver(&'a str),
+    Bool(bool),
+    Attr(Option<&'a AttrValue>),
+    Cap(Option<&'a CapValue>),
+}
+
+impl LeafValue<'_> {
+    pub(super) fn hash_into<H: Hasher>(&self, h: &mut H) {
+        match self {
+            Self::Driver(s) => (0u8, *s).hash(h),
+            Self::Bool(b) => (1u8, b).hash(h),
+            Self::Attr(None) | Self::Cap(None) => 2u8.hash(h),
+            Self::Attr(Some(v)) => {
+                3u8.hash(h);
+                v.hash_into(h);
+            }
+            Self::Cap(Some(c)) => (4u8, &*c.raw).hash(h),
+        }
+    }
 }
 
 #[cfg(test)]

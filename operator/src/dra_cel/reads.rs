@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kube_cel::cel::common::ast::{EntryExpr, Expr, IdedEntryExpr, LiteralValue, operators};
 
-use super::device::shared_name;
+use crate::intern::Interner;
 
 /// Which parts of a device some selector reads, so that a device projected to them evaluates
 /// every such selector as the whole device would. `device.driver` and
@@ -322,4 +322,21 @@ pub(super) fn device_path(expr: &Expr) -> Option<Path<'_>> {
         }
         _ => None,
     }
+}
+
+/// The one shared copy of an attribute or capacity name (a domain or an id), for every device
+/// input and every compiled selector: a selector then finds a device's attribute by pointer.
+/// Drivers publish a fixed set of names; past `KEPT` distinct names a name is not shared (and
+/// found by its text).
+pub(super) fn shared_name(name: &str) -> Arc<str> {
+    const KEPT: usize = 1 << 16;
+    static NAMES: std::sync::OnceLock<std::sync::Mutex<Interner<str>>> = std::sync::OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if names.len() >= KEPT {
+        return Arc::from(name);
+    }
+    names.intern(name)
 }

@@ -2,7 +2,7 @@
 //! kube-cel on a device, or answered from a memo keyed by the few values the list reads.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 use std::sync::{Arc, Mutex};
 
 use kube_cel::cel::parser::Expression;
@@ -12,7 +12,7 @@ use rustc_hash::{FxBuildHasher, FxHasher};
 use super::SelectorError;
 use super::compile::compile_one;
 use super::context::root_context;
-use super::device::{AttrValue, CapValue, DeviceEnv};
+use super::device::{AttrValue, DeviceEnv, LeafValue};
 use super::reads::{DeviceReads, Footprint, Leaf};
 
 /// Entries kept per [`CompiledSelectors`] memo before it stops remembering new devices.
@@ -95,7 +95,7 @@ impl CompiledSelectors {
             && let Some(bucket) = memo.get(&hash)
         {
             for (k, result) in bucket {
-                if k.len() == values.len() && values.iter().zip(k).all(|(v, k)| v.matches_key(k)) {
+                if k.len() == values.len() && values.iter().zip(k).all(|(v, k)| k.matches(v)) {
                     return result.clone();
                 }
             }
@@ -104,7 +104,7 @@ impl CompiledSelectors {
         if let Ok(mut memo) = self.memo.lock()
             && memo.len() < MEMO_CAPACITY
         {
-            let k = values.iter().map(|v| v.memo_key()).collect();
+            let k = values.iter().map(|v| LeafKey::of(*v)).collect();
             memo.entry(hash).or_default().push((k, result.clone()));
         }
         result
@@ -143,49 +143,6 @@ fn execution_message(e: &ExecutionError) -> String {
     e.to_string()
 }
 
-/// The value of one [`Leaf`] on a device, as the memo compares it.
-#[derive(Clone, Copy)]
-pub(super) enum LeafValue<'a> {
-    Driver(&'a str),
-    Bool(bool),
-    Attr(Option<&'a AttrValue>),
-    Cap(Option<&'a CapValue>),
-}
-
-impl LeafValue<'_> {
-    fn hash_into<H: Hasher>(&self, h: &mut H) {
-        match self {
-            Self::Driver(s) => (0u8, *s).hash(h),
-            Self::Bool(b) => (1u8, b).hash(h),
-            Self::Attr(None) | Self::Cap(None) => 2u8.hash(h),
-            Self::Attr(Some(v)) => {
-                3u8.hash(h);
-                v.hash_into(h);
-            }
-            Self::Cap(Some(c)) => (4u8, &*c.raw).hash(h),
-        }
-    }
-
-    fn memo_key(self) -> LeafKey {
-        match self {
-            Self::Driver(s) => LeafKey::Driver(Arc::from(s)),
-            Self::Bool(b) => LeafKey::Bool(b),
-            Self::Attr(v) => LeafKey::Attr(v.cloned()),
-            Self::Cap(c) => LeafKey::Cap(c.map(|c| c.raw.clone())),
-        }
-    }
-
-    fn matches_key(&self, k: &LeafKey) -> bool {
-        match (self, k) {
-            (Self::Driver(a), LeafKey::Driver(b)) => *a == &**b,
-            (Self::Bool(a), LeafKey::Bool(b)) => a == b,
-            (Self::Attr(a), LeafKey::Attr(b)) => *a == b.as_ref(),
-            (Self::Cap(a), LeafKey::Cap(b)) => a.map(|c| &*c.raw) == b.as_deref(),
-            _ => false,
-        }
-    }
-}
-
 /// A [`LeafValue`] as the memo keeps it.
 #[derive(Debug, Clone)]
 enum LeafKey {
@@ -193,4 +150,27 @@ enum LeafKey {
     Bool(bool),
     Attr(Option<AttrValue>),
     Cap(Option<Arc<str>>),
+}
+
+impl LeafKey {
+    /// What the memo keeps of `value`.
+    fn of(value: LeafValue<'_>) -> Self {
+        match value {
+            LeafValue::Driver(s) => Self::Driver(Arc::from(s)),
+            LeafValue::Bool(b) => Self::Bool(b),
+            LeafValue::Attr(v) => Self::Attr(v.cloned()),
+            LeafValue::Cap(c) => Self::Cap(c.map(|c| c.raw.clone())),
+        }
+    }
+
+    /// Whether `value` is the value this key was made of.
+    fn matches(&self, value: &LeafValue<'_>) -> bool {
+        match (value, self) {
+            (LeafValue::Driver(a), Self::Driver(b)) => *a == &**b,
+            (LeafValue::Bool(a), Self::Bool(b)) => a == b,
+            (LeafValue::Attr(a), Self::Attr(b)) => *a == b.as_ref(),
+            (LeafValue::Cap(a), Self::Cap(b)) => a.map(|c| &*c.raw) == b.as_deref(),
+            _ => false,
+        }
+    }
 }

@@ -15,10 +15,10 @@ use super::{
 pub(crate) fn fixture(rel: &str) -> String {
     match rel {
         "nvidia-dra-driver-gpu/resourceslice/resourceslice-8gpu-node.assembled.yaml" => {
-            crate::example::NODE_SLICE_YAML.to_owned()
+            crate::cli::example::NODE_SLICE_YAML.to_owned()
         }
         "nvidia-dra-driver-gpu/deviceclasses.rendered-v1.yaml" => {
-            crate::example::NVIDIA_CLASSES_YAML.to_owned()
+            crate::cli::example::NVIDIA_CLASSES_YAML.to_owned()
         }
         _ => {
             let path = format!("{}/testdata/{rel}", env!("CARGO_MANIFEST_DIR"));
@@ -417,8 +417,8 @@ fn bench_match() {
 
 #[test]
 fn attribute_names_are_one_shared_copy_for_devices_and_selectors() {
-    let a = super::device::shared_name("gpu.nvidia.com");
-    let b = super::device::shared_name(&String::from("gpu.nvidia.com"));
+    let a = super::reads::shared_name("gpu.nvidia.com");
+    let b = super::reads::shared_name(&String::from("gpu.nvidia.com"));
     assert!(Arc::ptr_eq(&a, &b));
-    assert!(!Arc::ptr_eq(&a, &super::device::shared_name("productName")));
+    assert!(!Arc::ptr_eq(&a, &super::reads::shared_name("productName")));
 }

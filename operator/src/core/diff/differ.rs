@@ -23,7 +23,7 @@ use crate::core::plan::{DesiredObjects, NamespacedQuota, NamespacedTemplate};
 #[derive(Debug, Clone)]
 struct LiveEntry {
     object: LiveObject,
-    covers: Option<u64>,
+    holds: Option<u64>,
 }
 
 /// Fingerprint of a desired object's JSON.
@@ -212,11 +212,11 @@ impl Differ {
             // holds what it applied.
             if !known {
                 self.dirty.insert(key.clone());
-                let covers = match &object {
+                let holds = match &object {
                     LiveObject::Owned(view) => view.written(),
                     LiveObject::DeviceClass(_) => None,
                 };
-                self.live.insert(key.clone(), LiveEntry { object, covers });
+                self.live.insert(key.clone(), LiveEntry { object, holds });
             }
             seen.insert(key);
         }
@@ -267,11 +267,11 @@ impl Differ {
                         unreachable!("a DeviceClass is always known whole")
                     };
                     // An own apply's answer may have claimed the version after it was taken in.
-                    let covers = entry.covers.or_else(|| view.written());
+                    let holds = entry.holds.or_else(|| view.written());
                     Some(Live::Known {
                         content_hash: view.content_hash.as_deref(),
                         owner: view.owner.as_deref(),
-                        covers: covers.is_some() && covers == desired_fingerprint,
+                        holds: holds.is_some() && holds == desired_fingerprint,
                     })
                 }
                 (None, None) => None,
@@ -305,7 +305,7 @@ impl Differ {
                 }
                 // Settled: what was found is remembered, the content is no longer needed.
                 (None, Some(entry)) if desired_fingerprint.is_some() => {
-                    entry.covers = desired_fingerprint;
+                    entry.holds = desired_fingerprint;
                     entry.object.compared();
                 }
                 (None, _) => {}
@@ -326,7 +326,7 @@ impl Differ {
         if resource_version == Some(known.as_str()) {
             self.dirty.remove(key);
             if let Some(entry) = self.live.get_mut(key) {
-                entry.covers = Some(*desired);
+                entry.holds = Some(*desired);
                 entry.object.compared();
             }
         }

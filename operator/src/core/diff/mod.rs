@@ -146,13 +146,13 @@ pub fn desired(objects: &DesiredObjects) -> BTreeMap<ObjectKey, Value> {
 
 /// Whether `live` already has everything `desired` says: every field of `desired` is in `live`
 /// with the same value. Fields the server added (defaults, status, uid) do not matter.
-pub fn covers(live: &Value, desired: &Value) -> bool {
+pub fn holds(live: &Value, desired: &Value) -> bool {
     match (live, desired) {
         (Value::Object(l), Value::Object(d)) => d
             .iter()
-            .all(|(k, dv)| l.get(k).is_some_and(|lv| covers(lv, dv)) || dv.is_null()),
+            .all(|(k, dv)| l.get(k).is_some_and(|lv| holds(lv, dv)) || dv.is_null()),
         (Value::Array(l), Value::Array(d)) => {
-            l.len() == d.len() && l.iter().zip(d).all(|(lv, dv)| covers(lv, dv))
+            l.len() == d.len() && l.iter().zip(d).all(|(lv, dv)| holds(lv, dv))
         }
         (l, d) => l == d,
     }
@@ -171,7 +171,7 @@ enum Live<'a> {
         content_hash: Option<&'a str>,
         owner: Option<&'a str>,
         /// Whether this version was found to hold everything the desired object says.
-        covers: bool,
+        holds: bool,
     },
 }
 
@@ -192,10 +192,10 @@ impl Live<'_> {
         }
     }
 
-    fn covers(&self, desired: &Value) -> bool {
+    fn holds(&self, desired: &Value) -> bool {
         match self {
-            Live::Object(v) => covers(v, desired),
-            Live::Known { covers, .. } => *covers,
+            Live::Object(v) => holds(v, desired),
+            Live::Known { holds, .. } => *holds,
         }
     }
 }
@@ -239,7 +239,7 @@ fn verdict(
             let same_content = current.content_hash() == content_hash(object);
             if key.kind == Kind::ResourceClaimTemplate && !same_content {
                 Some(Needs::Recreate)
-            } else if !same_content || !current.covers(object) {
+            } else if !same_content || !current.holds(object) {
                 Some(Needs::Apply)
             } else {
                 None

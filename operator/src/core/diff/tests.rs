@@ -21,15 +21,15 @@ fn quota(hash: &str, devices: &str) -> Value {
 }
 
 #[test]
-fn covers_ignores_what_the_server_added_but_not_changed_values() {
+fn holds_ignores_what_the_server_added_but_not_changed_values() {
     let desired = quota("h1", "4");
     let mut live = desired.clone();
     live["metadata"]["uid"] = json!("u");
     live["status"] = json!({"used": {}});
-    assert!(covers(&live, &desired));
+    assert!(holds(&live, &desired));
     live["spec"]["hard"]["x.deviceclass.resource.k8s.io/devices"] = json!("5");
-    assert!(!covers(&live, &desired));
-    assert!(!covers(&json!({"a": [1, 2]}), &json!({"a": [1]})));
+    assert!(!holds(&live, &desired));
+    assert!(!holds(&json!({"a": [1, 2]}), &json!({"a": [1]})));
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn drift_and_removed_fields_are_written_back() {
         &writes(&desired, &BTreeSet::new(), &BTreeSet::new(), &live)[..],
         [Write::Apply { .. }]
     ));
-    // The plan dropped a field: only the hash tells (the live object still covers the plan).
+    // The plan dropped a field: only the hash tells (the live object still holds the plan).
     let mut old = quota("h0", "4");
     old["spec"]["hard"]["y.deviceclass.resource.k8s.io/devices"] = json!("0");
     let live = BTreeMap::from([(k, old)]);

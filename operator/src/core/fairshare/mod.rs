@@ -16,10 +16,10 @@
 //!    who gives back how many; never more than the owner's lending limit allows it to have lent.
 
 mod apportion;
-
-use std::fmt;
+mod explain;
 
 use apportion::{dhondt, water_fill};
+pub use explain::Explanation;
 
 /// Smallest accepted weight; lower values (0) are raised to it.
 pub const MIN_WEIGHT: u32 = 1;
@@ -213,47 +213,16 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
     let guaranteed_sum: u64 = guaranteed.iter().sum();
     let effective = dhondt(capacity, &guaranteed);
 
-    // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
-    // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
-    // While borrowers hold devices some owner is guaranteed (the pool is over-lent) *and* such an
-    // owner waits for devices (pending demand below its guarantee), every idle device is owed to
-    // that owner and nothing more is lent. While no owner waits, lending stays as it was: a
-    // borrower's quota must not shrink merely because it used what it was lent.
-    let used: Vec<u64> = teams
-        .iter()
-        .map(|t| t.requested.min(u64::from(u32::MAX)))
-        .collect();
-    let used_sum: u64 = used.iter().sum();
-    let idle = capacity.saturating_sub(used_sum);
-    let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
-    // Lending limits: of a team's unused guarantee (base - used), only `lending_limit` devices
-    // enter the pool others borrow from; the rest stays reserved for the team.
-    let reserved = |i: usize| match teams[i].lending_limit {
-        None => 0,
-        Some(limit) => (base[i] - used[i]).saturating_sub(u64::from(limit)),
-    };
-    let reserved_sum: u64 = (0..n).map(reserved).sum();
-    let lendable = idle.saturating_sub(reserved_sum);
-    let owner_waits = teams
-        .iter()
-        .zip(&effective)
-        .any(|(t, &eg)| t.pending > 0 && t.allocated < eg);
-    let over_lent = owner_waits && base.iter().sum::<u64>() > capacity;
-    let caps: Vec<(u64, u32)> = (0..n)
-        .map(|i| {
-            let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
-            // Equals the lendable idle devices minus the team's own lendable unused guarantee.
-            let by_idle = (used[i] + reserved(i) + lendable).saturating_sub(base[i]);
-            let cap = if over_lent { 0 } else { by_limit.min(by_idle) };
-            (cap, teams[i].weight)
-        })
-        .collect();
-    let lent = water_fill(lendable, &caps);
-    let borrower_weight: u64 = caps
-        .iter()
-        .filter(|c| c.0 > 0)
-        .map(|c| u64::from(c.1))
-        .sum();
+    let Lending {
+        used,
+        base,
+        reserved,
+        idle,
+        lendable,
+        over_lent,
+        lent,
+        borrower_weight,
+    } = lend(&teams, capacity, &effective);
 
     let entitlement: Vec<u64> = (0..n).map(|i| base[i] + lent[i]).collect();
     let reclaims = reclaims(&teams, capacity, &effective);
@@ -276,7 +245,7 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
     out.teams.truncate(n);
     out.teams.resize_with(n, TeamShare::default);
     for (i, (team, share)) in teams.iter().zip(&mut out.teams).enumerate() {
-        let reserved = reserved(i);
+        let reserved = reserved[i];
         share.explanation = Explanation {
             guaranteed: team.guaranteed,
             effective: to_u32(effective[i]),
@@ -314,6 +283,78 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
             entitlement[i],
             &mut share.namespaces,
         );
+    }
+}
+
+/// How one pool's idle devices are lent (rules 2 and 3), per team in the order of `teams`.
+struct Lending {
+    /// Devices charged to the team's claims.
+    used: Vec<u64>,
+    /// What the team holds without borrowing: max(effective guarantee, use).
+    base: Vec<u64>,
+    /// Unused guaranteed devices a lending limit keeps out of the idle pool.
+    reserved: Vec<u64>,
+    idle: u64,
+    lendable: u64,
+    over_lent: bool,
+    lent: Vec<u64>,
+    borrower_weight: u64,
+}
+
+fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Lending {
+    let n = teams.len();
+    // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
+    // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
+    // While borrowers hold devices some owner is guaranteed (the pool is over-lent) *and* such an
+    // owner waits for devices (pending demand below its guarantee), every idle device is owed to
+    // that owner and nothing more is lent. While no owner waits, lending stays as it was: a
+    // borrower's quota must not shrink merely because it used what it was lent.
+    let used: Vec<u64> = teams
+        .iter()
+        .map(|t| t.requested.min(u64::from(u32::MAX)))
+        .collect();
+    let used_sum: u64 = used.iter().sum();
+    let idle = capacity.saturating_sub(used_sum);
+    let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
+    // Lending limits: of a team's unused guarantee (base - used), only `lending_limit` devices
+    // enter the pool others borrow from; the rest stays reserved for the team.
+    let reserved: Vec<u64> = (0..n)
+        .map(|i| match teams[i].lending_limit {
+            None => 0,
+            Some(limit) => (base[i] - used[i]).saturating_sub(u64::from(limit)),
+        })
+        .collect();
+    let reserved_sum: u64 = reserved.iter().sum();
+    let lendable = idle.saturating_sub(reserved_sum);
+    let owner_waits = teams
+        .iter()
+        .zip(effective)
+        .any(|(t, &eg)| t.pending > 0 && t.allocated < eg);
+    let over_lent = owner_waits && base.iter().sum::<u64>() > capacity;
+    let caps: Vec<(u64, u32)> = (0..n)
+        .map(|i| {
+            let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
+            // Equals the lendable idle devices minus the team's own lendable unused guarantee.
+            let by_idle = (used[i] + reserved[i] + lendable).saturating_sub(base[i]);
+            let cap = if over_lent { 0 } else { by_limit.min(by_idle) };
+            (cap, teams[i].weight)
+        })
+        .collect();
+    let lent = water_fill(lendable, &caps);
+    let borrower_weight: u64 = caps
+        .iter()
+        .filter(|c| c.0 > 0)
+        .map(|c| u64::from(c.1))
+        .sum();
+    Lending {
+        used,
+        base,
+        reserved,
+        idle,
+        lendable,
+        over_lent,
+        lent,
+        borrower_weight,
     }
 }
 
@@ -542,103 +583,4 @@ fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Vec<Reclaim
     }
     out.sort_by(|a, b| (&a.for_team, &a.borrower).cmp(&(&b.for_team, &b.borrower)));
     out
-}
-
-/// The numbers behind a team's share. Its `Display` is the one-line explanation, e.g.
-/// `8 guaranteed + 3 borrowed of 6 idle at weight 2/5`.
-///
-/// Rendered on demand (`to_string()`): formatting costs more than computing the whole share,
-/// and callers only need the text of teams whose status they write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Explanation {
-    guaranteed: u32,
-    effective: u32,
-    limit: u32,
-    weight: u32,
-    requested: u32,
-    lent: u32,
-    entitlement: u32,
-    idle: u32,
-    lendable: u32,
-    unused: u32,
-    reserved: u32,
-    lending_limit: u32,
-    borrower_weight: u64,
-    over_by: u64,
-    can_borrow: bool,
-    over_lent: bool,
-}
-
-impl fmt::Display for Explanation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} guaranteed", self.effective)?;
-        if self.effective < self.guaranteed {
-            write!(
-                f,
-                " (scaled down from {}: guarantees exceed capacity by {})",
-                self.guaranteed, self.over_by
-            )?;
-        }
-        let in_use_beyond = self.requested.saturating_sub(self.effective);
-        // Lending limits keep some idle devices unlent: say what could be borrowed.
-        let pool = if self.lendable < self.idle {
-            "lendable idle"
-        } else {
-            "idle"
-        };
-        if in_use_beyond > 0 && self.lent > 0 {
-            write!(
-                f,
-                " + {} borrowed ({in_use_beyond} in use, {} more of {} {pool} at weight {}/{})",
-                u64::from(in_use_beyond) + u64::from(self.lent),
-                self.lent,
-                self.lendable,
-                self.weight,
-                self.borrower_weight
-            )?;
-        } else if in_use_beyond > 0 {
-            write!(f, " + {in_use_beyond} borrowed, in use")?;
-        } else if self.lent > 0 {
-            write!(
-                f,
-                " + {} borrowed of {} {pool} at weight {}/{}",
-                self.lent, self.lendable, self.weight, self.borrower_weight
-            )?;
-        }
-        if self.requested > self.limit {
-            write!(
-                f,
-                "; {} in use is above limit {}: quota held at use until claims are released",
-                self.requested, self.limit
-            )?;
-        } else if self.entitlement >= self.limit && self.limit > self.effective {
-            write!(f, "; limit {} reached", self.limit)?;
-        } else if self.can_borrow && self.lent == 0 {
-            if self.idle == 0 {
-                f.write_str("; no idle device to borrow")?;
-            } else if self.over_lent {
-                write!(
-                    f,
-                    "; nothing lent: the {} idle devices are owed to owners below their guarantee",
-                    self.idle
-                )?;
-            } else if self.lendable == 0 {
-                write!(
-                    f,
-                    "; no idle device to borrow: lending limits keep the {} idle devices unlent",
-                    self.idle
-                )?;
-            } else {
-                f.write_str("; the idle devices went to other borrowers")?;
-            }
-        }
-        if self.reserved > 0 {
-            write!(
-                f,
-                "; {} of {} unused kept unlent (lending limit {})",
-                self.reserved, self.unused, self.lending_limit
-            )?;
-        }
-        Ok(())
-    }
 }

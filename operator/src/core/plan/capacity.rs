@@ -8,11 +8,11 @@ use std::hash::{Hash, Hasher};
 use k8s_openapi::api::resource::v1::DeviceClass;
 
 use super::cache::Cache;
+use super::identity::{identity, name_of};
 use super::inventory::{self, DeviceId, Inventory, MatchReport, PoolKey};
 use super::objects::is_teamgpu_class;
 use super::policies::CompiledPolicy;
 use super::usage::Usage;
-use super::{identity, name_of};
 use crate::dra_cel::CompiledSelectors;
 
 /// Device matching kept between plans: per pool, for the pool's fingerprint and the

@@ -9,14 +9,14 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 
 use super::cache::Cache;
+use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::{self, TemplateShape, device_class_name, is_managed};
+use super::objects::{NamespacedQuota, NamespacedTemplate};
 use super::policies::CompiledPolicy;
+use super::types::DesiredObjects;
 use super::usage::quota_resource_name as quota_resource;
-use super::{
-    DesiredObjects, NamespacedQuota, NamespacedTemplate, admission, name_of, namespace_admission,
-    rbac,
-};
+use super::{admission, namespace_admission, rbac};
 use crate::api::TeamGpuPolicy;
 use crate::core::fairshare::PoolShares;
 use crate::core::state::ClusterState;
@@ -261,7 +261,7 @@ fn admission_objects(
     out: &mut DesiredObjects,
 ) {
     let state = inputs.state;
-    let classes = admission::Governed {
+    let classes = admission::GovernedClasses {
         foreign: inputs.governed_foreign.keys().cloned().collect(),
         extended: governed
             .iter()
@@ -389,7 +389,7 @@ mod tests {
 
     #[test]
     fn admission_objects_belong_to_the_crds_and_go_with_them() {
-        let mut state = crate::example::state().unwrap();
+        let mut state = crate::cli::example::state().unwrap();
         let owners = vec![
             crd("gpusharingpolicies.teamgpu.io", "uid-1"),
             crd("teamgpupolicies.teamgpu.io", "uid-2"),

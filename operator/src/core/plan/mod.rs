@@ -5,13 +5,15 @@
 //! Phases, top to bottom in [`Planner::plan`], one module each: policies (selectors compiled) ->
 //! capacity (devices matched, used outside teams, governed classes) -> membership -> shares ->
 //! desired objects -> status. Each phase keeps what it computed in a [`cache::Cache`], so the
-//! rules read without the bookkeeping.
+//! rules read without the bookkeeping. What a plan is lives in `types.rs` and, for templates and
+//! quotas, beside their builders in [`objects`].
 
 pub mod admission;
 mod cache;
 mod capacity;
 pub mod conditions;
 mod desired;
+mod identity;
 pub mod inventory;
 pub mod membership;
 pub mod namespace_admission;
@@ -23,308 +25,25 @@ pub mod rbac;
 pub mod selector;
 mod shares;
 mod status;
+mod types;
 pub mod usage;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
-use crate::api::{GpuSharingPolicyStatus, QuotaStatus, TeamGpuPolicy, TeamGpuPolicyStatus};
+use crate::api::TeamGpuPolicy;
 use crate::core::state::ClusterState;
 use crate::dra_cel::{self, CompiledSelectors};
 use cache::Cache;
-use conditions::DesiredCondition;
+use identity::{identity, name_of};
 use inventory::Inventory;
 use objects::is_teamgpu_class;
-
-/// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
-/// here (and not in `retained_device_classes`) are to be deleted.
-#[derive(Clone, Debug, Default, PartialEq)]
-///
-/// Objects are shared (`Arc`): the operator's planner hands out the same object, not a copy,
-/// for as long as it does not change, and its differ tells unchanged objects by that.
-pub struct DesiredObjects {
-    pub device_classes: Vec<Arc<DeviceClass>>,
-    pub claim_templates: Vec<NamespacedTemplate>,
-    pub resource_quotas: Vec<Arc<NamespacedQuota>>,
-    pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
-    pub admission_bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
-    /// What each team's members may read (see [`rbac`]).
-    pub member_roles: Vec<Arc<ClusterRole>>,
-    pub member_bindings: Vec<Arc<ClusterRoleBinding>>,
-    /// DeviceClasses of policies whose spec is invalid now: kept as they are rather than applied
-    /// or pruned, so a typo never takes a class away from running workloads.
-    pub retained_device_classes: BTreeSet<String>,
-    /// Owners (`teamgpu.io/owner` values) whose objects are kept as they are: the policy exists
-    /// but cannot be read, so what it had is neither changed nor pruned.
-    pub retained_owners: BTreeSet<String>,
-}
-
-/// A ResourceClaimTemplate in one namespace. The template itself (whose metadata names no
-/// namespace) is one object for every namespace of a team: 9,000 templates of 100 teams are
-/// 900 objects.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NamespacedTemplate {
-    pub namespace: Arc<str>,
-    pub template: Arc<ResourceClaimTemplate>,
-}
-
-impl NamespacedTemplate {
-    pub fn name(&self) -> &str {
-        self.template.metadata.name.as_deref().unwrap_or_default()
-    }
-
-    /// The template as it is applied, in its namespace.
-    pub fn to_object(&self) -> ResourceClaimTemplate {
-        let mut object = (*self.template).clone();
-        object.metadata.namespace = Some(self.namespace.to_string());
-        object
-    }
-}
-
-impl serde::Serialize for NamespacedTemplate {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.to_object().serialize(serializer)
-    }
-}
-
-/// The ResourceQuota of one team namespace, kept compact: the names of its resources are one
-/// copy for every quota, and the metadata one copy for a team's quotas (1,000 quotas of 20
-/// resources were 5 MiB as objects, and few are alike). [`NamespacedQuota::to_object`] is the
-/// quota as it is applied.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NamespacedQuota {
-    pub namespace: Arc<str>,
-    /// Name, labels and owner reference, without namespace and content hash.
-    meta: Arc<ObjectMeta>,
-    /// Devices per quota resource name, in name order.
-    hard: Box<[(Arc<str>, u32)]>,
-    /// The hash of the spec (see [`objects::content_hash`]).
-    content_hash: Box<str>,
-}
-
-impl NamespacedQuota {
-    /// The quota with `meta` (name, labels, owner) in `namespace`, limiting each resource of
-    /// `hard` to its devices.
-    pub fn new(
-        meta: Arc<ObjectMeta>,
-        namespace: &str,
-        hard: impl IntoIterator<Item = (Arc<str>, u32)>,
-    ) -> Self {
-        let mut hard: Vec<(Arc<str>, u32)> = hard.into_iter().collect();
-        hard.sort();
-        hard.dedup_by(|a, b| a.0 == b.0);
-        let mut quota = NamespacedQuota {
-            namespace: Arc::from(namespace),
-            meta,
-            hard: hard.into_boxed_slice(),
-            content_hash: Box::default(),
-        };
-        // The annotations tell the team admission policy which classes the team has.
-        quota.content_hash =
-            objects::content_hash(&(&quota.meta.annotations, quota.spec())).into_boxed_str();
-        quota
-    }
-
-    pub fn name(&self) -> &str {
-        self.meta.name.as_deref().unwrap_or_default()
-    }
-
-    /// Devices per quota resource name.
-    pub fn hard(&self) -> impl Iterator<Item = (&str, u32)> {
-        self.hard.iter().map(|(name, n)| (&**name, *n))
-    }
-
-    /// Whether `self` and `other` are the same quota of the same namespace, told by their
-    /// metadata and content hash.
-    pub fn same_as(&self, other: &NamespacedQuota) -> bool {
-        self.namespace == other.namespace
-            && self.content_hash == other.content_hash
-            && (Arc::ptr_eq(&self.meta, &other.meta) || self.meta == other.meta)
-    }
-
-    fn spec(&self) -> ResourceQuotaSpec {
-        ResourceQuotaSpec {
-            hard: Some(
-                self.hard
-                    .iter()
-                    .map(|(name, n)| (name.to_string(), Quantity(n.to_string())))
-                    .collect(),
-            ),
-            ..ResourceQuotaSpec::default()
-        }
-    }
-
-    /// The quota as it is applied, in its namespace, with its content hash.
-    pub fn to_object(&self) -> ResourceQuota {
-        let mut metadata = (*self.meta).clone();
-        metadata.namespace = Some(self.namespace.to_string());
-        metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(
-                objects::CONTENT_HASH_ANNOTATION.to_owned(),
-                self.content_hash.to_string(),
-            );
-        ResourceQuota {
-            metadata,
-            spec: Some(self.spec()),
-            status: None,
-        }
-    }
-}
-
-impl serde::Serialize for NamespacedQuota {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.to_object().serialize(serializer)
-    }
-}
-
-/// What the planner concluded about one GpuSharingPolicy.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SharingPolicyReport {
-    pub name: String,
-    pub generation: Option<i64>,
-    pub device_class: String,
-    pub capacity: u32,
-    /// Matching devices allocated to the teams' claims.
-    pub allocated: u32,
-    /// Matching devices allocated through other DeviceClasses.
-    pub used_outside_teams: u32,
-    pub conditions: Vec<DesiredCondition>,
-}
-
-/// What the planner concluded about one TeamGpuPolicy.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TeamReport {
-    pub name: String,
-    pub generation: Option<i64>,
-    pub weight: u32,
-    pub namespaces: Vec<String>,
-    pub quotas: Vec<QuotaStatus>,
-    pub conditions: Vec<DesiredCondition>,
-}
-
-/// A borrower that must give devices back, in one sharing policy's pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReclaimOrder {
-    pub sharing_policy: String,
-    pub borrower: String,
-    pub devices: u32,
-    pub for_team: String,
-}
-
-/// The result of planning.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
-    pub objects: DesiredObjects,
-    pub sharing_policies: Vec<SharingPolicyReport>,
-    pub teams: Vec<TeamReport>,
-    pub reclaims: Vec<ReclaimOrder>,
-    /// Where the devices are for the teams whose waiting claims fit no node (see
-    /// [`placement`]), by sharing policy.
-    pub placements: Vec<placement::Placement>,
-    /// Cluster-wide findings a person should look at, sorted.
-    pub warnings: Vec<String>,
-}
-
-impl Plan {
-    /// The status to write for a sharing policy, given the live one.
-    pub fn sharing_status(
-        &self,
-        name: &str,
-        previous: Option<&GpuSharingPolicyStatus>,
-        now: &Time,
-    ) -> Option<GpuSharingPolicyStatus> {
-        self.applied_sharing_status(name, previous, None, now)
-    }
-
-    /// [`Plan::sharing_status`] as applied: with `applied`, the `Applied` condition of its
-    /// refused writes ([`conditions::with_applied`]).
-    pub fn applied_sharing_status(
-        &self,
-        name: &str,
-        previous: Option<&GpuSharingPolicyStatus>,
-        applied: Option<DesiredCondition>,
-        now: &Time,
-    ) -> Option<GpuSharingPolicyStatus> {
-        let report = self.sharing_policies.iter().find(|r| r.name == name)?;
-        let previous_conditions = previous
-            .map(|p| p.conditions.as_slice())
-            .unwrap_or_default();
-        Some(GpuSharingPolicyStatus {
-            observed_generation: report.generation,
-            device_class_name: Some(report.device_class.clone()),
-            devices: report.capacity,
-            allocated: report.allocated,
-            used_outside_teams: report.used_outside_teams,
-            conditions: conditions::merge(
-                previous_conditions,
-                &conditions::with_applied(&report.conditions, applied),
-                report.generation,
-                now,
-            ),
-        })
-    }
-
-    /// The status to write for a team, given the live one.
-    pub fn team_status(
-        &self,
-        name: &str,
-        previous: Option<&TeamGpuPolicyStatus>,
-        now: &Time,
-    ) -> Option<TeamGpuPolicyStatus> {
-        self.applied_team_status(name, previous, None, now)
-    }
-
-    /// [`Plan::team_status`] as applied: with `applied`, the `Applied` condition of its refused
-    /// writes ([`conditions::with_applied`]).
-    pub fn applied_team_status(
-        &self,
-        name: &str,
-        previous: Option<&TeamGpuPolicyStatus>,
-        applied: Option<DesiredCondition>,
-        now: &Time,
-    ) -> Option<TeamGpuPolicyStatus> {
-        let report = self.teams.iter().find(|r| r.name == name)?;
-        let previous_conditions = previous
-            .map(|p| p.conditions.as_slice())
-            .unwrap_or_default();
-        Some(TeamGpuPolicyStatus {
-            observed_generation: report.generation,
-            namespaces: report.namespaces.clone(),
-            namespace_count: clamp(report.namespaces.len() as u64),
-            totals: status::totals(&report.quotas),
-            quotas: report.quotas.clone(),
-            conditions: conditions::merge(
-                previous_conditions,
-                &conditions::with_applied(&report.conditions, applied),
-                report.generation,
-                now,
-            ),
-        })
-    }
-}
-
-/// Device counts are u32 everywhere in the plan; a count beyond that is not a real cluster.
-fn clamp(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-fn name_of<K: kube::Resource>(obj: &K) -> String {
-    obj.meta().name.clone().unwrap_or_default()
-}
+pub use objects::{NamespacedQuota, NamespacedTemplate};
+use types::clamp;
+pub use types::{DesiredObjects, Plan, ReclaimOrder, SharingPolicyReport, TeamReport};
 
 /// Compute the plan.
 pub fn plan(state: &ClusterState) -> Plan {
@@ -354,18 +73,6 @@ pub fn device_reads(state: &ClusterState) -> dra_cel::DeviceReads {
         }
     }
     reads
-}
-
-/// The identity of an object read from the API server: its uid and resourceVersion, which the
-/// server changes on every write; an object without a resourceVersion (read from a file) is
-/// identified by its content.
-fn identity<K: kube::Resource + serde::Serialize>(obj: &K, hasher: &mut impl Hasher) {
-    let meta = obj.meta();
-    meta.name.hash(hasher);
-    match &meta.resource_version {
-        Some(rv) => (&meta.uid, rv).hash(hasher),
-        None => serde_json::to_vec(obj).unwrap_or_default().hash(hasher),
-    }
 }
 
 /// The planner the operator keeps between events. It gives the same plan as [`plan`], but

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use super::inventory::{DeviceId, Inventory, PoolKey};
 use super::objects::device_class_name;
+use super::types::{ReclaimOrder, clamp};
 use super::usage::Usage;
-use super::{ReclaimOrder, clamp};
 use crate::core::fairshare::PoolShares;
 
 /// Where one sharing policy's devices are, for its teams waiting below their guarantee whose

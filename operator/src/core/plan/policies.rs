@@ -7,8 +7,9 @@ use std::hash::BuildHasher;
 use k8s_openapi::api::resource::v1::DeviceClass;
 
 use super::cache::Cache;
+use super::identity::name_of;
 use super::objects::{device_class_name, is_managed};
-use super::{name_of, selector};
+use super::selector;
 use crate::api::GpuSharingPolicy;
 use crate::dra_cel::{CompiledSelectors, SelectorError};
 

@@ -347,12 +347,9 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn mig_and_vfio_entries() {
+    fn mig_entries() {
         let mig = [entry(
             "nvidia-dra-driver-gpu/resourceslice/device-entry-mig.from-docs.yaml",
-        )];
-        let vfio = [entry(
-            "nvidia-dra-driver-gpu/resourceslice/device-entry-vfio.from-docs.yaml",
         )];
         let c = |s: DeviceSelector, d: &[DeviceEnv]| count(&device_class_selectors(&spec(s)), d);
         let m = |p: &[&str]| DeviceSelector {
@@ -384,6 +381,17 @@ pub(crate) mod tests {
             ),
             1
         );
+    }
+
+    #[test]
+    fn vfio_entries() {
+        let mig = [entry(
+            "nvidia-dra-driver-gpu/resourceslice/device-entry-mig.from-docs.yaml",
+        )];
+        let vfio = [entry(
+            "nvidia-dra-driver-gpu/resourceslice/device-entry-vfio.from-docs.yaml",
+        )];
+        let c = |s: DeviceSelector, d: &[DeviceEnv]| count(&device_class_selectors(&spec(s)), d);
         let v = DeviceSelector {
             device_type: DeviceType::Vfio,
             ..Default::default()

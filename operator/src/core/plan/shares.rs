@@ -4,12 +4,13 @@
 use std::collections::BTreeMap;
 
 use super::cache::Cache;
+use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::device_class_name;
 use super::placement::{self, Placement, PoolRoom};
 use super::policies::CompiledPolicy;
+use super::types::{ReclaimOrder, clamp};
 use super::usage::{ClassUsage, Usage};
-use super::{ReclaimOrder, clamp, name_of};
 use crate::api::TeamGpuPolicy;
 use crate::core::fairshare::{self, NamespaceUsage, PoolInput, PoolShares, TeamInput};
 use crate::core::state::PendingDemand;

@@ -2,7 +2,7 @@
 //! findings behind it: the Pod's team, its claims, the namespace's quota, the team's entitlement,
 //! the pool's capacity, who borrows, when reclaim acts and the Pod's place in its team's queue.
 //!
-//! Pure: [`diagnose()`] reads the [`Facts`] that [`crate::live::why_facts`] reads (the Pod, its
+//! Pure: [`diagnose()`] reads the [`Facts`] that [`crate::cli::cluster::why_facts`] reads (the Pod, its
 //! claims and their templates, the namespace's `teamgpu` ResourceQuota, the policies with their
 //! status, the Events about the Pod, the team's pending Pods and the claims of the teams'
 //! namespaces); [`text`] renders the [`Why`] for people, and `-o json|yaml` serializes it as it is.

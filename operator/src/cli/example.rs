@@ -12,29 +12,29 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::cli::input::{self, InputError, Loaded};
 use crate::core::state::{ClusterState, NamespaceInfo};
-use crate::input::{self, InputError, Loaded};
 
 const SAMPLES: [(&str, &str); 5] = [
     (
         "gpusharingpolicy-a100-80gb.yaml",
-        include_str!("../../config/samples/gpusharingpolicy-a100-80gb.yaml"),
+        include_str!("../../../config/samples/gpusharingpolicy-a100-80gb.yaml"),
     ),
     (
         "gpusharingpolicy-a100-shared.yaml",
-        include_str!("../../config/samples/gpusharingpolicy-a100-shared.yaml"),
+        include_str!("../../../config/samples/gpusharingpolicy-a100-shared.yaml"),
     ),
     (
         "teamgpupolicy-ml-research.yaml",
-        include_str!("../../config/samples/teamgpupolicy-ml-research.yaml"),
+        include_str!("../../../config/samples/teamgpupolicy-ml-research.yaml"),
     ),
     (
         "teamgpupolicy-inference.yaml",
-        include_str!("../../config/samples/teamgpupolicy-inference.yaml"),
+        include_str!("../../../config/samples/teamgpupolicy-inference.yaml"),
     ),
     (
         "teamgpupolicy-data-science.yaml",
-        include_str!("../../config/samples/teamgpupolicy-data-science.yaml"),
+        include_str!("../../../config/samples/teamgpupolicy-data-science.yaml"),
     ),
 ];
 /// The NVIDIA DRA driver's DeviceClasses (rendered from its Helm chart; provenance in the file).
@@ -108,8 +108,9 @@ pub fn state() -> Result<ClusterState, InputError> {
     Ok(state)
 }
 
-/// The NVIDIA driver's 8-GPU node slice every example node is cloned from.
-fn node_template() -> Result<Option<ResourceSlice>, InputError> {
+/// The NVIDIA driver's 8-GPU node slice every example node is cloned from (and every node of
+/// the benchmarks' synthetic clusters, `operator/synthetic`).
+pub fn node_template() -> Result<Option<ResourceSlice>, InputError> {
     let mut template = Loaded::default();
     input::add_documents(
         &mut template,
@@ -119,7 +120,13 @@ fn node_template() -> Result<Option<ResourceSlice>, InputError> {
     Ok(template.state.slices.into_iter().next())
 }
 
-fn node_slice(template: &ResourceSlice, node: &str, product: &str, memory: &str) -> ResourceSlice {
+/// `template` as node `node`'s slice, its devices of `product` with `memory`.
+pub fn node_slice(
+    template: &ResourceSlice,
+    node: &str,
+    product: &str,
+    memory: &str,
+) -> ResourceSlice {
     let mut slice = template.clone();
     slice.metadata.name = Some(format!("gpu.nvidia.com-{node}"));
     slice.metadata.generate_name = None;
@@ -198,7 +205,7 @@ fn claims(slices: &[ResourceSlice]) -> Vec<ResourceClaim> {
 }
 
 /// A claim of `count` devices of `class`, allocated to `results` when given.
-fn claim(
+pub fn claim(
     namespace: &str,
     name: &str,
     class: &str,
@@ -237,112 +244,4 @@ fn claim(
             ..Default::default()
         }),
     }
-}
-
-/// The size of a synthetic cluster (benchmarks, load tests).
-#[derive(Clone, Copy, Debug)]
-pub struct Scale {
-    pub teams: usize,
-    pub namespaces_per_team: usize,
-    pub sharing_policies: usize,
-    /// Nodes, one 8-GPU ResourceSlice each.
-    pub nodes: usize,
-    pub claims: usize,
-}
-
-impl Scale {
-    /// The benchmark of the planning core: 100 teams, 1,000 namespaces, 20 sharing policies,
-    /// 5,000 ResourceSlices (40,000 devices), 10,000 claims.
-    pub const BENCHMARK: Scale = Scale {
-        teams: 100,
-        namespaces_per_team: 10,
-        sharing_policies: 20,
-        nodes: 5_000,
-        claims: 10_000,
-    };
-}
-
-/// A synthetic cluster of the given size: node `n` carries 8 GPUs of product `n % policies`
-/// (the NVIDIA fixture's device shape), policy `p` selects that product, and team `t` holds
-/// quotas on three products with claims spread over its namespaces.
-pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
-    use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-    let Some(slice) = node_template()? else {
-        return Ok(ClusterState::default());
-    };
-    let policies = scale.sharing_policies.max(1);
-    let product = |p: usize| format!("NVIDIA Model {p}");
-    let mut state = ClusterState::default();
-    for p in 0..policies {
-        let policy: Result<GpuSharingPolicy, _> = serde_json::from_value(serde_json::json!({
-            "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-            "metadata": {"name": format!("model-{p}"), "uid": format!("gsp-{p}")},
-            "spec": {"selector": {"productNames": [product(p)], "minMemory": "40Gi", "minComputeCapability": "8.0"},
-                     "claimTemplates": {"counts": [1, 2, 4]}}
-        }));
-        state.sharing_policies.extend(policy.ok());
-    }
-    state.slices = (0..scale.nodes)
-        .map(|n| {
-            node_slice(
-                &slice,
-                &format!("node-{n:05}"),
-                &product(n % policies),
-                "80Gi",
-            )
-        })
-        .collect();
-    let team_policies = |t: usize| [t % policies, (t + 7) % policies, (t + 13) % policies];
-    for t in 0..scale.teams {
-        let quotas: Vec<_> = team_policies(t)
-            .iter()
-            .map(|p| serde_json::json!({"sharingPolicy": format!("model-{p}"), "guaranteed": 20, "limit": 80}))
-            .collect();
-        let team: Result<TeamGpuPolicy, _> = serde_json::from_value(serde_json::json!({
-            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-            "metadata": {"name": format!("team-{t:03}"), "uid": format!("tgp-{t}")},
-            "spec": {"namespaceSelector": {"matchLabels": {"teamgpu.io/team": format!("team-{t:03}")}},
-                     "weight": 1 + t % 5, "quotas": quotas}
-        }));
-        state.teams.extend(team.ok());
-        for n in 0..scale.namespaces_per_team {
-            state.namespaces.push(Arc::new(NamespaceInfo {
-                name: format!("team-{t:03}-ns-{n:02}"),
-                labels: [("teamgpu.io/team".to_owned(), format!("team-{t:03}"))].into(),
-            }));
-        }
-    }
-    // Claims: round-robin over namespaces; each takes one device of one of its team's products
-    // from that product's nodes, while devices last.
-    let mut next_device = vec![0usize; policies];
-    for c in 0..scale.claims {
-        let Some(ns) = state
-            .namespaces
-            .get(c % state.namespaces.len().max(1))
-            .map(|n| n.name.clone())
-        else {
-            break;
-        };
-        let team = c % state.namespaces.len().max(1) / scale.namespaces_per_team.max(1);
-        let p = team_policies(team)[c % 3];
-        // Devices of product p: node indices p, p + policies, ..., 8 devices each.
-        let d = next_device[p];
-        next_device[p] += 1;
-        let node = p + (d / 8) * policies;
-        let allocated = (node < scale.nodes).then(|| DeviceRequestAllocationResult {
-            request: "gpu".into(),
-            driver: "gpu.nvidia.com".into(),
-            pool: format!("node-{node:05}"),
-            device: format!("gpu-{}", d % 8),
-            ..Default::default()
-        });
-        state.claims.push(claim(
-            &ns,
-            &format!("claim-{c}"),
-            &format!("model-{p}.teamgpu.io"),
-            1,
-            allocated.map(|r| vec![r]),
-        ));
-    }
-    Ok(state)
 }

@@ -9,16 +9,16 @@ use kube::{Api, Client};
 use serde::Serialize;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::core::plan::admission::QUOTA_TEAM_ANNOTATION;
+use crate::cli::cluster::{Policies, ReadError};
+use crate::cli::output::align;
 use crate::core::plan::objects::QUOTA_NAME;
-use crate::live::{LiveError, Policies};
-use crate::output::align;
+use crate::core::plan::objects::QUOTA_TEAM_ANNOTATION;
 
 /// Why `teamgpu top` found no team to show.
 #[derive(Debug, thiserror::Error)]
 pub enum TopError {
     #[error(transparent)]
-    Live(#[from] LiveError),
+    Read(#[from] ReadError),
     #[error(
         "you may not list TeamGpuPolicies, and {reason}: pass --team <name>, or -n <a namespace \
          of your team>"
@@ -50,7 +50,7 @@ pub async fn read(
     team: Option<&str>,
     namespace: &str,
 ) -> Result<Policies, TopError> {
-    match crate::live::policies(client).await {
+    match crate::cli::cluster::policies(client).await {
         Ok(mut all) => {
             if let Some(team) = team {
                 all.teams
@@ -64,7 +64,7 @@ pub async fn read(
             }
             Ok(all)
         }
-        Err(LiveError::List { source, .. }) if status_code(&source) == Some(403) => {
+        Err(ReadError::List { source, .. }) if status_code(&source) == Some(403) => {
             own_team(client, team, namespace).await
         }
         Err(error) => Err(error.into()),

@@ -109,9 +109,9 @@ impl Default for Validator {
 }
 
 impl Validator {
-    /// The checks of the CRDs of [`crate::crd::all`].
+    /// The checks of the CRDs of [`crate::cli::crd::all`].
     pub fn new() -> Validator {
-        let kinds = crate::crd::all()
+        let kinds = crate::cli::crd::all()
             .into_iter()
             .flat_map(|(_, crd)| {
                 let group = crd.spec.group.clone();

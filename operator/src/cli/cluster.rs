@@ -19,10 +19,10 @@ use crate::core::diff::{Kind, ObjectKey};
 use crate::core::plan::admission::{self, Enforcement};
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL, QUOTA_NAME, is_managed};
 use crate::core::plan::pending;
-use crate::core::state::{ClusterState, NamespaceInfo};
+use crate::core::state::{ClusterState, NamespaceInfo, PendingDemand};
 
 #[derive(Debug, thiserror::Error)]
-pub enum LiveError {
+pub enum ReadError {
     #[error(
         "the teamgpu CRDs are not installed in this cluster ({0}); install teamgpu with \
          `teamgpu manifests | kubectl apply --server-side -f -`"
@@ -59,7 +59,7 @@ pub struct Policies {
 
 /// What `plan --live` reads.
 #[derive(Debug, Default)]
-pub struct Live {
+pub struct Snapshot {
     /// The planner's input, as the operator would see it.
     pub state: ClusterState,
     /// Every object labelled `app.kubernetes.io/managed-by=teamgpu`, as listed (with
@@ -68,14 +68,14 @@ pub struct Live {
     pub notes: Vec<String>,
 }
 
-async fn list<K>(api: Api<K>, lp: &ListParams, what: &'static str) -> Result<Vec<K>, LiveError>
+async fn list<K>(api: Api<K>, lp: &ListParams, what: &'static str) -> Result<Vec<K>, ReadError>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     api.list(lp)
         .await
         .map(|l| l.items)
-        .map_err(|source| LiveError::List { what, source })
+        .map_err(|source| ReadError::List { what, source })
 }
 
 /// A policy kind, read leniently: a policy that does not fit its type (written by a newer
@@ -84,7 +84,7 @@ async fn policies_of<K>(
     client: &Client,
     what: &'static str,
     notes: &mut Vec<String>,
-) -> Result<Vec<K>, LiveError>
+) -> Result<Vec<K>, ReadError>
 where
     K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
 {
@@ -93,9 +93,9 @@ where
     let items = match api.list(&ListParams::default()).await {
         Ok(list) => list.items,
         Err(kube::Error::Api(status)) if status.code == 404 => {
-            return Err(LiveError::CrdsMissing(status.message));
+            return Err(ReadError::CrdsMissing(status.message));
         }
-        Err(source) => return Err(LiveError::List { what, source }),
+        Err(source) => return Err(ReadError::List { what, source }),
     };
     let mut out = Vec::new();
     for object in items {
@@ -119,7 +119,7 @@ where
 }
 
 /// Both kinds of policy, with their status.
-pub async fn policies(client: &Client) -> Result<Policies, LiveError> {
+pub async fn policies(client: &Client) -> Result<Policies, ReadError> {
     let mut notes = Vec::new();
     let sharing_policies = policies_of(client, "GpuSharingPolicies", &mut notes).await?;
     let teams = policies_of(client, "TeamGpuPolicies", &mut notes).await?;
@@ -150,14 +150,13 @@ pub async fn read(
     client: &Client,
     operator_user: Option<String>,
     admin_groups: Option<Vec<String>>,
-) -> Result<Live, LiveError> {
+) -> Result<Snapshot, ReadError> {
     let Policies {
         sharing_policies,
         teams,
         mut notes,
     } = policies(client).await?;
     let all = ListParams::default();
-    let managed_lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
 
     let namespaces = list(Api::<Namespace>::all(client.clone()), &all, "Namespaces")
         .await?
@@ -175,6 +174,41 @@ pub async fn read(
     let slices: Vec<ResourceSlice> = list(Api::all(client.clone()), &all, "ResourceSlices").await?;
     let claims: Vec<ResourceClaim> = list(Api::all(client.clone()), &all, "ResourceClaims").await?;
 
+    let (managed, templates) = managed_objects(client, &device_classes).await?;
+    let pending = pending_demand(client, &templates, &claims).await?;
+    if sharing_policies.is_empty() && teams.is_empty() {
+        notes.push("the cluster has no GpuSharingPolicy and no TeamGpuPolicy".into());
+    }
+    Ok(Snapshot {
+        state: ClusterState {
+            sharing_policies,
+            teams,
+            namespaces,
+            device_classes,
+            slices,
+            claims,
+            pending,
+            operator_user,
+            admin_groups,
+            // Listed as their types: a policy that does not fit fails the read with its error.
+            unreadable_sharing_policies: Vec::new(),
+            unreadable_teams: Vec::new(),
+            enforcement: enforcement_of(&managed),
+            // The CRDs as owners: the diff ignores what the plan leaves out.
+            crd_owners: None,
+        },
+        managed,
+        notes,
+    })
+}
+
+/// Every object teamgpu manages (the managed DeviceClasses of `device_classes`, the other kinds
+/// listed by the managed-by label), as listed, and the ResourceClaimTemplates among them.
+async fn managed_objects(
+    client: &Client,
+    device_classes: &[DeviceClass],
+) -> Result<(BTreeMap<ObjectKey, Value>, Vec<ResourceClaimTemplate>), ReadError> {
+    let managed_lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
     let mut managed = BTreeMap::new();
     let mut keep = |kind: Kind, value: Option<Value>| {
         if let Some(value) = value {
@@ -187,7 +221,7 @@ pub async fn read(
             managed.insert(key, value);
         }
     };
-    for class in &device_classes {
+    for class in device_classes {
         if is_managed(class) {
             keep(Kind::DeviceClass, listed_json(Kind::DeviceClass, class));
         }
@@ -212,9 +246,16 @@ pub async fn read(
             }
         }
     }
+    Ok((managed, templates))
+}
 
-    // Pending demand, as the operator counts it: Pods waiting, their claims, and the templates
-    // teamgpu made in their namespaces.
+/// Pending demand, as the operator counts it: Pods waiting, their claims (of `claims`), and the
+/// templates teamgpu made in their namespaces (of `templates`).
+async fn pending_demand(
+    client: &Client,
+    templates: &[ResourceClaimTemplate],
+    claims: &[ResourceClaim],
+) -> Result<Vec<PendingDemand>, ReadError> {
     let pods: Vec<Pod> = list(
         Api::all(client.clone()),
         &ListParams::default().fields("status.phase=Pending"),
@@ -232,35 +273,11 @@ pub async fn read(
         .map(|c| crate::core::plan::usage::ClaimView::project(c, &mut names))
         .collect();
     let charges = pending::template_charges(&templates);
-    let pending = pending::pending_demand(
+    Ok(pending::pending_demand(
         &pods.iter().collect::<Vec<_>>(),
         &claim_views.iter().collect::<Vec<_>>(),
         |ns, name| charges.get(&(ns.to_owned(), name.to_owned())).cloned(),
-    );
-    if sharing_policies.is_empty() && teams.is_empty() {
-        notes.push("the cluster has no GpuSharingPolicy and no TeamGpuPolicy".into());
-    }
-    Ok(Live {
-        state: ClusterState {
-            sharing_policies,
-            teams,
-            namespaces,
-            device_classes,
-            slices,
-            claims,
-            pending,
-            operator_user,
-            admin_groups,
-            // Listed as their types: a policy that does not fit fails the read with its error.
-            unreadable_sharing_policies: Vec::new(),
-            unreadable_teams: Vec::new(),
-            enforcement: enforcement_of(&managed),
-            // The CRDs as owners: the diff ignores what the plan leaves out.
-            crd_owners: None,
-        },
-        managed,
-        notes,
-    })
+    ))
 }
 
 /// The operator's enforcement mode, as its team binding shows it (`Deny` when there is none).
@@ -280,7 +297,7 @@ fn enforcement_of(managed: &BTreeMap<ObjectKey, Value>) -> Enforcement {
 /// What `teamgpu why` reads.
 #[derive(Debug, Default)]
 pub struct WhyRead {
-    pub facts: crate::why::Facts,
+    pub facts: crate::cli::why::Facts,
     /// What could not be read (the reading user may not list everything), and policies skipped.
     pub notes: Vec<String>,
 }
@@ -296,7 +313,7 @@ async fn list_or_note<K>(
     what: &'static str,
     notes: &mut Vec<String>,
     missing: impl FnOnce() -> String,
-) -> Result<Option<Vec<K>>, LiveError>
+) -> Result<Option<Vec<K>>, ReadError>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -306,7 +323,7 @@ where
             notes.push(missing());
             Ok(None)
         }
-        Err(source) => Err(LiveError::List { what, source }),
+        Err(source) => Err(ReadError::List { what, source }),
     }
 }
 
@@ -318,7 +335,7 @@ async fn list_in_or_note<K>(
     what: &'static str,
     notes: &mut Vec<String>,
     missing: impl FnOnce() -> String,
-) -> Result<Vec<K>, LiveError>
+) -> Result<Vec<K>, ReadError>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -332,11 +349,11 @@ where
         .unwrap_or_default())
 }
 
-/// The facts for [`crate::why::diagnose()`] of Pod `namespace/name`: the Pod, the policies, the
+/// The facts for [`crate::cli::why::diagnose()`] of Pod `namespace/name`: the Pod, the policies, the
 /// namespace's `teamgpu` ResourceQuota and the Events about the Pod; the claims, templates and
 /// Pending Pods of the team's namespaces; and the claims of every namespace, for who holds what
 /// (a user who may not list them all gets the policies' status instead, with a note).
-pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<WhyRead, LiveError> {
+pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<WhyRead, ReadError> {
     let pod = read_pod(client, namespace, name).await?;
     let Policies {
         sharing_policies,
@@ -357,7 +374,7 @@ pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<W
     let quota = read_quota(client, namespace, &mut notes).await?;
     let events = pod_events(client, namespace, name, &mut notes).await?;
     Ok(WhyRead {
-        facts: crate::why::Facts {
+        facts: crate::cli::why::Facts {
             pod,
             claims,
             claims_of_every_team,
@@ -372,16 +389,16 @@ pub async fn why_facts(client: &Client, namespace: &str, name: &str) -> Result<W
     })
 }
 
-async fn read_pod(client: &Client, namespace: &str, name: &str) -> Result<Pod, LiveError> {
+async fn read_pod(client: &Client, namespace: &str, name: &str) -> Result<Pod, ReadError> {
     Api::<Pod>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await
-        .map_err(|source| LiveError::GetPod {
+        .map_err(|source| ReadError::GetPod {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             source,
         })?
-        .ok_or_else(|| LiveError::PodNotFound {
+        .ok_or_else(|| ReadError::PodNotFound {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
         })
@@ -405,7 +422,7 @@ fn team_namespaces(teams: &[TeamGpuPolicy], namespace: &str) -> Vec<String> {
 async fn claims_of_every_namespace(
     client: &Client,
     notes: &mut Vec<String>,
-) -> Result<Option<Vec<ResourceClaim>>, LiveError> {
+) -> Result<Option<Vec<ResourceClaim>>, ReadError> {
     list_or_note(
         Api::all(client.clone()),
         &ListParams::default(),
@@ -434,7 +451,7 @@ async fn read_team_namespaces(
     namespaces: &[String],
     with_claims: bool,
     notes: &mut Vec<String>,
-) -> Result<TeamNamespaces, LiveError> {
+) -> Result<TeamNamespaces, ReadError> {
     let all = ListParams::default();
     let pending = ListParams::default().fields("status.phase=Pending");
     let mut read = TeamNamespaces::default();
@@ -470,7 +487,7 @@ async fn read_quota(
     client: &Client,
     namespace: &str,
     notes: &mut Vec<String>,
-) -> Result<Option<ResourceQuota>, LiveError> {
+) -> Result<Option<ResourceQuota>, ReadError> {
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), namespace);
     match quotas.get_opt(QUOTA_NAME).await {
         Ok(quota) => Ok(quota),
@@ -480,7 +497,7 @@ async fn read_quota(
             ));
             Ok(None)
         }
-        Err(source) => Err(LiveError::Get {
+        Err(source) => Err(ReadError::Get {
             what: "the ResourceQuota",
             source,
         }),
@@ -493,7 +510,7 @@ async fn pod_events(
     namespace: &str,
     name: &str,
     notes: &mut Vec<String>,
-) -> Result<Vec<Event>, LiveError> {
+) -> Result<Vec<Event>, ReadError> {
     let about_the_pod = ListParams::default().fields(&format!(
         "involvedObject.kind=Pod,involvedObject.name={name}"
     ));

@@ -9,10 +9,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::QuotaStatus;
+use crate::cli::output::align;
 use crate::core::diff::{self, ObjectKey, Write};
 use crate::core::plan::Plan;
 use crate::core::state::ClusterState;
-use crate::output::align;
 
 /// `base` with `changes` laid over it: an object of `changes` replaces the one of the same kind
 /// and name (namespace and name for claims), others are added. A replaced policy keeps its
@@ -421,7 +421,7 @@ mod tests {
 
     #[test]
     fn changes_name_what_the_operator_would_write_to_the_live_objects() {
-        let state = crate::example::state().unwrap();
+        let state = crate::cli::example::state().unwrap();
         let plan = crate::core::plan::plan(&state);
         let mut live = diff::desired(&plan.objects);
         assert_eq!(
@@ -461,7 +461,7 @@ mod tests {
 
     #[test]
     fn overlay_replaces_same_named_policies_and_keeps_their_uid() {
-        let mut base = crate::example::state().unwrap();
+        let mut base = crate::cli::example::state().unwrap();
         base.teams[0].metadata.uid = Some("uid-live".into());
         let name = base.teams[0].metadata.name.clone().unwrap();
         let mut changed = base.teams[0].clone();

@@ -8,6 +8,7 @@ use kube::CustomResourceExt;
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 
+mod markdown;
 pub mod reference;
 pub use reference::{ReferenceError, reference_markdown};
 

@@ -4,7 +4,7 @@
 //! The kustomizations of `config/` are embedded at compile time and read by a small subset of
 //! kustomize (`resources`, `namespace`, `labels` without selectors or templates, `images`), so
 //! a change to them is a change to the bundle. Anything else in a kustomization is refused
-//! rather than ignored. The CRDs come from the Rust types ([`crate::crd::files`]), which is
+//! rather than ignored. The CRDs come from the Rust types ([`crate::cli::crd::files`]), which is
 //! what `crds/` holds (a test keeps the two equal).
 
 use std::collections::BTreeMap;
@@ -26,72 +26,72 @@ pub const ROOT: &str = "config/default";
 const EMBEDDED: [(&str, &str); 15] = [
     (
         "config/default/kustomization.yaml",
-        include_str!("../../config/default/kustomization.yaml"),
+        include_str!("../../../config/default/kustomization.yaml"),
     ),
     (
         "config/default/namespace.yaml",
-        include_str!("../../config/default/namespace.yaml"),
+        include_str!("../../../config/default/namespace.yaml"),
     ),
     (
         "config/crd/kustomization.yaml",
-        include_str!("../../config/crd/kustomization.yaml"),
+        include_str!("../../../config/crd/kustomization.yaml"),
     ),
     (
         "config/rbac/kustomization.yaml",
-        include_str!("../../config/rbac/kustomization.yaml"),
+        include_str!("../../../config/rbac/kustomization.yaml"),
     ),
     (
         "config/rbac/service_account.yaml",
-        include_str!("../../config/rbac/service_account.yaml"),
+        include_str!("../../../config/rbac/service_account.yaml"),
     ),
     (
         "config/rbac/role.yaml",
-        include_str!("../../config/rbac/role.yaml"),
+        include_str!("../../../config/rbac/role.yaml"),
     ),
     (
         "config/rbac/role_binding.yaml",
-        include_str!("../../config/rbac/role_binding.yaml"),
+        include_str!("../../../config/rbac/role_binding.yaml"),
     ),
     (
         "config/rbac/leader_election_role.yaml",
-        include_str!("../../config/rbac/leader_election_role.yaml"),
+        include_str!("../../../config/rbac/leader_election_role.yaml"),
     ),
     (
         "config/rbac/leader_election_role_binding.yaml",
-        include_str!("../../config/rbac/leader_election_role_binding.yaml"),
+        include_str!("../../../config/rbac/leader_election_role_binding.yaml"),
     ),
     (
         "config/rbac/viewer_role.yaml",
-        include_str!("../../config/rbac/viewer_role.yaml"),
+        include_str!("../../../config/rbac/viewer_role.yaml"),
     ),
     (
         "config/rbac/planner_role.yaml",
-        include_str!("../../config/rbac/planner_role.yaml"),
+        include_str!("../../../config/rbac/planner_role.yaml"),
     ),
     (
         "config/manager/kustomization.yaml",
-        include_str!("../../config/manager/kustomization.yaml"),
+        include_str!("../../../config/manager/kustomization.yaml"),
     ),
     (
         "config/manager/manager.yaml",
-        include_str!("../../config/manager/manager.yaml"),
+        include_str!("../../../config/manager/manager.yaml"),
     ),
     (
         "config/manager/service.yaml",
-        include_str!("../../config/manager/service.yaml"),
+        include_str!("../../../config/manager/service.yaml"),
     ),
     (
         "config/manager/networkpolicy.yaml",
-        include_str!("../../config/manager/networkpolicy.yaml"),
+        include_str!("../../../config/manager/networkpolicy.yaml"),
     ),
 ];
 
-/// The folder of the generated CRDs, served from [`crate::crd::files`].
+/// The folder of the generated CRDs, served from [`crate::cli::crd::files`].
 const CRDS: &str = "crds";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("{0} is not embedded in the binary (add it to operator/src/manifests.rs)")]
+    #[error("{0} is not embedded in the binary (add it to operator/src/cli/manifests.rs)")]
     NotEmbedded(String),
     #[error("{path}: not valid YAML: {message}")]
     Yaml { path: String, message: String },
@@ -153,7 +153,7 @@ fn files() -> Result<BTreeMap<String, String>, ManifestError> {
         .iter()
         .map(|(path, text)| ((*path).to_owned(), (*text).to_owned()))
         .collect();
-    for (name, text) in crate::crd::files().map_err(ManifestError::Crd)? {
+    for (name, text) in crate::cli::crd::files().map_err(ManifestError::Crd)? {
         files.insert(format!("{CRDS}/{name}"), text);
     }
     Ok(files)

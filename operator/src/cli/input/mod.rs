@@ -1,5 +1,5 @@
 //! Reading cluster state from YAML and JSON files (`teamgpu plan -f`): teamgpu's own objects
-//! judged as the API server would ([`crate::validate`]), the other kinds read with the field
+//! judged as the API server would ([`crate::cli::validate`]), the other kinds read with the field
 //! path of any type error. Every error of every file is collected; an invalid object is left
 //! out of the state.
 
@@ -21,8 +21,8 @@ pub use files::{Files, files};
 pub use parse::{Limits, MAX_YAML_NODES_ENV, documents};
 
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::cli::validate::{FieldError, Validator};
 use crate::core::state::{ClusterState, NamespaceInfo};
-use crate::validate::{FieldError, Validator};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {

@@ -1,19 +1,21 @@
 //! The Kubernetes objects teamgpu generates: DeviceClasses, ResourceClaimTemplates and
-//! ResourceQuotas. Pure builders; the admission policy lives in [`super::admission`].
+//! ResourceQuotas, and the plan's compact forms of templates and quotas ([`NamespacedTemplate`],
+//! [`NamespacedQuota`]). Pure builders; the admission policy lives in [`super::admission`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClaim, DeviceClass, DeviceClassConfiguration, DeviceClassSpec,
     DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
     ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
 
-use super::{NamespacedQuota, admission};
 use crate::api::{
     DEFAULT_DRIVER, DeviceType, GROUP, GpuSharingPolicy, SharingStrategy, TeamGpuPolicy,
     TimeSliceInterval,
@@ -28,6 +30,12 @@ pub const OWNER_LABEL: &str = "teamgpu.io/owner";
 pub const CONTENT_HASH_ANNOTATION: &str = "teamgpu.io/content-hash";
 /// The name of the ResourceQuota in every team namespace.
 pub const QUOTA_NAME: &str = "teamgpu";
+/// The annotation of a team namespace's quota that names its team, for the team admission
+/// policy's messages.
+pub const QUOTA_TEAM_ANNOTATION: &str = "teamgpu.io/team";
+/// The annotation of a team namespace's quota that lists the DeviceClasses of the team's quotas,
+/// separated by spaces: what the team admission policy allows.
+pub const QUOTA_CLASSES_ANNOTATION: &str = "teamgpu.io/device-classes";
 /// The name of the single request in every generated template (`resources.claims[].request`).
 pub const TEMPLATE_REQUEST: &str = "gpu";
 /// The NVIDIA driver's opaque configuration API.
@@ -229,7 +237,7 @@ pub fn template_shapes(policy: &GpuSharingPolicy) -> Vec<TemplateShape> {
 }
 
 /// The ResourceClaimTemplates a team gets in each of its namespaces for one sharing policy's
-/// shapes (their namespace left unset: see [`super::NamespacedTemplate`]).
+/// shapes (their namespace left unset: see [`NamespacedTemplate`]).
 pub fn claim_templates(
     team: &TeamGpuPolicy,
     shapes: &[TemplateShape],
@@ -270,13 +278,10 @@ pub fn quota_meta(team: &TeamGpuPolicy, classes: &[String]) -> ObjectMeta {
     let mut meta = owned_meta(team, QUOTA_NAME.to_owned(), None);
     meta.annotations = Some(BTreeMap::from([
         (
-            admission::QUOTA_TEAM_ANNOTATION.to_owned(),
+            QUOTA_TEAM_ANNOTATION.to_owned(),
             team.metadata.name.clone().unwrap_or_default(),
         ),
-        (
-            admission::QUOTA_CLASSES_ANNOTATION.to_owned(),
-            classes.join(" "),
-        ),
+        (QUOTA_CLASSES_ANNOTATION.to_owned(), classes.join(" ")),
         (QUOTAS_ANNOTATION.to_owned(), team_quotas(team, classes)),
     ]));
     meta
@@ -322,173 +327,125 @@ pub fn content_hash<T: serde::Serialize>(value: &T) -> String {
     format!("{hash:016x}")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::{GpuSharingPolicySpec, Mps, Sharing, TimeSlicing};
+/// A ResourceClaimTemplate in one namespace. The template itself (whose metadata names no
+/// namespace) is one object for every namespace of a team: 9,000 templates of 100 teams are
+/// 900 objects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamespacedTemplate {
+    pub namespace: Arc<str>,
+    pub template: Arc<ResourceClaimTemplate>,
+}
 
-    fn policy(strategy: SharingStrategy) -> GpuSharingPolicy {
-        let mut spec: GpuSharingPolicySpec =
-            serde_json::from_value(json!({"claimTemplates": {"counts": [4, 1, 2]}})).unwrap();
-        spec.sharing = Sharing {
-            strategy,
-            time_slicing: (strategy == SharingStrategy::TimeSlicing).then_some(TimeSlicing {
-                interval: TimeSliceInterval::Long,
-            }),
-            mps: (strategy == SharingStrategy::Mps).then(|| Mps {
-                default_active_thread_percentage: Some(50),
-                default_pinned_device_memory_limit: Some("10Gi".into()),
-            }),
-        };
-        let mut p = GpuSharingPolicy::new("a100", spec);
-        p.metadata.uid = Some("uid-1".into());
-        p
+impl NamespacedTemplate {
+    pub fn name(&self) -> &str {
+        self.template.metadata.name.as_deref().unwrap_or_default()
     }
 
-    #[test]
-    fn a_quota_is_applied_in_its_namespace_with_the_hash_of_its_spec() {
-        let team: TeamGpuPolicy = serde_json::from_value(json!({
-            "metadata": {"name": "ml", "uid": "uid-ml"},
-            "spec": {"namespaces": ["ml-dev"], "quotas": [
-                {"sharingPolicy": "b", "guaranteed": 2},
-                {"sharingPolicy": "a", "guaranteed": 4, "limit": 8}]}
-        }))
-        .unwrap();
-        let hard: BTreeMap<Arc<str>, u32> = [
-            (
-                Arc::from("b.teamgpu.io.deviceclass.resource.k8s.io/devices"),
-                0,
-            ),
-            (
-                Arc::from("a.teamgpu.io.deviceclass.resource.k8s.io/devices"),
-                4,
-            ),
-        ]
-        .into();
-        let classes = ["a.teamgpu.io".to_owned()];
-        let quota =
-            resource_quota(Arc::new(quota_meta(&team, &classes)), "ml-dev", &hard).to_object();
-        assert_eq!(quota.metadata.name.as_deref(), Some("teamgpu"));
-        assert_eq!(quota.metadata.namespace.as_deref(), Some("ml-dev"));
-        assert_eq!(
-            quota.metadata.labels.as_ref().unwrap()[OWNER_LABEL],
-            "TeamGpuPolicy.ml"
-        );
-        assert_eq!(
-            quota.metadata.owner_references.as_ref().unwrap()[0].uid,
-            "uid-ml"
-        );
-        let spec = quota.spec.as_ref().unwrap();
-        assert_eq!(
-            serde_json::to_value(spec).unwrap(),
-            json!({"hard": {"a.teamgpu.io.deviceclass.resource.k8s.io/devices": "4",
-                            "b.teamgpu.io.deviceclass.resource.k8s.io/devices": "0"}})
-        );
-        // What the team admission policy reads, with the quota as its params.
-        let annotations = quota.metadata.annotations.clone().unwrap();
-        assert_eq!(annotations["teamgpu.io/team"], "ml");
-        assert_eq!(annotations["teamgpu.io/device-classes"], "a.teamgpu.io");
-        // What a member with `view` in the namespace reads of the team (b's class is not usable).
-        assert_eq!(annotations["teamgpu.io/quotas"], "a: guaranteed 4, limit 8");
-        // The hash covers those annotations too: a team's classes can change while every hard
-        // stays the same.
-        let mut read = annotations.clone();
-        read.remove(CONTENT_HASH_ANNOTATION);
-        assert_eq!(
-            annotations[CONTENT_HASH_ANNOTATION],
-            content_hash(&(Some(read), &quota.spec))
-        );
-    }
-
-    #[test]
-    fn device_class_carries_selectors_owner_and_sharing_config() {
-        let class = device_class(&policy(SharingStrategy::TimeSlicing), &["true".into()]);
-        assert_eq!(class.metadata.name.as_deref(), Some("a100.teamgpu.io"));
-        let labels = class.metadata.labels.as_ref().unwrap();
-        assert_eq!(labels[OWNER_LABEL], "GpuSharingPolicy.a100");
-        assert_eq!(labels[MANAGED_BY_LABEL], "teamgpu");
-        assert!(!labels.contains_key("app.kubernetes.io/instance"));
-        let owner = &class.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!(
-            (owner.kind.as_str(), owner.uid.as_str()),
-            ("GpuSharingPolicy", "uid-1")
-        );
-        let config = class.spec.config.as_ref().unwrap()[0]
-            .opaque
-            .as_ref()
-            .unwrap();
-        assert_eq!(config.driver, "gpu.nvidia.com");
-        assert_eq!(
-            config.parameters.0,
-            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                   "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}})
-        );
-    }
-
-    #[test]
-    fn mps_config_matches_the_nvidia_demo_and_exclusive_has_none() {
-        let mps = sharing_config(&policy(SharingStrategy::Mps)).unwrap();
-        assert_eq!(
-            mps["sharing"],
-            json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                   "defaultPinnedDeviceMemoryLimit": "10Gi"}})
-        );
-        assert_eq!(sharing_config(&policy(SharingStrategy::Exclusive)), None);
-        let mut other_driver = policy(SharingStrategy::Mps);
-        other_driver.spec.driver = "gpu.example.com".into();
-        assert_eq!(sharing_config(&other_driver), None);
-    }
-
-    #[test]
-    fn one_template_per_count_named_by_count_with_a_content_hash() {
-        let team = TeamGpuPolicy::new(
-            "ml",
-            serde_json::from_value(json!({"namespaces": ["ml"]})).unwrap(),
-        );
-        let templates =
-            claim_templates(&team, &template_shapes(&policy(SharingStrategy::Exclusive)));
-        let names: Vec<_> = templates
-            .iter()
-            .map(|t| t.metadata.name.clone().unwrap())
-            .collect();
-        assert_eq!(names, ["a100", "a100-x2", "a100-x4"]);
-        let exactly = |t: &ResourceClaimTemplate| {
-            t.spec
-                .spec
-                .devices
-                .as_ref()
-                .unwrap()
-                .requests
-                .as_ref()
-                .unwrap()[0]
-                .exactly
-                .clone()
-                .unwrap()
-        };
-        assert_eq!(exactly(&templates[2]).count, Some(4));
-        assert_eq!(exactly(&templates[2]).device_class_name, "a100.teamgpu.io");
-        // No uid on the team (planned from a file): no ownerReference rather than an invalid one.
-        assert_eq!(templates[0].metadata.owner_references, None);
-        let hashes: Vec<_> = templates
-            .iter()
-            .map(|t| t.metadata.annotations.as_ref().unwrap()[CONTENT_HASH_ANNOTATION].clone())
-            .collect();
-        assert_ne!(hashes[0], hashes[1]);
-        assert_eq!(
-            hashes[0],
-            claim_templates(&team, &template_shapes(&policy(SharingStrategy::Mps)))[0]
-                .metadata
-                .annotations
-                .as_ref()
-                .unwrap()[CONTENT_HASH_ANNOTATION]
-        );
-    }
-
-    #[test]
-    fn names_follow_the_documented_scheme() {
-        assert_eq!(template_name("a100", 1), "a100");
-        assert_eq!(template_name("a100", 8), "a100-x8");
-        assert!(is_teamgpu_class("x.teamgpu.io"));
-        assert!(!is_teamgpu_class("gpu.nvidia.com"));
+    /// The template as it is applied, in its namespace.
+    pub fn to_object(&self) -> ResourceClaimTemplate {
+        let mut object = (*self.template).clone();
+        object.metadata.namespace = Some(self.namespace.to_string());
+        object
     }
 }
+
+impl serde::Serialize for NamespacedTemplate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_object().serialize(serializer)
+    }
+}
+
+/// The ResourceQuota of one team namespace, kept compact: the names of its resources are one
+/// copy for every quota, and the metadata one copy for a team's quotas (1,000 quotas of 20
+/// resources were 5 MiB as objects, and few are alike). [`NamespacedQuota::to_object`] is the
+/// quota as it is applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamespacedQuota {
+    pub namespace: Arc<str>,
+    /// Name, labels and owner reference, without namespace and content hash.
+    meta: Arc<ObjectMeta>,
+    /// Devices per quota resource name, in name order.
+    hard: Box<[(Arc<str>, u32)]>,
+    /// The hash of the spec (see [`content_hash`]).
+    content_hash: Box<str>,
+}
+
+impl NamespacedQuota {
+    /// The quota with `meta` (name, labels, owner) in `namespace`, limiting each resource of
+    /// `hard` to its devices.
+    pub fn new(
+        meta: Arc<ObjectMeta>,
+        namespace: &str,
+        hard: impl IntoIterator<Item = (Arc<str>, u32)>,
+    ) -> Self {
+        let mut hard: Vec<(Arc<str>, u32)> = hard.into_iter().collect();
+        hard.sort();
+        hard.dedup_by(|a, b| a.0 == b.0);
+        let mut quota = NamespacedQuota {
+            namespace: Arc::from(namespace),
+            meta,
+            hard: hard.into_boxed_slice(),
+            content_hash: Box::default(),
+        };
+        // The annotations tell the team admission policy which classes the team has.
+        quota.content_hash =
+            content_hash(&(&quota.meta.annotations, quota.spec())).into_boxed_str();
+        quota
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or_default()
+    }
+
+    /// Devices per quota resource name.
+    pub fn hard(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.hard.iter().map(|(name, n)| (&**name, *n))
+    }
+
+    /// Whether `self` and `other` are the same quota of the same namespace, told by their
+    /// metadata and content hash.
+    pub fn same_as(&self, other: &NamespacedQuota) -> bool {
+        self.namespace == other.namespace
+            && self.content_hash == other.content_hash
+            && (Arc::ptr_eq(&self.meta, &other.meta) || self.meta == other.meta)
+    }
+
+    fn spec(&self) -> ResourceQuotaSpec {
+        ResourceQuotaSpec {
+            hard: Some(
+                self.hard
+                    .iter()
+                    .map(|(name, n)| (name.to_string(), Quantity(n.to_string())))
+                    .collect(),
+            ),
+            ..ResourceQuotaSpec::default()
+        }
+    }
+
+    /// The quota as it is applied, in its namespace, with its content hash.
+    pub fn to_object(&self) -> ResourceQuota {
+        let mut metadata = (*self.meta).clone();
+        metadata.namespace = Some(self.namespace.to_string());
+        metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                CONTENT_HASH_ANNOTATION.to_owned(),
+                self.content_hash.to_string(),
+            );
+        ResourceQuota {
+            metadata,
+            spec: Some(self.spec()),
+            status: None,
+        }
+    }
+}
+
+impl serde::Serialize for NamespacedQuota {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_object().serialize(serializer)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -6,6 +6,56 @@ use crate::core::plan::Plan;
 
 /// One row per team and sharing policy, then the warnings.
 pub fn table(plan: &Plan) -> String {
+    let mut out = align(&team_rows(plan));
+    let explained: Vec<String> = plan
+        .teams
+        .iter()
+        .flat_map(|t| t.quotas.iter().map(move |q| (t, q)))
+        .filter(|(_, q)| !q.explanation.is_empty())
+        .map(|(t, q)| format!("  {}/{}: {}", t.name, q.sharing_policy, q.explanation))
+        .collect();
+    if !explained.is_empty() {
+        let _ = writeln!(out, "\nWhy:");
+        for line in explained {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    if !plan.reclaims.is_empty() {
+        let _ = writeln!(out, "\nReclaim:");
+        for r in &plan.reclaims {
+            let _ = writeln!(
+                out,
+                "  {}: {} gives back {} devices to {}",
+                r.sharing_policy, r.borrower, r.devices, r.for_team
+            );
+        }
+    }
+    let _ = writeln!(out, "\nSharing policies:");
+    for p in &plan.sharing_policies {
+        let ready = p.conditions.iter().find(|c| c.type_ == "Ready");
+        let state = ready.map_or("", |c| if c.status { "Ready" } else { c.reason });
+        let _ = writeln!(
+            out,
+            "  {} -> DeviceClass {}: {} devices, {state}",
+            p.name, p.device_class, p.capacity
+        );
+    }
+    if !plan.sharing_policies.is_empty() || !plan.teams.is_empty() {
+        let _ = write!(out, "\nConditions:\n{}", conditions(plan));
+    }
+    let warnings = crate::cli::validate::findings::warnings(plan);
+    if !warnings.is_empty() {
+        let _ = writeln!(out, "\nWarnings:");
+        for w in &warnings {
+            // A CEL error points at the column on lines of its own.
+            let _ = writeln!(out, "  - {}", w.replace('\n', "\n    "));
+        }
+    }
+    out
+}
+
+/// The table's header and one row per team and sharing policy (a team without quotas: one row).
+fn team_rows(plan: &Plan) -> Vec<Vec<String>> {
     let header = [
         "TEAM",
         "SHARING POLICY",
@@ -59,52 +109,7 @@ pub fn table(plan: &Plan) -> String {
             ]);
         }
     }
-    let mut out = align(&rows);
-    let explained: Vec<String> = plan
-        .teams
-        .iter()
-        .flat_map(|t| t.quotas.iter().map(move |q| (t, q)))
-        .filter(|(_, q)| !q.explanation.is_empty())
-        .map(|(t, q)| format!("  {}/{}: {}", t.name, q.sharing_policy, q.explanation))
-        .collect();
-    if !explained.is_empty() {
-        let _ = writeln!(out, "\nWhy:");
-        for line in explained {
-            let _ = writeln!(out, "{line}");
-        }
-    }
-    if !plan.reclaims.is_empty() {
-        let _ = writeln!(out, "\nReclaim:");
-        for r in &plan.reclaims {
-            let _ = writeln!(
-                out,
-                "  {}: {} gives back {} devices to {}",
-                r.sharing_policy, r.borrower, r.devices, r.for_team
-            );
-        }
-    }
-    let _ = writeln!(out, "\nSharing policies:");
-    for p in &plan.sharing_policies {
-        let ready = p.conditions.iter().find(|c| c.type_ == "Ready");
-        let state = ready.map_or("", |c| if c.status { "Ready" } else { c.reason });
-        let _ = writeln!(
-            out,
-            "  {} -> DeviceClass {}: {} devices, {state}",
-            p.name, p.device_class, p.capacity
-        );
-    }
-    if !plan.sharing_policies.is_empty() || !plan.teams.is_empty() {
-        let _ = write!(out, "\nConditions:\n{}", conditions(plan));
-    }
-    let warnings = crate::validate::findings::warnings(plan);
-    if !warnings.is_empty() {
-        let _ = writeln!(out, "\nWarnings:");
-        for w in &warnings {
-            // A CEL error points at the column on lines of its own.
-            let _ = writeln!(out, "  - {}", w.replace('\n', "\n    "));
-        }
-    }
-    out
+    rows
 }
 
 /// The conditions the operator would set on each policy, one row each, as in its status.

@@ -1,0 +1,388 @@
+//! End-to-end scenarios: the real operator (`teamgpu::controller::run`, as its own
+//! ServiceAccount with the RBAC of `config/rbac`) against a real Kubernetes control plane: the
+//! one `TEAMGPU_E2E_ASSETS` starts, or the throwaway cluster of `TEAMGPU_E2E_KUBECONFIG` (see
+//! `teamgpu_e2e::sandbox`). Each asserts what a user would check with kubectl; expected values
+//! are written here or read from the server, never computed by teamgpu's own planning code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu_e2e::cluster::OPERATOR_NAMESPACE;
+use teamgpu_e2e::fixtures::{fresh, gpu_pod, samples};
+use teamgpu_e2e::operator::Operator;
+use teamgpu_e2e::recording::Counters;
+use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
+use teamgpu_e2e::{TestCluster, eventually};
+
+mod operations;
+mod policies;
+mod restarts;
+mod sharing;
+mod tenancy;
+
+/// A cluster with the NVIDIA driver's DeviceClasses, six 8-GPU nodes and the namespaces of the
+/// built-in example, in a [`Sandbox`]: the namespaces have names of their own (`world.ns(name)`;
+/// the helpers below take the example's names and map them), and everything is cleaned up
+/// before and after the scenario.
+struct World {
+    sandbox: Sandbox,
+    /// The test's own client: the cluster's admin.
+    client: Client,
+    /// The operator's: its ServiceAccount.
+    operator: kube::Config,
+}
+
+impl World {
+    /// None when no control plane is configured (the scenario is skipped).
+    async fn new() -> Option<World> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn,kube_client::client::builder=off".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let (sandbox, operator) = Sandbox::with_example_devices().await?;
+        let example = teamgpu::cli::example::state().unwrap();
+        let world = World {
+            client: sandbox.client(),
+            operator,
+            sandbox,
+        };
+        for ns in &example.namespaces {
+            world
+                .namespace(&ns.name, ns.labels.get(TEAM_LABEL).map(String::as_str))
+                .await;
+        }
+        Some(world)
+    }
+
+    /// A client that is the operator's ServiceAccount, its requests counted.
+    fn operator_client(&self) -> (Client, Arc<Counters>) {
+        teamgpu_e2e::cluster::recorded(self.operator.clone())
+    }
+
+    fn cluster(&self) -> &TestCluster {
+        self.sandbox.cluster()
+    }
+
+    /// The actual name of the example's (or the scenario's) namespace `name`.
+    fn ns(&self, name: &str) -> String {
+        self.sandbox.ns(name)
+    }
+
+    async fn namespace(&self, name: &str, team: Option<&str>) {
+        self.sandbox.namespace(name, team).await.unwrap();
+    }
+
+    async fn install_samples(&self) {
+        let (sharing, teams) = samples();
+        for p in &sharing {
+            Api::<GpuSharingPolicy>::all(self.client.clone())
+                .create(&PostParams::default(), &fresh(p))
+                .await
+                .unwrap();
+        }
+        for t in &teams {
+            // Namespaces named explicitly (inference's `inference-prod`) are this world's.
+            let mut t = fresh(t);
+            t.spec.namespaces = t.spec.namespaces.iter().map(|n| self.ns(n)).collect();
+            Api::<TeamGpuPolicy>::all(self.client.clone())
+                .create(&PostParams::default(), &t)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// The samples installed and converged, with the operator running.
+    async fn with_samples() -> Option<(World, Operator)> {
+        let world = World::new().await?;
+        let operator = world.operator();
+        world.install_samples().await;
+        world.converged().await;
+        Some((world, operator))
+    }
+
+    fn operator(&self) -> Operator {
+        Operator::start(self.operator_client().0, self.config())
+    }
+
+    /// The scenarios' operator configuration: its Lease, when it elects a leader, in the
+    /// operator's namespace (where `config/rbac` lets it write Leases), named for this world.
+    fn config(&self) -> teamgpu::controller::Config {
+        teamgpu::controller::Config {
+            lease_namespace: OPERATOR_NAMESPACE.into(),
+            lease_name: self.ns("teamgpu-leader"),
+            ..Operator::test_config()
+        }
+    }
+
+    async fn quota_hard(&self, ns: &str) -> Result<BTreeMap<String, String>, String> {
+        let ns = &self.ns(ns);
+        let q = Api::<ResourceQuota>::namespaced(self.client.clone(), ns)
+            .get_opt("teamgpu")
+            .await
+            .map_err(|e| e.to_string())?;
+        let q = q.ok_or_else(|| format!("no quota in {ns}"))?;
+        Ok(q.spec
+            .and_then(|s| s.hard)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect())
+    }
+
+    async fn templates(&self, ns: &str) -> Vec<String> {
+        let list = Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns(ns))
+            .list(&Default::default())
+            .await
+            .unwrap();
+        let mut names: Vec<_> = list.items.iter().map(|t| t.name_any()).collect();
+        names.sort();
+        names
+    }
+}
+
+fn condition<'a>(
+    conds: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conds.iter().find(|c| c.type_ == t)
+}
+
+const CONVERGE: Duration = Duration::from_secs(20);
+
+impl World {
+    async fn converged(&self) {
+        // The sample teams' namespaces all have their quota.
+        for ns in [
+            "ml-research-dev",
+            "ml-research-train",
+            "inference-prod",
+            "inference-canary",
+            "data-science",
+        ] {
+            eventually(&format!("quota in {ns}"), CONVERGE, || self.quota_hard(ns)).await;
+        }
+        eventually("templates in ml-research-dev", CONVERGE, || async {
+            let t = self.templates("ml-research-dev").await;
+            if t.len() == 5 {
+                Ok(())
+            } else {
+                Err(format!("{t:?}"))
+            }
+        })
+        .await;
+        // Statuses are written last in a pass: once they are in, the pass is complete.
+        for team in ["ml-research", "inference", "data-science"] {
+            eventually(&format!("{team} status"), CONVERGE, || async {
+                let s = self.team_status(team).await?;
+                let ready = condition(&s.conditions, "Ready").is_some_and(|c| c.status == "True");
+                if ready && s.quotas.iter().all(|q| q.capacity > 0) {
+                    Ok(())
+                } else {
+                    Err(format!("{s:?}"))
+                }
+            })
+            .await;
+        }
+        let gsp: Api<GpuSharingPolicy> = Api::all(self.client.clone());
+        for name in ["a100-80gb", "a100-shared"] {
+            eventually(&format!("{name} status"), CONVERGE, || async {
+                let p = gsp.get(name).await.map_err(|e| e.to_string())?;
+                let ready = p.status.as_ref().is_some_and(|s| {
+                    condition(&s.conditions, "Ready").is_some_and(|c| c.status == "True")
+                });
+                if ready {
+                    Ok(())
+                } else {
+                    Err(format!("{:?}", p.status))
+                }
+            })
+            .await;
+        }
+    }
+
+    /// A GpuSharingPolicy `pcie` of the 16 PCIe GPUs, and per (name, quota, reclaim) a team
+    /// owning a namespace of that name with that quota of `pcie`.
+    async fn pcie_teams<const N: usize>(
+        &self,
+        teams: [(&str, serde_json::Value, serde_json::Value); N],
+    ) {
+        let policy: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+            "metadata": {"name": "pcie"}, "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}})).unwrap();
+        Api::<GpuSharingPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap();
+        for (name, mut quota, reclaim) in teams {
+            self.namespace(name, None).await;
+            quota["sharingPolicy"] = json!("pcie");
+            let team: TeamGpuPolicy = serde_json::from_value(
+                json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+                "metadata": {"name": name},
+                "spec": {"namespaces": [self.ns(name)], "quotas": [quota], "reclaim": reclaim}}),
+            )
+            .unwrap();
+            Api::<TeamGpuPolicy>::all(self.client.clone())
+                .create(&PostParams::default(), &team)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// The reclaim scenarios' teams on the 16 PCIe GPUs: "owner" is guaranteed 8 (limit 8) and
+    /// reclaims at once; "borrower" is guaranteed 4 and may borrow up to 16.
+    async fn owner_and_borrower(&self) {
+        self.pcie_teams([
+            (
+                "owner",
+                json!({"guaranteed": 8, "limit": 8}),
+                json!({"enabled": true, "gracePeriodSeconds": 0}),
+            ),
+            (
+                "borrower",
+                json!({"guaranteed": 4, "limit": 16}),
+                json!({"enabled": false}),
+            ),
+        ])
+        .await;
+    }
+
+    async fn team_status(&self, name: &str) -> Result<teamgpu::api::TeamGpuPolicyStatus, String> {
+        let t = Api::<TeamGpuPolicy>::all(self.client.clone())
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        t.status.ok_or_else(|| "no status".to_owned())
+    }
+
+    /// What `team`'s status says of its quota for `sharing_policy`.
+    async fn quota_status(
+        &self,
+        team: &str,
+        sharing_policy: &str,
+    ) -> Result<teamgpu::api::QuotaStatus, String> {
+        let status = self.team_status(team).await?;
+        status
+            .quotas
+            .into_iter()
+            .find(|q| q.sharing_policy == sharing_policy)
+            .ok_or_else(|| format!("no {sharing_policy} quota in {team}'s status"))
+    }
+
+    async fn label(&self, ns: &str, team: Option<&str>) {
+        let patch = json!({"metadata": {"labels": {TEAM_LABEL: team}}});
+        Api::<Namespace>::all(self.client.clone())
+            .patch(&self.ns(ns), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    /// Whether the non-team admission policy leaves `ns` to the team policy: its match condition
+    /// lists the team namespaces.
+    async fn admitted_as_team_namespace(&self, ns: &str) -> bool {
+        let api: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
+        let Some(policy) = api.get_opt("teamgpu-non-team-requests").await.unwrap() else {
+            return false;
+        };
+        policy
+            .spec
+            .and_then(|s| s.match_conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| {
+                c.name == "outside-every-team"
+                    && c.expression.contains(&format!("'{}'", self.ns(ns)))
+            })
+    }
+
+    /// Every teamgpu-labelled object, by kind/namespace/name.
+    async fn owned_objects(&self) -> Result<Vec<String>, String> {
+        let lp = kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=teamgpu");
+        let mut out = Vec::new();
+        for kind in teamgpu::core::diff::Kind::ALL {
+            let api: Api<kube::api::DynamicObject> =
+                Api::all_with(self.client.clone(), &kind.api_resource());
+            for o in api.list(&lp).await.map_err(|e| e.to_string())?.items {
+                out.push(format!(
+                    "{}/{}/{}",
+                    kind.label(),
+                    o.namespace().unwrap_or_default(),
+                    o.name_any()
+                ));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The objects the samples ask for on the example's cluster, as `owned_objects` names
+    /// them: two DeviceClasses, four admission policies and their bindings, and in every team
+    /// namespace a quota and a
+    /// template per offered count (a100-80gb offers 1, 2, 4 and 8 devices, a100-shared 1) of the
+    /// team's sharing policies.
+    fn expected_objects(&self) -> Vec<String> {
+        let mut out = vec![
+            "deviceclass//a100-80gb.teamgpu.io".to_owned(),
+            "deviceclass//a100-shared.teamgpu.io".to_owned(),
+            "validatingadmissionpolicy//teamgpu-namespace-exemption".to_owned(),
+            "validatingadmissionpolicy//teamgpu-namespace-membership".to_owned(),
+            "validatingadmissionpolicy//teamgpu-non-team-requests".to_owned(),
+            "validatingadmissionpolicy//teamgpu-team-requests".to_owned(),
+        ];
+        for binding in [
+            "teamgpu-namespace-exemption",
+            "teamgpu-namespace-membership",
+            "teamgpu-non-team-requests",
+            "teamgpu-team-requests",
+        ] {
+            out.push(format!("validatingadmissionpolicybinding//{binding}"));
+        }
+        let big = ["a100-80gb", "a100-80gb-x2", "a100-80gb-x4", "a100-80gb-x8"];
+        for (ns, shared) in [
+            ("ml-research-dev", true),
+            ("ml-research-train", true),
+            ("inference-prod", false),
+            ("inference-canary", false),
+            ("data-science", true),
+        ] {
+            let ns = self.ns(ns);
+            out.push(format!("resourcequota/{ns}/teamgpu"));
+            let shared = shared.then_some("a100-shared");
+            for t in big.iter().copied().chain(shared) {
+                out.push(format!("resourceclaimtemplate/{ns}/{t}"));
+            }
+        }
+        // Every sample team has members: they read their team.
+        for team in ["data-science", "inference", "ml-research"] {
+            out.push(format!("clusterrole//teamgpu-member-{team}"));
+            out.push(format!("clusterrolebinding//teamgpu-member-{team}"));
+        }
+        out.sort();
+        out
+    }
+}
+
+fn claim(name: &str, class: &str, count: i64) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": count}}]}}
+    }))
+    .unwrap()
+}
+
+/// The objects the operator wrote: its write requests but the SelfSubjectReview it creates at
+/// start to learn its user name (a question, stored nowhere).
+fn stored_writes(requests: &Counters) -> u64 {
+    requests.writes(None) - requests.get("create", "selfsubjectreviews.authentication.k8s.io")
+}

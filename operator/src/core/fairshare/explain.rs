@@ -1,0 +1,102 @@
+//! The one-line explanation of a team's share ([`Explanation`]).
+
+use std::fmt;
+
+/// The numbers behind a team's share. Its `Display` is the one-line explanation, e.g.
+/// `8 guaranteed + 3 borrowed of 6 idle at weight 2/5`.
+///
+/// Rendered on demand (`to_string()`): formatting costs more than computing the whole share,
+/// and callers only need the text of teams whose status they write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Explanation {
+    pub(super) guaranteed: u32,
+    pub(super) effective: u32,
+    pub(super) limit: u32,
+    pub(super) weight: u32,
+    pub(super) requested: u32,
+    pub(super) lent: u32,
+    pub(super) entitlement: u32,
+    pub(super) idle: u32,
+    pub(super) lendable: u32,
+    pub(super) unused: u32,
+    pub(super) reserved: u32,
+    pub(super) lending_limit: u32,
+    pub(super) borrower_weight: u64,
+    pub(super) over_by: u64,
+    pub(super) can_borrow: bool,
+    pub(super) over_lent: bool,
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} guaranteed", self.effective)?;
+        if self.effective < self.guaranteed {
+            write!(
+                f,
+                " (scaled down from {}: guarantees exceed capacity by {})",
+                self.guaranteed, self.over_by
+            )?;
+        }
+        let in_use_beyond = self.requested.saturating_sub(self.effective);
+        // Lending limits keep some idle devices unlent: say what could be borrowed.
+        let pool = if self.lendable < self.idle {
+            "lendable idle"
+        } else {
+            "idle"
+        };
+        if in_use_beyond > 0 && self.lent > 0 {
+            write!(
+                f,
+                " + {} borrowed ({in_use_beyond} in use, {} more of {} {pool} at weight {}/{})",
+                u64::from(in_use_beyond) + u64::from(self.lent),
+                self.lent,
+                self.lendable,
+                self.weight,
+                self.borrower_weight
+            )?;
+        } else if in_use_beyond > 0 {
+            write!(f, " + {in_use_beyond} borrowed, in use")?;
+        } else if self.lent > 0 {
+            write!(
+                f,
+                " + {} borrowed of {} {pool} at weight {}/{}",
+                self.lent, self.lendable, self.weight, self.borrower_weight
+            )?;
+        }
+        if self.requested > self.limit {
+            write!(
+                f,
+                "; {} in use is above limit {}: quota held at use until claims are released",
+                self.requested, self.limit
+            )?;
+        } else if self.entitlement >= self.limit && self.limit > self.effective {
+            write!(f, "; limit {} reached", self.limit)?;
+        } else if self.can_borrow && self.lent == 0 {
+            if self.idle == 0 {
+                f.write_str("; no idle device to borrow")?;
+            } else if self.over_lent {
+                write!(
+                    f,
+                    "; nothing lent: the {} idle devices are owed to owners below their guarantee",
+                    self.idle
+                )?;
+            } else if self.lendable == 0 {
+                write!(
+                    f,
+                    "; no idle device to borrow: lending limits keep the {} idle devices unlent",
+                    self.idle
+                )?;
+            } else {
+                f.write_str("; the idle devices went to other borrowers")?;
+            }
+        }
+        if self.reserved > 0 {
+            write!(
+                f,
+                "; {} of {} unused kept unlent (lending limit {})",
+                self.reserved, self.unused, self.lending_limit
+            )?;
+        }
+        Ok(())
+    }
+}

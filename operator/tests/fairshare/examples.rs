@@ -1,0 +1,180 @@
+//! The worked examples of docs/fair-sharing.md.
+
+use super::*;
+
+#[test]
+fn no_contention_everyone_can_reach_its_limit() {
+    let out = compute_pool(&PoolInput {
+        capacity: 32,
+        teams: vec![
+            using("alpha", 8, 16, 1, 3),
+            using("beta", 8, 16, 3, 5),
+            using("gamma", 8, 8, 1, 8),
+        ],
+    });
+    assert_eq!(out.idle, 16);
+    assert_eq!(
+        entitlements(&out),
+        [("alpha", 16), ("beta", 16), ("gamma", 8)]
+    );
+    assert_eq!(share(&out, "alpha").borrowed, 8);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed + 8 borrowed of 16 idle at weight 1/4; limit 16 reached"
+    );
+    assert_eq!(share(&out, "gamma").explanation.to_string(), "8 guaranteed");
+    assert!(out.reclaims.is_empty());
+    assert_eq!(out.overcommit, None);
+}
+
+#[test]
+fn one_team_idle_two_borrow_at_weights_1_and_3() {
+    let out = compute_pool(&PoolInput {
+        capacity: 24,
+        teams: vec![
+            using("alpha", 8, 24, 1, 8),
+            using("beta", 8, 24, 3, 8),
+            using("gamma", 8, 8, 1, 0),
+        ],
+    });
+    assert_eq!(out.idle, 8);
+    assert_eq!(
+        entitlements(&out),
+        [("alpha", 10), ("beta", 14), ("gamma", 8)]
+    );
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed + 2 borrowed of 8 idle at weight 1/4"
+    );
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "8 guaranteed + 6 borrowed of 8 idle at weight 3/4"
+    );
+    // gamma can still claim its whole guarantee at once.
+    assert_eq!(share(&out, "gamma").namespaces[0].hard, 8);
+}
+
+#[test]
+fn owner_returns_and_the_reclaim_is_named() {
+    // alpha and beta used what they borrowed; gamma's Pods now wait for 4 devices.
+    let out = compute_pool(&PoolInput {
+        capacity: 24,
+        teams: vec![
+            using("alpha", 8, 24, 1, 10),
+            using("beta", 8, 24, 3, 14),
+            team("gamma", 8, 8, 1, vec![ns("gamma-ns", 4, 0, 4)]),
+        ],
+    });
+    assert_eq!(out.idle, 0);
+    // Quotas never drop below use: the borrowers keep their claims, but cannot add any.
+    assert_eq!(
+        entitlements(&out),
+        [("alpha", 10), ("beta", 14), ("gamma", 8)]
+    );
+    // Excess over weight is 2/1 for alpha and 6/3 for beta: both give back, beta more.
+    assert_eq!(
+        reclaims(&out),
+        [("alpha", 1, "gamma"), ("beta", 3, "gamma")]
+    );
+}
+
+#[test]
+fn guarantees_above_capacity_are_scaled_down() {
+    let out = compute_pool(&PoolInput {
+        capacity: 20,
+        teams: vec![
+            using("alpha", 12, 12, 1, 8),
+            using("beta", 8, 8, 1, 5),
+            using("gamma", 10, 10, 1, 7),
+        ],
+    });
+    let effective: Vec<u32> = out.teams.iter().map(|t| t.effective_guarantee).collect();
+    assert_eq!(effective, [8, 5, 7]);
+    assert!(out.teams.iter().all(|t| t.scaled_down));
+    let overcommit = out.overcommit.as_ref().expect("overcommit condition");
+    assert_eq!((overcommit.guaranteed, overcommit.capacity), (30, 20));
+    assert_eq!(
+        overcommit.message,
+        "guarantees add up to 30 devices but the pool has 20 (10 too many): effective guarantees scaled down in proportion"
+    );
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "5 guaranteed (scaled down from 8: guarantees exceed capacity by 10); no idle device to borrow"
+    );
+}
+
+#[test]
+fn limit_reached_the_rest_goes_to_the_other_borrower() {
+    let out = compute_pool(&PoolInput {
+        capacity: 16,
+        teams: vec![using("alpha", 4, 6, 1, 4), using("beta", 4, 16, 1, 4)],
+    });
+    assert_eq!(entitlements(&out), [("alpha", 6), ("beta", 10)]);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "4 guaranteed + 2 borrowed of 8 idle at weight 1/2; limit 6 reached"
+    );
+}
+
+#[test]
+fn zero_guarantee_team_only_borrows() {
+    let out = compute_pool(&PoolInput {
+        capacity: 10,
+        teams: vec![using("guest", 0, 10, 1, 0), using("owner", 6, 6, 1, 2)],
+    });
+    assert_eq!(entitlements(&out), [("guest", 8), ("owner", 6)]);
+    assert_eq!(
+        share(&out, "guest").explanation.to_string(),
+        "0 guaranteed + 8 borrowed of 8 idle at weight 1/1"
+    );
+    // When the owner needs its devices back, the guest is named.
+    let out = compute_pool(&PoolInput {
+        capacity: 10,
+        teams: vec![
+            using("guest", 0, 10, 1, 8),
+            team("owner", 6, 6, 1, vec![ns("owner-ns", 6, 2, 4)]),
+        ],
+    });
+    assert_eq!(share(&out, "guest").entitlement, 8);
+    assert_eq!(reclaims(&out), [("guest", 4, "owner")]);
+}
+
+#[test]
+fn namespace_split_serves_pending_demand_first_then_evenly() {
+    let out = compute_pool(&PoolInput {
+        capacity: 20,
+        teams: vec![team(
+            "alpha",
+            12,
+            12,
+            1,
+            vec![
+                ns("train", 4, 4, 3),
+                ns("infer", 2, 2, 0),
+                ns("dev", 0, 0, 0),
+            ],
+        )],
+    });
+    let hards: Vec<(&str, u32)> = share(&out, "alpha")
+        .namespaces
+        .iter()
+        .map(|n| (n.namespace.as_str(), n.hard))
+        .collect();
+    // 12 - 6 in use = 6 headroom: 3 to train's pending Pods, then 1 each.
+    assert_eq!(hards, [("dev", 1), ("infer", 3), ("train", 8)]);
+}
+
+#[test]
+fn use_above_limit_keeps_existing_claims_valid() {
+    // The limit was lowered below what the team already uses.
+    let out = compute_pool(&PoolInput {
+        capacity: 20,
+        teams: vec![using("alpha", 2, 4, 1, 7)],
+    });
+    let alpha = share(&out, "alpha");
+    assert_eq!((alpha.entitlement, alpha.namespaces[0].hard), (7, 7));
+    assert_eq!(
+        alpha.explanation.to_string(),
+        "2 guaranteed + 5 borrowed, in use; 7 in use is above limit 4: quota held at use until claims are released"
+    );
+}
