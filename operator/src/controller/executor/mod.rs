@@ -15,8 +15,9 @@ use tokio::sync::watch;
 mod requests;
 
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
-use crate::core::diff::{Kind, ObjectKey, OwnWrites, Write};
-use crate::core::effects::{Effect, EventKey, Eviction, eviction_events};
+use crate::core::diff::{Kind, OwnWrites, Write};
+use crate::core::effects::{Effect, Eviction, eviction_events};
+use crate::core::engine::Done;
 use requests::Requests;
 
 /// Writes in flight at once within one phase. The API server handles concurrent writes well; one
@@ -113,17 +114,6 @@ impl Backoff {
             .filter(|at| *at > now)
             .min()
     }
-}
-
-/// What came of a pass's effects that the next pass must know.
-#[derive(Debug, Default)]
-pub struct Done {
-    /// Applies that succeeded, with the resourceVersion the server answered.
-    pub applied: Vec<(ObjectKey, Option<String>)>,
-    /// Events published.
-    pub published: Vec<EventKey>,
-    /// Whether an eviction was refused (it is tried again later).
-    pub eviction_refused: bool,
 }
 
 /// What one effect did.
@@ -392,7 +382,7 @@ impl Executor {
         let pods = e.pods.len() as u64;
         if refusal.is_some() {
             self.metrics.evictions_refused.get_or_create(&labels).inc();
-            done.eviction_refused = true;
+            done.eviction_refused = Some(Instant::now());
             tracing::info!(%note, "eviction refused");
         } else {
             self.metrics.evictions.get_or_create(&labels).inc_by(pods);
@@ -419,6 +409,7 @@ impl Executor {
 mod tests {
     use super::requests::Rotating;
     use super::*;
+    use crate::core::diff::ObjectKey;
     use crate::core::effects::PolicyKind;
 
     #[test]
