@@ -255,7 +255,7 @@ pub async fn run(
     );
     let notify = wake.notify.clone();
     let reconciler = Reconciler::new(
-        config.clone(),
+        &config,
         stores,
         metrics.clone(),
         executor,
@@ -374,8 +374,7 @@ async fn reconcile_loop(
     loop {
         let wake_at = [
             reconciler.executor.next_retry(),
-            reconciler.reclaim.next_attempt(),
-            reconciler.requeuer.next_attempt(),
+            reconciler.engine.next_wake(),
         ]
         .into_iter()
         .flatten()
@@ -392,8 +391,6 @@ async fn reconcile_loop(
             next_resync = Instant::now() + config.resync;
         }
         metrics.leader.set(i64::from(*leader.borrow()));
-        reconciler.reclaim.clear_due(Instant::now());
-        reconciler.requeuer.clear_due(Instant::now());
         reconciler.reconcile().await;
         progress.pass_finished();
     }

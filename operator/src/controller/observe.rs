@@ -22,11 +22,11 @@ use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
 use crate::core::effects::PodView;
-use crate::core::plan;
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::core::plan::usage::{ClaimView, Names};
 use crate::core::state::{ClusterState, NamespaceInfo};
+use crate::core::{engine, plan};
 use crate::dra_cel::{DeviceEnvs, DeviceReads};
 
 /// One watch, for [`Changes`].
@@ -182,7 +182,7 @@ impl Stores {
         }
         let state = ClusterState {
             // A policy that cannot be read is reported by the first pass.
-            sharing_policies: super::reconciler::parse_all(&self.sharing_policies, &mut Vec::new()),
+            sharing_policies: engine::parse_policies(&self.sharing_policies.state()).0,
             device_classes: self
                 .device_classes
                 .state()
@@ -489,13 +489,7 @@ fn watch_pods(
     (pending_pods, pods)
 }
 
-/// What the planner reads of a namespace, and whether it is being deleted (then it is no
-/// team's: nothing is written into it).
-#[derive(Debug)]
-pub struct NamespaceView {
-    pub info: Arc<NamespaceInfo>,
-    pub terminating: bool,
-}
+pub use crate::core::state::NamespaceView;
 
 /// Namespaces as [`NamespaceView`]s: a few hundred bytes less each than their metadata, and
 /// the planner's input shares them instead of copying.

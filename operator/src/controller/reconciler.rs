@@ -1,239 +1,118 @@
-//! One pass: take in what the watches changed, plan, and hand the effects of the plan to the
-//! executor. Only the planner, the differ and `core::effects` decide; nothing here writes.
+//! One pass, as I/O around the [`Engine`]: read the caches whose watch changed into
+//! [`Input`]s, run the engine's pass, hand its effects to the executor and settle what the
+//! executor did. Nothing here decides.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
-use kube::api::DynamicObject;
+use k8s_openapi::jiff::Timestamp;
 
-use super::executor::{Done, Executor};
+use super::executor::Executor;
 use super::metrics::{self, Metrics};
 use super::observe::{self, Stores, Watch};
 use super::{Config, resident_mib};
-use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::core::diff::{self, Kind};
-use crate::core::effects::{
-    self, Effect, Malformed, PolicyKind, Published, ReclaimDefaults, ReclaimInput, ReclaimTracker,
-    Refusals, Requeuer, WaitingPod,
-};
-use crate::core::plan::{self, objects};
-use crate::core::state::ClusterState;
+use crate::core::diff::LiveObject;
+use crate::core::effects::ReclaimDefaults;
+use crate::core::engine::{Engine, Input, Now, Pass, Planned, Role, Settings};
 
-/// Plans with what the watches changed, and has the executor do what the plan asks for.
+/// Runs the engine on what the watches changed, and has the executor do what it asks for.
 pub(super) struct Reconciler {
-    config: Config,
     stores: Stores,
     metrics: Arc<Metrics>,
     /// Does every write.
     pub(super) executor: Executor,
-    pub(super) reclaim: ReclaimTracker,
-    /// Wakes Pods waiting for room that has appeared.
-    pub(super) requeuer: Requeuer,
-    /// Pods waiting because quota refused their claims, from the last refresh.
-    waiting: Vec<WaitingPod>,
     /// Which watches saw events since the last pass.
     changes: Arc<observe::Changes>,
-    /// Events published whose finding the live status does not show yet.
-    published: Published,
-    /// Recomputes only what changed inputs feed (a slice's pool, a namespace's usage, ...).
-    planner: plan::Planner,
-    /// Compares only the objects whose desired or live side changed.
-    differ: diff::Differ,
-    /// Who this operator is to the API server (see [`super::own_user_name`]).
-    operator_user: String,
-    /// The planner's input, kept between passes (see [`Reconciler::refresh_state`]).
-    state: ClusterState,
-    /// Custom resources that could not be read into their types.
-    malformed: Vec<Malformed>,
-    /// Writes the API server refuses, for the owning policies' status and Events.
-    refusals: Refusals,
+    pub(super) engine: Engine,
 }
 
-/// A policy being deleted (waiting for finalizers or foreground deletion of its dependents) is
-/// treated as gone: its objects are no longer wanted, and its status is no longer written.
-fn is_terminating(obj: &DynamicObject) -> bool {
-    obj.metadata.deletion_timestamp.is_some()
-}
-
-/// The custom resources teamgpu reads, each with its [`PolicyKind`].
-pub(super) trait Policy:
-    kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned
-{
-    const KIND: PolicyKind;
-}
-
-impl Policy for GpuSharingPolicy {
-    const KIND: PolicyKind = PolicyKind::GpuSharingPolicy;
-}
-
-impl Policy for TeamGpuPolicy {
-    const KIND: PolicyKind = PolicyKind::TeamGpuPolicy;
-}
-
-/// Read a custom resource into its type; one that does not fit is reported, never fatal.
-fn parse<K: Policy>(obj: &DynamicObject, malformed: &mut Vec<Malformed>) -> Option<K> {
-    match obj.clone().try_parse::<K>() {
-        Ok(k) => Some(k),
-        Err(error) => {
-            malformed.push(Malformed {
-                object: obj.clone(),
-                kind: K::KIND,
-                message: format!("the object cannot be read as a {}: {error}", K::kind(&())),
-            });
-            None
-        }
-    }
-}
-
-/// Every policy of `store` not being deleted, read into its type; the ones that do not fit are
-/// added to `malformed`.
-pub(super) fn parse_all<K: Policy>(
-    store: &kube::runtime::reflector::Store<DynamicObject>,
-    malformed: &mut Vec<Malformed>,
-) -> Vec<K> {
-    store
-        .state()
-        .iter()
-        .filter(|o| !is_terminating(o))
-        .filter_map(|o| parse(o, malformed))
-        .collect()
+/// Every object of a projected cache, once its first list is complete.
+fn all<V>(state: Option<((), Vec<V>)>) -> Option<Vec<V>> {
+    state.map(|((), all)| all)
 }
 
 impl Reconciler {
     pub(super) fn new(
-        config: Config,
+        config: &Config,
         stores: Stores,
         metrics: Arc<Metrics>,
         executor: Executor,
         changes: Arc<observe::Changes>,
         operator_user: String,
     ) -> Self {
+        let mut engine = Engine::new(Settings {
+            operator_user,
+            admin_groups: config.admin_groups.clone(),
+            enforcement: config.enforcement,
+            reclaim: ReclaimDefaults {
+                enabled: config.reclaim_default,
+                grace: config.reclaim_grace,
+                min_runtime: config.reclaim_min_runtime,
+            },
+        });
+        // The slices may be listing already (asked for early, see `Stores::list_slices_early`).
+        if let Some(reads) = stores.slice_reads.borrow().as_deref() {
+            engine.take_in(Input::SliceListAsked(reads.clone()));
+        }
         Self {
-            config,
             stores,
             metrics,
             executor,
-            reclaim: ReclaimTracker::default(),
-            requeuer: Requeuer::default(),
-            waiting: Vec::new(),
             changes,
-            published: Published::default(),
-            planner: plan::Planner::default(),
-            differ: diff::Differ::default(),
-            operator_user,
-            state: ClusterState::default(),
-            malformed: Vec::new(),
-            refusals: Refusals::default(),
+            engine,
         }
     }
 
-    /// Brings the planner's input up to date with the caches that `changed`: policies are read
-    /// into their types, namespaces and classes copied, only when their watch saw an event.
-    /// Slices and claims, the bulk of a cluster, are not copied: the planner takes them in from
-    /// the caches ([`Reconciler::take_changes`]).
-    fn refresh_state(&mut self, changed: observe::Changed) {
-        let state = &mut self.state;
-        if changed.contains(Watch::SharingPolicies) || changed.contains(Watch::Teams) {
-            let mut malformed = Vec::new();
-            state.sharing_policies = parse_all(&self.stores.sharing_policies, &mut malformed);
-            state.teams = parse_all(&self.stores.teams, &mut malformed);
-            let unreadable = |kind| -> Vec<String> {
-                malformed
-                    .iter()
-                    .filter(|m| m.kind == kind)
-                    .map(|m| m.object.name_any())
-                    .collect()
-            };
-            state.unreadable_sharing_policies = unreadable(PolicyKind::GpuSharingPolicy);
-            state.unreadable_teams = unreadable(PolicyKind::TeamGpuPolicy);
-            for m in &malformed {
-                tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
-            }
-            self.malformed = malformed;
+    /// Hands the engine every cache whose watch saw an event since the last pass.
+    fn take_in_changes(&mut self) {
+        let changed = self.changes.take();
+        let stores = &self.stores;
+        let mut inputs = Vec::new();
+        if changed.contains(Watch::SharingPolicies) {
+            inputs.push(Input::SharingPolicies(stores.sharing_policies.state()));
+        }
+        if changed.contains(Watch::Teams) {
+            inputs.push(Input::Teams(stores.teams.state()));
         }
         if changed.contains(Watch::Namespaces) {
-            let ((), namespaces) = self.stores.namespaces.state().unwrap_or_default();
-            state.namespaces = namespaces
-                .iter()
-                .filter(|n| !n.terminating)
-                .map(|n| n.info.clone())
-                .collect();
+            inputs.push(Input::Namespaces(
+                all(stores.namespaces.state()).unwrap_or_default(),
+            ));
         }
         if changed.contains(Watch::DeviceClasses) {
-            state.device_classes = self
-                .stores
-                .device_classes
-                .state()
-                .iter()
-                .map(|c| (**c).clone())
-                .collect();
+            inputs.push(Input::DeviceClasses(stores.device_classes.state()));
         }
-        let pods: Vec<Arc<Pod>> = self.stores.pending_pods.state();
-        // Most passes have no pending Pod: then there is no claim to look at.
-        (state.pending, self.waiting) = if pods.is_empty() {
-            (Vec::new(), Vec::new())
-        } else {
-            let claims = self
-                .stores
-                .claims
-                .state()
-                .map(|(_, c)| c)
-                .unwrap_or_default();
-            let (pods, claims) = (
-                pods.iter().map(|p| &**p).collect::<Vec<_>>(),
-                claims.iter().map(|c| &**c).collect::<Vec<_>>(),
-            );
-            let charge =
-                |namespace: &str, name: &str| self.differ.template_charge(namespace, name).cloned();
-            (
-                plan::pending::pending_demand(&pods, &claims, charge),
-                plan::pending::waiting_on_quota(&pods, &claims, charge),
-            )
-        };
-        state.operator_user = Some(self.operator_user.clone());
-        state.admin_groups.clone_from(&self.config.admin_groups);
-        state.enforcement = self.config.enforcement;
-        if changed.contains(Watch::Crds) {
-            state.crd_owners = Some(self.stores.crd_owners());
-        }
-    }
-
-    /// Brings the planner's slices and claims and the differ's live objects up to date with
-    /// the caches that changed; returns which did.
-    fn take_changes(&mut self) -> observe::Changed {
-        let changed = self.changes.take();
         if changed.contains(Watch::Slices)
-            && let Some((reads, slices)) = self.stores.slices.state()
+            && let Some((reads, slices)) = stores.slices.state()
         {
-            let pools = self.planner.update_slice_views(&slices, &reads);
-            tracing::debug!(pools = pools.len(), "ResourceSlices changed");
+            inputs.push(Input::Slices { reads, slices });
         }
-        if changed.contains(Watch::Claims)
-            && let Some(((), claims)) = self.stores.claims.state()
-        {
-            let namespaces = self.planner.update_claim_views(&claims);
-            tracing::debug!(namespaces = namespaces.len(), "ResourceClaims changed");
+        if changed.contains(Watch::Claims) {
+            inputs.extend(all(stores.claims.state()).map(Input::Claims));
         }
-        if changed.contains(Watch::DeviceClasses) {
-            let classes = self.stores.device_classes.state();
-            let managed = classes.iter().filter(|c| objects::is_managed(&***c));
-            self.differ.update_live(
-                Kind::DeviceClass,
-                managed.map(|c| diff::LiveObject::DeviceClass(c.clone())),
-            );
+        if changed.contains(Watch::PendingPods) {
+            inputs.push(Input::PendingPods(stores.pending_pods.state()));
         }
-        for (kind, store) in &self.stores.owned {
+        if changed.contains(Watch::Pods) {
+            inputs.extend(all(stores.pods.state()).map(Input::Pods));
+        }
+        if changed.contains(Watch::Crds) {
+            inputs.push(Input::CrdOwners(stores.crd_owners()));
+        }
+        for (kind, store) in &stores.owned {
             if changed.contains(Watch::Owned(*kind))
-                && let Some(((), objects)) = store.state()
+                && let Some(objects) = all(store.state())
             {
-                self.differ
-                    .update_live(*kind, objects.into_iter().map(diff::LiveObject::Owned));
+                let objects = objects.into_iter().map(LiveObject::Owned).collect();
+                inputs.push(Input::Owned {
+                    kind: *kind,
+                    objects,
+                });
             }
         }
-        changed
+        for input in inputs {
+            self.engine.take_in(input);
+        }
     }
 
     pub(super) async fn reconcile(&mut self) {
@@ -242,14 +121,37 @@ impl Reconciler {
             controller: "teamgpu",
         };
         self.metrics.reconciles.get_or_create(&labels).inc();
-        let changed = self.take_changes();
-        self.refresh_state(changed);
-        // Taken out for the pass, so that the writers may borrow the reconciler.
-        let state = std::mem::take(&mut self.state);
-        let malformed = std::mem::take(&mut self.malformed);
-        self.pass(&state, &malformed).await;
-        self.state = state;
-        self.malformed = malformed;
+        self.take_in_changes();
+        let now = Now {
+            instant: Instant::now(),
+            wall: Timestamp::now(),
+        };
+        let role = if self.executor.is_leader() {
+            Role::Leader
+        } else {
+            Role::Follower
+        };
+        match self.engine.pass(now, role) {
+            Pass::ListSlices(reads) => {
+                tracing::info!(keep = %reads.describe(), "listing ResourceSlices");
+                self.stores.slice_reads.send_replace(Some(Arc::new(reads)));
+            }
+            Pass::AwaitSlices => {}
+            Pass::Planned(planned) => {
+                let Planned { plan, effects } = *planned;
+                self.metrics.observe_plan(&plan);
+                drop(plan);
+                tracing::debug!(
+                    effects = effects.len(),
+                    resident_mib = resident_mib(),
+                    "planned"
+                );
+                if role == Role::Leader {
+                    let done = self.executor.run(effects).await;
+                    self.engine.settle(done, Timestamp::now());
+                }
+            }
+        }
         self.metrics
             .reconcile_seconds
             .get_or_create(&labels)
@@ -259,145 +161,5 @@ impl Reconciler {
             resident_mib = resident_mib(),
             "pass done"
         );
-    }
-
-    async fn pass(&mut self, state: &ClusterState, malformed: &[Malformed]) {
-        // Devices are kept only as far as selectors read them: a selector that reads more
-        // (a new policy, a changed class) needs the slices listed again before counting.
-        let reads = self.planner.device_reads(state);
-        if !self.planner.reads_cover(&reads) {
-            let wanted = self.stores.slice_reads.borrow().clone();
-            if wanted.as_deref().is_none_or(|w| !w.covers(&reads)) {
-                tracing::info!(keep = %reads.describe(), "listing ResourceSlices");
-                self.stores.slice_reads.send_replace(Some(Arc::new(reads)));
-            }
-            return;
-        }
-        let plan = self.planner.plan(state);
-        self.metrics.observe_plan(&plan);
-        tracing::debug!(resident_mib = resident_mib(), "planned");
-        if self.executor.is_leader() {
-            let effects = self.effects(&plan, state, malformed);
-            let done = self.executor.run(effects).await;
-            self.remember(done);
-        }
-    }
-
-    /// What `plan` asks for, in the order it is done: objects, statuses, Events, evictions.
-    fn effects(
-        &mut self,
-        plan: &plan::Plan,
-        state: &ClusterState,
-        malformed: &[Malformed],
-    ) -> Vec<Effect> {
-        let writes = self.differ.writes(&plan.objects);
-        tracing::debug!(
-            writes = writes.len(),
-            resident_mib = resident_mib(),
-            "compared"
-        );
-        let wall = k8s_openapi::jiff::Timestamp::now();
-        let now = Time(wall);
-        let (sharing, teams) = (&state.sharing_policies, &state.teams);
-        let mut out: Vec<Effect> = writes.into_iter().map(Effect::Object).collect();
-        out.extend(effects::malformed_statuses(malformed, &now));
-        // Status from what was applied: the refused writes of each policy.
-        let refused = self.refusals.of_policies(plan);
-        out.extend(effects::status_changes(
-            plan, sharing, teams, &refused, &now,
-        ));
-        // Most passes order no reclaim and find no Pod waiting: then there is no claim to
-        // look at.
-        let claims = if plan.reclaims.is_empty() && self.waiting.is_empty() {
-            Vec::new()
-        } else {
-            let claims = self.stores.claims.state();
-            claims.map(|(_, c)| c).unwrap_or_default()
-        };
-        let pods = if plan.reclaims.is_empty() {
-            Vec::new()
-        } else {
-            self.stores.pods.state().map(|(_, p)| p).unwrap_or_default()
-        };
-        let defaults = ReclaimDefaults {
-            enabled: self.config.reclaim_default,
-            grace: self.config.reclaim_grace,
-            min_runtime: self.config.reclaim_min_runtime,
-        };
-        let input = ReclaimInput {
-            plan,
-            teams,
-            claims: &claims,
-            pods: &pods,
-        };
-        let reclaimed = (self.reclaim).evictions(input, defaults, Instant::now(), wall);
-        let namespaces = self.waiting.iter().map(|w| w.namespace.as_str()).collect();
-        let room = effects::room(plan, &claims, &namespaces);
-        let requeues = (self.requeuer).requeues(&self.waiting, &room, Instant::now(), wall);
-        out.extend(requeues.into_iter().map(Effect::Requeue));
-        let mut events = effects::event_transitions(plan, sharing, teams);
-        events.extend(reclaimed.events);
-        events.extend(effects::waiting_events(plan, &self.waiting));
-        events.extend(refused.events(sharing, teams));
-        out.extend(
-            self.published
-                .unpublished(events)
-                .into_iter()
-                .map(|e| Effect::Event(Box::new(e))),
-        );
-        out.extend((reclaimed.evictions.into_iter()).map(|e| Effect::Evict(Box::new(e))));
-        out
-    }
-
-    /// Takes in what the executor did: an apply settles its object in the differ, a published
-    /// Event is not published again, a refused eviction is tried again later, a refused write
-    /// shows on its policy.
-    fn remember(&mut self, done: Done) {
-        // Refusals: a failed write counts, a written object ends its row.
-        let written = done.applied.iter().map(|(key, _)| key).chain(&done.deleted);
-        let wall = k8s_openapi::jiff::Timestamp::now();
-        self.refusals.record(&done.failed, written, wall);
-        for (key, version) in done.applied {
-            self.differ.applied(&key, version.as_deref());
-        }
-        for key in done.published {
-            self.published.record(key);
-        }
-        if done.eviction_refused {
-            self.reclaim.refused(Instant::now());
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_policy_that_does_not_fit_its_type_is_skipped_and_reported() {
-        let object = |spec: serde_json::Value| -> DynamicObject {
-            serde_json::from_value(
-                json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-                                          "metadata": {"name": "t"}, "spec": spec}),
-            )
-            .unwrap()
-        };
-        let mut malformed = Vec::new();
-        assert!(
-            parse::<TeamGpuPolicy>(&object(json!({"weight": "many"})), &mut malformed).is_none()
-        );
-        assert_eq!(malformed.len(), 1);
-        assert!(
-            malformed[0]
-                .message
-                .contains("cannot be read as a TeamGpuPolicy"),
-            "{}",
-            malformed[0].message
-        );
-        assert_eq!(malformed[0].kind.api_resource().plural, "teamgpupolicies");
-        let good = parse::<TeamGpuPolicy>(&object(json!({"namespaces": ["a"]})), &mut malformed);
-        assert_eq!(good.map(|t| t.spec.namespaces), Some(vec!["a".to_owned()]));
-        assert_eq!(malformed.len(), 1);
     }
 }

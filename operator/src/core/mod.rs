@@ -4,6 +4,7 @@
 
 pub mod diff;
 pub mod effects;
+pub mod engine;
 pub mod fairshare;
 pub mod plan;
 pub mod state;

@@ -18,6 +18,14 @@ pub struct NamespaceInfo {
     pub labels: BTreeMap<String, String>,
 }
 
+/// What the planner reads of a namespace, and whether it is being deleted (then it is no
+/// team's: nothing is written into it).
+#[derive(Debug)]
+pub struct NamespaceView {
+    pub info: Arc<NamespaceInfo>,
+    pub terminating: bool,
+}
+
 /// Devices a namespace's Pods wait for, per DeviceClass (observed by the controller from pending
 /// Pods whose claims could not be created or allocated).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

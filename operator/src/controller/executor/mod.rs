@@ -16,8 +16,9 @@ mod error;
 mod requests;
 
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
-use crate::core::diff::{Kind, ObjectKey, OwnWrites, Write};
-use crate::core::effects::{Effect, EventKey, Eviction, FailedWrite, eviction_events};
+use crate::core::diff::{Kind, OwnWrites, Write};
+use crate::core::effects::{Effect, Eviction, FailedWrite, eviction_events};
+use crate::core::engine::Done;
 pub use error::WriteError;
 use requests::Requests;
 
@@ -77,21 +78,6 @@ impl Backoff {
             .filter(|at| *at > now)
             .min()
     }
-}
-
-/// What came of a pass's effects that the next pass must know.
-#[derive(Debug, Default)]
-pub struct Done {
-    /// Applies that succeeded, with the resourceVersion the server answered.
-    pub applied: Vec<(ObjectKey, Option<String>)>,
-    /// Events published.
-    pub published: Vec<EventKey>,
-    /// Whether an eviction was refused (it is tried again later).
-    pub eviction_refused: bool,
-    /// Deletions that succeeded (or found the object gone).
-    pub deleted: Vec<ObjectKey>,
-    /// Writes of objects that failed, refused or not: status tells of the refused ones.
-    pub failed: Vec<FailedWrite>,
 }
 
 /// What one effect did.
@@ -371,7 +357,7 @@ impl Executor {
         let pods = e.pods.len() as u64;
         if refusal.is_some() {
             self.metrics.evictions_refused.get_or_create(&labels).inc();
-            done.eviction_refused = true;
+            done.eviction_refused = Some(Instant::now());
             tracing::info!(%note, "eviction refused");
         } else {
             self.metrics.evictions.get_or_create(&labels).inc_by(pods);
@@ -398,6 +384,7 @@ impl Executor {
 mod tests {
     use super::requests::Rotating;
     use super::*;
+    use crate::core::diff::ObjectKey;
     use crate::core::effects::PolicyKind;
 
     #[test]

@@ -1,0 +1,49 @@
+//! A plan's effects, in the order they are performed: objects, statuses, requeues, Events,
+//! evictions.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::{Engine, Now};
+use crate::core::effects::{self, Effect, ReclaimInput};
+use crate::core::plan::Plan;
+
+impl Engine {
+    /// What `plan` asks for, in the order it is done: objects (the differ's order), statuses,
+    /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions.
+    pub(super) fn effects(&mut self, plan: &Plan, now: Now) -> Vec<Effect> {
+        let writes = self.differ.writes(&plan.objects);
+        tracing::debug!(writes = writes.len(), "compared");
+        let time = Time(now.wall);
+        let (sharing, teams) = (&self.state.sharing_policies, &self.state.teams);
+        let mut out: Vec<Effect> = writes.into_iter().map(Effect::Object).collect();
+        out.extend(effects::malformed_statuses(&self.malformed, &time));
+        // Status from what was applied: the refused writes of each policy.
+        let refused = self.refusals.of_policies(plan);
+        out.extend(effects::status_changes(
+            plan, sharing, teams, &refused, &time,
+        ));
+        // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
+        // in the namespaces where a Pod waits: most passes read neither.
+        let input = ReclaimInput {
+            plan,
+            teams,
+            claims: &self.claims,
+            pods: &self.pods,
+        };
+        let defaults = self.settings.reclaim;
+        let reclaimed = (self.reclaim).evictions(input, defaults, now.instant, now.wall);
+        let namespaces = self.waiting.iter().map(|w| w.namespace.as_str()).collect();
+        let room = effects::room(plan, &self.claims, &namespaces);
+        let requeues = (self.requeuer).requeues(&self.waiting, &room, now.instant, now.wall);
+        out.extend(requeues.into_iter().map(Effect::Requeue));
+        let mut events = effects::event_transitions(plan, sharing, teams);
+        events.extend(refused.events(sharing, teams));
+        events.extend(reclaimed.events);
+        events.extend(effects::waiting_events(plan, &self.waiting));
+        out.extend(
+            (self.published.unpublished(events).into_iter()).map(|e| Effect::Event(Box::new(e))),
+        );
+        out.extend((reclaimed.evictions.into_iter()).map(|e| Effect::Evict(Box::new(e))));
+        out
+    }
+}

@@ -1,0 +1,148 @@
+//! What the engine takes in from the caches: plain data, each the whole of one cache, given
+//! only when its watch changed. Policies arrive as read (dynamic objects) and are read into
+//! their types here: one that does not fit is reported on its status, never fatal.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+
+use super::Engine;
+use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::core::diff::{Kind, LiveObject};
+use crate::core::effects::{Malformed, PodView, PolicyKind};
+use crate::core::plan::inventory::SliceView;
+use crate::core::plan::objects;
+use crate::core::plan::usage::ClaimView;
+use crate::core::state::NamespaceView;
+use crate::dra_cel::DeviceReads;
+
+/// One cache, whole, as the watches keep it.
+#[derive(Debug)]
+pub enum Input {
+    SharingPolicies(Vec<Arc<DynamicObject>>),
+    Teams(Vec<Arc<DynamicObject>>),
+    Namespaces(Vec<Arc<NamespaceView>>),
+    /// All DeviceClasses: foreign ones decide what is governed, teamgpu's are its own.
+    DeviceClasses(Vec<Arc<DeviceClass>>),
+    /// The ResourceSlices, projected to `reads`.
+    Slices {
+        reads: Arc<DeviceReads>,
+        slices: Vec<Arc<SliceView>>,
+    },
+    Claims(Vec<Arc<ClaimView>>),
+    /// Pods in phase Pending, whole (their claims' statuses).
+    PendingPods(Vec<Arc<Pod>>),
+    /// Pods not done yet, as reclaim weighs them.
+    Pods(Vec<Arc<PodView>>),
+    /// The objects of `kind` that carry teamgpu's managed-by label (DeviceClasses come with
+    /// [`Input::DeviceClasses`]).
+    Owned {
+        kind: Kind,
+        objects: Vec<LiveObject>,
+    },
+    /// teamgpu's CRDs that exist, as owners of the cluster-wide admission objects.
+    CrdOwners(Vec<OwnerReference>),
+    /// The slices are already being listed with these reads (asked before the engine ran).
+    SliceListAsked(DeviceReads),
+}
+
+/// The custom resources teamgpu reads, each with its [`PolicyKind`].
+pub trait Policy: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned {
+    const KIND: PolicyKind;
+}
+
+impl Policy for GpuSharingPolicy {
+    const KIND: PolicyKind = PolicyKind::GpuSharingPolicy;
+}
+
+impl Policy for TeamGpuPolicy {
+    const KIND: PolicyKind = PolicyKind::TeamGpuPolicy;
+}
+
+/// Every policy of `objects` not being deleted, read into its type, and the ones that do not
+/// fit. A policy being deleted (waiting for finalizers or foreground deletion of its
+/// dependents) is treated as gone: its objects are no longer wanted, its status not written.
+pub fn parse_policies<K: Policy>(objects: &[Arc<DynamicObject>]) -> (Vec<K>, Vec<Malformed>) {
+    let mut malformed = Vec::new();
+    let parsed = objects
+        .iter()
+        .filter(|o| o.metadata.deletion_timestamp.is_none())
+        .filter_map(|o| match (**o).clone().try_parse::<K>() {
+            Ok(k) => Some(k),
+            Err(error) => {
+                malformed.push(Malformed {
+                    object: (**o).clone(),
+                    kind: K::KIND,
+                    message: format!("the object cannot be read as a {}: {error}", K::kind(&())),
+                });
+                None
+            }
+        })
+        .collect();
+    (parsed, malformed)
+}
+
+impl Engine {
+    /// Takes in one cache. Slices and claims go to the planner (one call each), owned objects
+    /// to the differ; the rest is the planner's input.
+    pub fn take_in(&mut self, input: Input) {
+        match input {
+            Input::SharingPolicies(objects) => {
+                let (policies, unreadable) = self.policies(&objects);
+                self.state.sharing_policies = policies;
+                self.state.unreadable_sharing_policies = unreadable;
+            }
+            Input::Teams(objects) => {
+                let (teams, unreadable) = self.policies(&objects);
+                self.state.teams = teams;
+                self.state.unreadable_teams = unreadable;
+            }
+            Input::Namespaces(namespaces) => {
+                // A namespace being deleted is no team's: nothing is written into it.
+                self.state.namespaces = (namespaces.iter())
+                    .filter(|n| !n.terminating)
+                    .map(|n| n.info.clone())
+                    .collect();
+            }
+            Input::DeviceClasses(classes) => {
+                self.state.device_classes = classes.iter().map(|c| (**c).clone()).collect();
+                let managed = classes.into_iter().filter(|c| objects::is_managed(&**c));
+                self.differ
+                    .update_live(Kind::DeviceClass, managed.map(LiveObject::DeviceClass));
+            }
+            Input::Slices { reads, slices } => {
+                let pools = self.planner.update_slice_views(&slices, &reads);
+                tracing::debug!(pools = pools.len(), "ResourceSlices changed");
+            }
+            Input::Claims(claims) => {
+                let namespaces = self.planner.update_claim_views(&claims);
+                tracing::debug!(namespaces = namespaces.len(), "ResourceClaims changed");
+                self.claims = claims;
+            }
+            Input::PendingPods(pods) => self.pending_pods = pods,
+            Input::Pods(pods) => self.pods = pods,
+            Input::Owned { kind, objects } => self.differ.update_live(kind, objects),
+            Input::CrdOwners(owners) => self.state.crd_owners = Some(owners),
+            Input::SliceListAsked(reads) => self.slices_asked = Some(reads),
+        }
+    }
+
+    /// The policies of `objects` that can be read, and the names of those that cannot (which
+    /// replace the malformed ones of their kind).
+    fn policies<K: Policy>(&mut self, objects: &[Arc<DynamicObject>]) -> (Vec<K>, Vec<String>) {
+        let (policies, malformed) = parse_policies::<K>(objects);
+        for m in &malformed {
+            tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
+        }
+        let names = malformed.iter().map(|m| m.object.name_any()).collect();
+        self.malformed.retain(|m| m.kind != K::KIND);
+        self.malformed.extend(malformed);
+        // In one order whatever kind was read last: their statuses are effects.
+        (self.malformed).sort_by_cached_key(|m| (m.kind.label(), m.object.name_any()));
+        (policies, names)
+    }
+}

@@ -1,0 +1,239 @@
+//! The engine: everything one pass decides, sans I/O. It owns the kept [`Planner`] and
+//! [`Differ`], what was published, the reclaim and requeue trackers, the Pods waiting for
+//! room, the planner's input and the policies that could not be read. The controller only
+//! reads the caches into [`Input`]s, runs a [`Engine::pass`], hands its effects to the
+//! executor and [`Engine::settle`]s what the executor did.
+//!
+//! ```text
+//! take_in(Input)*  ->  pass(Now, Role) -> Pass  ->  (executor)  ->  settle(Done)
+//! ```
+//!
+//! Choices, against the sketch of the issue:
+//! - `pass` takes the [`Role`]: a follower plans (its caches and planner stay warm) but asks
+//!   for no effect, and its differ, Events and trackers stay as if no pass had acted, so a
+//!   replica that becomes leader writes exactly what differs. Dropping a follower's effects in
+//!   the controller would instead let the requeuer believe it woke templates it did not.
+//! - [`Pass::Planned`] hands the plan out by value, for the metrics: the engine keeps no plan.
+//! - A slice list asked for is remembered ([`Input::SliceListAsked`] for the one asked before
+//!   the engine ran), so a pass during the list waits ([`Pass::AwaitSlices`]) instead of
+//!   starting the list again.
+//! - Every input is the whole of its cache, taken in only when its watch changed; claims and
+//!   Pods are kept (shared, not copied) because reclaim, room and pending demand read them,
+//!   and only the engine knows when.
+//!
+//! [`Planner`]: crate::core::plan::Planner
+//! [`Differ`]: crate::core::diff::Differ
+
+mod effects;
+mod input;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::core::diff::{self, ObjectKey};
+use crate::core::effects::{
+    Effect, EventKey, FailedWrite, Malformed, Published, ReclaimDefaults, ReclaimTracker, Refusals,
+    Requeuer, WaitingPod,
+};
+use crate::core::plan::usage::ClaimView;
+use crate::core::plan::{self, Plan, admission::Enforcement};
+use crate::core::state::ClusterState;
+use crate::dra_cel::DeviceReads;
+pub use input::{Input, Policy, parse_policies};
+
+/// What the engine is told once, from the operator's configuration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Who the operator is to the API server: its own admission policies leave it alone.
+    pub operator_user: String,
+    /// See [`ClusterState::admin_groups`].
+    pub admin_groups: Option<Vec<String>>,
+    pub enforcement: Enforcement,
+    /// What a team that says nothing of reclaim gets.
+    pub reclaim: ReclaimDefaults,
+}
+
+/// The time of a pass: the monotonic instant (grace periods, retries) and the wall time
+/// (conditions' transition times, Pods' start times, requeue annotations). The core never
+/// reads a clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Now {
+    pub instant: Instant,
+    pub wall: Timestamp,
+}
+
+/// Whether this replica acts on its plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Holds the lease: its effects are performed.
+    Leader,
+    /// Plans to keep warm, and asks for nothing.
+    Follower,
+}
+
+/// What a pass asks for.
+#[derive(Debug)]
+pub enum Pass {
+    /// List the ResourceSlices again, projected to these reads: a selector reads more of a
+    /// device than the slices taken in keep. Nothing is planned until they come.
+    ListSlices(DeviceReads),
+    /// A list asked for is not in yet; nothing to do.
+    AwaitSlices,
+    /// Boxed: a plan is ten times the size of the other variants.
+    Planned(Box<Planned>),
+}
+
+/// A plan and its effects, in the order they are to be performed.
+#[derive(Debug)]
+pub struct Planned {
+    /// For the metrics; the engine keeps nothing of it.
+    pub plan: Plan,
+    /// Objects (in dependency order), statuses, requeues, Events, evictions; none for a
+    /// [`Role::Follower`].
+    pub effects: Vec<Effect>,
+}
+
+/// What the executor did of a pass's effects that the engine must know.
+#[derive(Debug, Default)]
+pub struct Done {
+    /// Applies that succeeded, with the resourceVersion the server answered.
+    pub applied: Vec<(ObjectKey, Option<String>)>,
+    /// Events published.
+    pub published: Vec<EventKey>,
+    /// When an eviction was refused (it is tried again later).
+    pub eviction_refused: Option<Instant>,
+    /// Deletions that succeeded (or found the object gone).
+    pub deleted: Vec<ObjectKey>,
+    /// Writes of objects that failed, refused or not: status tells of the refused ones.
+    pub failed: Vec<FailedWrite>,
+}
+
+/// One pass's decisions, kept between passes (see the module doc).
+#[derive(Debug)]
+pub struct Engine {
+    settings: Settings,
+    /// Recomputes only what changed inputs feed (a slice's pool, a namespace's usage, ...).
+    planner: plan::Planner,
+    /// Compares only the objects whose desired or live side changed.
+    differ: diff::Differ,
+    /// Events published whose finding the live status does not show yet.
+    published: Published,
+    reclaim: ReclaimTracker,
+    /// Wakes Pods waiting for room that has appeared.
+    requeuer: Requeuer,
+    /// Writes the API server refuses, for the owning policies' status and Events.
+    refusals: Refusals,
+    /// The planner's input, besides slices and claims (which the planner keeps).
+    state: ClusterState,
+    /// Custom resources that could not be read into their types.
+    malformed: Vec<Malformed>,
+    /// As the caches hold them, for pending demand, room and reclaim.
+    claims: Vec<Arc<ClaimView>>,
+    pending_pods: Vec<Arc<Pod>>,
+    pods: Vec<Arc<crate::core::effects::PodView>>,
+    /// Pods waiting because quota refused their claims, as of the last pass.
+    waiting: Vec<WaitingPod>,
+    /// What the slices were last asked to be listed with.
+    slices_asked: Option<DeviceReads>,
+}
+
+impl Engine {
+    pub fn new(settings: Settings) -> Self {
+        let state = ClusterState {
+            operator_user: Some(settings.operator_user.clone()),
+            admin_groups: settings.admin_groups.clone(),
+            enforcement: settings.enforcement,
+            ..ClusterState::default()
+        };
+        Self {
+            settings,
+            planner: plan::Planner::default(),
+            differ: diff::Differ::default(),
+            published: Published::default(),
+            reclaim: ReclaimTracker::default(),
+            requeuer: Requeuer::default(),
+            refusals: Refusals::default(),
+            state,
+            malformed: Vec::new(),
+            claims: Vec::new(),
+            pending_pods: Vec::new(),
+            pods: Vec::new(),
+            waiting: Vec::new(),
+            slices_asked: None,
+        }
+    }
+
+    /// One pass at `now`: the plan, and what a [`Role::Leader`] must do about it.
+    pub fn pass(&mut self, now: Now, role: Role) -> Pass {
+        // The pass sets the next wake-ups; one that is due would otherwise wake the loop
+        // again and again if the pass does not reach reclaim or requeue.
+        self.reclaim.clear_due(now.instant);
+        self.requeuer.clear_due(now.instant);
+        self.refresh_pending();
+        // Devices are kept only as far as selectors read them: a selector that reads more
+        // (a new policy, a changed class) needs the slices listed again before counting.
+        let reads = self.planner.device_reads(&self.state);
+        if !self.planner.reads_cover(&reads) {
+            if self.slices_asked.as_ref().is_some_and(|a| a.covers(&reads)) {
+                return Pass::AwaitSlices;
+            }
+            self.slices_asked = Some(reads.clone());
+            return Pass::ListSlices(reads);
+        }
+        let plan = self.planner.plan(&self.state);
+        let effects = match role {
+            Role::Leader => self.effects(&plan, now),
+            Role::Follower => Vec::new(),
+        };
+        Pass::Planned(Box::new(Planned { plan, effects }))
+    }
+
+    /// Takes in what the executor did at `wall`: an apply settles its object in the differ, a
+    /// published Event is not published again, a refused eviction is tried again later, a
+    /// refused write shows on its policy.
+    pub fn settle(&mut self, done: Done, wall: Timestamp) {
+        // Refusals: a failed write counts, a written object ends its row.
+        let written = done.applied.iter().map(|(key, _)| key).chain(&done.deleted);
+        self.refusals.record(&done.failed, written, wall);
+        for (key, version) in done.applied {
+            self.differ.applied(&key, version.as_deref());
+        }
+        for key in done.published {
+            self.published.record(key);
+        }
+        if let Some(at) = done.eviction_refused {
+            self.reclaim.refused(at);
+        }
+    }
+
+    /// When a pass must run though nothing changes: a reclaim's grace period ends or a
+    /// refused eviction is due again, a wake-up of waiting Pods is due to be retried. (The
+    /// executor's retries of failed writes are the executor's.)
+    pub fn next_wake(&self) -> Option<Instant> {
+        [self.reclaim.next_attempt(), self.requeuer.next_attempt()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Pending demand and the Pods waiting on quota, from the pending Pods, their claims and
+    /// the live templates' charges. Most passes have no pending Pod: then nothing is read.
+    fn refresh_pending(&mut self) {
+        if self.pending_pods.is_empty() {
+            self.state.pending.clear();
+            self.waiting.clear();
+            return;
+        }
+        let pods: Vec<&Pod> = self.pending_pods.iter().map(|p| &**p).collect();
+        let claims: Vec<&ClaimView> = self.claims.iter().map(|c| &**c).collect();
+        let differ = &self.differ;
+        let charge = |namespace: &str, name: &str| differ.template_charge(namespace, name).cloned();
+        self.state.pending = plan::pending::pending_demand(&pods, &claims, charge);
+        self.waiting = plan::pending::waiting_on_quota(&pods, &claims, charge);
+    }
+}

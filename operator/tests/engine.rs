@@ -1,0 +1,434 @@
+//! The engine over a cluster shaped like a real one (the built-in example: config/samples,
+//! three teams, six 8-GPU nodes, claims of 1 to 8 devices), its effects performed by a stand-in
+//! for the API server (`engine/server.rs`) that stores what teamgpu applies with the server's
+//! defaults, as the operator's watches would bring it back. Plain tests: no runtime, no clock.
+
+#[path = "engine/server.rs"]
+mod server;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+use server::{Server, Watch};
+use teamgpu::core::diff::Kind;
+use teamgpu::core::effects::{Effect, ReclaimDefaults};
+use teamgpu::core::engine::{Engine, Now, Pass, Role, Settings};
+use teamgpu::core::plan::admission::Enforcement;
+
+fn engine() -> Engine {
+    Engine::new(Settings {
+        operator_user: "system:serviceaccount:teamgpu-system:teamgpu".into(),
+        admin_groups: None,
+        enforcement: Enforcement::Deny,
+        reclaim: ReclaimDefaults {
+            enabled: false,
+            grace: Duration::from_secs(120),
+            min_runtime: Duration::ZERO,
+        },
+    })
+}
+
+/// `seconds` after a start both clocks agree on.
+fn at(start: Instant, seconds: u64) -> Now {
+    Now {
+        instant: start + Duration::from_secs(seconds),
+        wall: Timestamp::from_second(1_780_000_000 + seconds as i64).unwrap(),
+    }
+}
+
+/// One pass of `engine` over what changed on `server`, listing the slices again when it asks.
+fn pass(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
+    for _ in 0..3 {
+        for input in server.changes() {
+            engine.take_in(input);
+        }
+        match engine.pass(now, Role::Leader) {
+            Pass::ListSlices(reads) => server.list_slices(reads),
+            Pass::AwaitSlices => panic!("the list asked for was brought: nothing to wait for"),
+            Pass::Planned(planned) => return planned.effects,
+        }
+    }
+    panic!("the slices were listed with what the engine asked, and it asked again");
+}
+
+/// A pass whose effects the server performs and the engine settles.
+fn pass_and_settle(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
+    let effects = pass(engine, server, now);
+    let done = server.perform(&effects);
+    engine.settle(done, now.wall);
+    effects
+}
+
+fn count(effects: &[Effect], what: fn(&Effect) -> bool) -> usize {
+    effects.iter().filter(|e| what(e)).count()
+}
+
+#[test]
+fn a_converged_cluster_gets_no_effect_when_idle_and_after_a_no_op_event() {
+    let start = Instant::now();
+    let mut server = Server::example();
+    let mut engine = engine();
+    let first = pass_and_settle(&mut engine, &mut server, at(start, 0));
+    // The example's objects: 2 DeviceClasses, 3 teams' quotas and templates, admission
+    // objects, members' roles; a status for each of the 5 policies.
+    assert!(
+        count(&first, |e| matches!(e, Effect::Object(_))) > 10,
+        "{first:#?}"
+    );
+    assert_eq!(count(&first, |e| matches!(e, Effect::Status { .. })), 5);
+    assert!(
+        server.owned.keys().any(|k| k.kind == Kind::ResourceQuota),
+        "quotas were applied"
+    );
+
+    let second = pass_and_settle(&mut engine, &mut server, at(start, 1));
+    assert_eq!(second, Vec::new(), "a converged cluster gets no effect");
+
+    // Events that change nothing teamgpu reads: every watch again, a namespace relabelled
+    // with the labels it has.
+    for watch in [
+        Watch::SharingPolicies,
+        Watch::Teams,
+        Watch::Slices,
+        Watch::Claims,
+    ] {
+        server.touch(watch);
+    }
+    let labels = server.namespaces["web"].clone();
+    server.label_namespace("web", labels);
+    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
+        server.touch(Watch::Owned(kind));
+    }
+    let third = pass_and_settle(&mut engine, &mut server, at(start, 60));
+    assert_eq!(third, Vec::new(), "a no-op event gets no effect");
+    assert_eq!(engine.next_wake(), None, "nothing is due");
+}
+
+#[test]
+fn a_restart_over_a_converged_cluster_gets_no_effect() {
+    let start = Instant::now();
+    let mut server = Server::example();
+    let mut first = engine();
+    pass_and_settle(&mut first, &mut server, at(start, 0));
+    assert_eq!(pass_and_settle(&mut first, &mut server, at(start, 1)), []);
+
+    // A new operator: nothing kept but what the server holds.
+    let mut restarted = engine();
+    for input in server.everything() {
+        restarted.take_in(input);
+    }
+    let effects = pass(&mut restarted, &mut server, at(start, 600));
+    assert_eq!(
+        effects,
+        Vec::new(),
+        "a restart over an equal cluster writes nothing"
+    );
+}
+
+#[test]
+fn a_raised_guarantee_writes_quotas_and_statuses_and_nothing_else() {
+    let start = Instant::now();
+    let mut server = Server::example();
+    let mut engine = engine();
+    pass_and_settle(&mut engine, &mut server, at(start, 0));
+    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+
+    // data-science is guaranteed none of a100-80gb and may borrow up to 8: a guarantee of 8
+    // gives its namespace's quota all 8, and takes them from the others' shares.
+    server.edit_team("data-science", |spec| {
+        assert_eq!(spec["quotas"][0]["sharingPolicy"], "a100-80gb");
+        spec["quotas"][0]["guaranteed"] = json!(8);
+    });
+    let effects = pass_and_settle(&mut engine, &mut server, at(start, 2));
+    let objects: Vec<String> = (effects.iter())
+        .filter_map(|e| match e {
+            Effect::Object(w) => Some(w.key().to_string()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        objects.contains(&"resourcequota data-science/teamgpu".to_owned()),
+        "{objects:?}"
+    );
+    assert!(
+        objects.iter().all(|o| o.starts_with("resourcequota ")),
+        "a guarantee moves quotas only: {objects:?}"
+    );
+    let quota = server.owned.iter().find(|(k, _)| {
+        k.kind == Kind::ResourceQuota && k.namespace.as_deref() == Some("data-science")
+    });
+    let hard = &quota.expect("data-science has a quota").1.data["spec"]["hard"];
+    assert_eq!(
+        hard["a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices"],
+        "8"
+    );
+    let statuses: Vec<&str> = (effects.iter())
+        .filter_map(|e| match e {
+            Effect::Status { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(statuses.contains(&"data-science"), "{statuses:?}");
+    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 3)), []);
+}
+
+/// One change to the cluster, or a pass of the kept engine (effects performed and settled).
+#[derive(Clone, Debug)]
+enum Change {
+    Pass,
+    AddClaim {
+        namespace: usize,
+        node: usize,
+        devices: u32,
+        allocated: bool,
+    },
+    DropClaim(usize),
+    Deallocate(usize),
+    DropSlice(usize),
+    AddNode(usize),
+    Relabel(usize, Option<&'static str>),
+    NewNamespace(Option<&'static str>),
+    Guarantee(usize, u32),
+    PendingPod(usize, usize),
+    DropSharingPolicy(usize),
+    /// A DeviceClass of someone else's whose selector reads what no policy reads: the slices
+    /// are listed again.
+    ForeignClass(&'static str),
+}
+
+const TEAMS: [Option<&str>; 4] = [
+    Some("ml-research"),
+    Some("inference"),
+    Some("data-science"),
+    None,
+];
+
+fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+    use proptest::prelude::*;
+    let i = 0..64usize;
+    let team = || proptest::sample::select(&TEAMS[..]);
+    prop_oneof![
+        3 => Just(Change::Pass),
+        3 => (i.clone(), i.clone(), 1..=8u32, any::<bool>()).prop_map(|(namespace, node, devices, allocated)| {
+            Change::AddClaim { namespace, node, devices, allocated }
+        }),
+        1 => i.clone().prop_map(Change::DropClaim),
+        1 => i.clone().prop_map(Change::Deallocate),
+        1 => i.clone().prop_map(Change::DropSlice),
+        1 => i.clone().prop_map(Change::AddNode),
+        1 => (i.clone(), team()).prop_map(|(n, t)| Change::Relabel(n, t)),
+        1 => team().prop_map(Change::NewNamespace),
+        1 => (i.clone(), 0..20u32).prop_map(|(t, g)| Change::Guarantee(t, g)),
+        1 => (i.clone(), i.clone()).prop_map(|(n, t)| Change::PendingPod(n, t)),
+        1 => i.prop_map(Change::DropSharingPolicy),
+        1 => proptest::sample::select(&[
+            "device.attributes['gpu.nvidia.com'].driverVersion.major >= 550",
+            "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('10Gi'))",
+            "true",
+        ][..])
+        .prop_map(Change::ForeignClass),
+    ]
+}
+
+fn nth<K: Clone, V>(map: &BTreeMap<K, V>, n: usize) -> Option<K> {
+    (!map.is_empty()).then(|| map.keys().nth(n % map.len()).cloned())?
+}
+
+/// A claim of `devices` on `node` in `namespace`, allocated from the node's free devices if
+/// `allocated` and they suffice, pending otherwise.
+fn add_claim(server: &mut Server, namespace: usize, node: usize, devices: u32, allocated: bool) {
+    let (Some(namespace), Some(node)) = (
+        nth(&server.namespaces, namespace),
+        nth(&server.slices, node),
+    ) else {
+        return;
+    };
+    let slice = &server.slices[&node];
+    // (pool, device) of every allocated device.
+    let taken: Vec<(String, String)> = (server.claims.values())
+        .flat_map(|c| {
+            json!(c)["status"]["allocation"]["devices"]["results"]
+                .clone()
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|r| {
+            (
+                r["pool"].as_str().unwrap_or_default().to_owned(),
+                r["device"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let pool = slice.spec.pool.name.clone();
+    let free: Vec<String> = (slice.spec.devices.iter().flatten())
+        .map(|d| d.name.clone())
+        .filter(|d| !taken.contains(&(pool.clone(), d.clone())))
+        .take(devices as usize)
+        .collect();
+    let product = json!(slice.spec.devices)[0]["attributes"]["productName"]["string"].clone();
+    let class = if product == "NVIDIA A100-SXM4-80GB" {
+        "a100-80gb.teamgpu.io"
+    } else {
+        "a100-shared.teamgpu.io"
+    };
+    let results: Vec<_> = (free.iter())
+        .map(|d| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": pool, "device": d}))
+        .collect();
+    let allocated = allocated && free.len() == devices as usize;
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": format!("claim-{}", server.claims.len()), "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": class, "allocationMode": "ExactCount", "count": devices}}]}},
+        "status": allocated.then(|| json!({"allocation": {"devices": {"results": results}}})),
+    }))
+    .unwrap();
+    server.put_claim(claim);
+}
+
+/// A Pod waiting for a claim from the `template`-th template teamgpu wrote in `namespace`:
+/// quota refused it, so the claim does not exist.
+fn add_pending_pod(server: &mut Server, namespace: usize, template: usize) {
+    let Some(namespace) = nth(&server.namespaces, namespace) else {
+        return;
+    };
+    let templates: Vec<String> = (server.owned.keys())
+        .filter(|k| {
+            k.kind == Kind::ResourceClaimTemplate && k.namespace.as_ref() == Some(&namespace)
+        })
+        .map(|k| k.name.clone())
+        .collect();
+    let Some(template) = templates.get(template % templates.len().max(1)) else {
+        return;
+    };
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("pod-{}", server.pending_pods.len()), "namespace": namespace,
+                     "creationTimestamp": "2026-06-01T00:00:00Z"},
+        "spec": {"containers": [], "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}]},
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap();
+    server.put_pending_pod(pod);
+}
+
+fn apply(server: &mut Server, change: &Change) {
+    match change {
+        Change::Pass => unreachable!("a pass is the engine's"),
+        Change::AddClaim {
+            namespace,
+            node,
+            devices,
+            allocated,
+        } => {
+            add_claim(server, *namespace, *node, *devices, *allocated);
+        }
+        Change::DropClaim(n) => {
+            if let Some(key) = nth(&server.claims, *n) {
+                server.remove_claim(&key);
+            }
+        }
+        Change::Deallocate(n) => {
+            if let Some(key) = nth(&server.claims, *n) {
+                let mut claim = server.claims[&key].clone();
+                claim.status = None;
+                server.put_claim(claim);
+            }
+        }
+        Change::DropSlice(n) => {
+            if let Some(name) = nth(&server.slices, *n) {
+                server.remove_slice(&name);
+            }
+        }
+        Change::AddNode(n) => {
+            if let Some(name) = nth(&server.slices, *n) {
+                let mut slice = server.slices[&name].clone();
+                let node = format!("gpu-n-{:02}", server.slices.len());
+                slice.metadata.name = Some(format!("gpu.nvidia.com-{node}"));
+                (slice.metadata.uid, slice.spec.node_name) = (None, Some(node.clone()));
+                slice.spec.pool.name = node;
+                server.put_slice(slice);
+            }
+        }
+        Change::Relabel(n, team) => {
+            if let Some(name) = nth(&server.namespaces, *n) {
+                let mut labels = server.namespaces[&name].clone();
+                labels.remove("teamgpu.io/team");
+                labels.extend(team.map(|t| ("teamgpu.io/team".to_owned(), t.to_owned())));
+                server.label_namespace(&name, labels);
+            }
+        }
+        Change::NewNamespace(team) => {
+            let labels = team.map(|t| ("teamgpu.io/team".to_owned(), t.to_owned()));
+            let name = format!("ns-{}", server.namespaces.len());
+            server.label_namespace(&name, labels.into_iter().collect());
+        }
+        Change::Guarantee(n, g) => {
+            if let Some(name) = nth(&server.teams, *n) {
+                server.edit_team(&name, |spec| spec["quotas"][0]["guaranteed"] = json!(g));
+            }
+        }
+        Change::PendingPod(n, t) => add_pending_pod(server, *n, *t),
+        Change::DropSharingPolicy(n) => {
+            if let Some(name) = nth(&server.sharing, *n) {
+                server.sharing.remove(&name);
+                server.touch(Watch::SharingPolicies);
+            }
+        }
+        Change::ForeignClass(expression) => {
+            let class: DeviceClass = serde_json::from_value(json!({
+                "metadata": {"name": format!("foreign-{}", server.classes.len())},
+                "spec": {"selectors": [{"cel": {"expression": expression}}]}
+            }))
+            .unwrap();
+            server.put_class(class);
+        }
+    }
+}
+
+/// What must agree between a kept and a fresh engine: the writes of objects and statuses.
+/// Left out on purpose: Events (the kept engine does not publish again what it published),
+/// wake-ups of waiting Pods (it does not wake again a template it woke for the same room) and
+/// evictions (its grace periods started earlier): they depend on what it did before.
+fn writes(effects: Vec<Effect>) -> Vec<Effect> {
+    effects
+        .into_iter()
+        .filter(|e| matches!(e, Effect::Object(_) | Effect::Status { .. }))
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// After any sequence of changes, some of them followed by a pass whose effects the server
+    /// performed, the kept engine asks for the same writes as a fresh engine (a restarted
+    /// operator) over the same cluster.
+    #[test]
+    fn the_kept_engine_writes_what_a_fresh_engine_writes_after_any_changes(
+        changes in proptest::collection::vec(change(), 1..16),
+    ) {
+        let start = Instant::now();
+        let mut server = Server::example();
+        let mut kept = engine();
+        pass_and_settle(&mut kept, &mut server, at(start, 0));
+        for (second, change) in (1..).zip(&changes) {
+            match change {
+                Change::Pass => {
+                    pass_and_settle(&mut kept, &mut server, at(start, second));
+                }
+                change => apply(&mut server, change),
+            }
+        }
+        let now = at(start, 1_000);
+        let from_kept = writes(pass(&mut kept, &mut server, now));
+        let mut fresh = engine();
+        for input in server.everything() {
+            fresh.take_in(input);
+        }
+        let from_fresh = writes(pass(&mut fresh, &mut server, now));
+        proptest::prop_assert_eq!(from_kept, from_fresh);
+    }
+}

@@ -1,0 +1,429 @@
+//! A cluster and the API server in front of it, as the engine's tests need them: what teamgpu
+//! applies is stored with the defaults the real server adds (so the differ must tolerate them),
+//! every change gets a new resourceVersion and a no-op apply keeps it, statuses are stored as
+//! written, and each watch says whether it saw a change since the engine last took it in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+use teamgpu::core::diff::{Kind, LiveObject, ObjectKey, Write};
+use teamgpu::core::effects::{Effect, PolicyKind};
+use teamgpu::core::engine::{Done, Input};
+use teamgpu::core::plan::inventory::SliceView;
+use teamgpu::core::plan::objects::is_managed;
+use teamgpu::core::plan::usage::{ClaimView, Names};
+use teamgpu::core::state::{NamespaceInfo, NamespaceView};
+use teamgpu::dra_cel::{DeviceEnvs, DeviceReads};
+
+/// One watch of the operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Watch {
+    SharingPolicies,
+    Teams,
+    Namespaces,
+    DeviceClasses,
+    Slices,
+    Claims,
+    PendingPods,
+    Owned(Kind),
+}
+
+#[derive(Default)]
+pub struct Server {
+    version: u64,
+    pub sharing: BTreeMap<String, DynamicObject>,
+    pub teams: BTreeMap<String, DynamicObject>,
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    pub classes: BTreeMap<String, DeviceClass>,
+    pub slices: BTreeMap<String, ResourceSlice>,
+    pub claims: BTreeMap<(String, String), ResourceClaim>,
+    pub pending_pods: BTreeMap<(String, String), Pod>,
+    /// Every object teamgpu owns but DeviceClasses.
+    pub owned: BTreeMap<ObjectKey, DynamicObject>,
+    /// What the slices are projected to, as the operator's slice watch does.
+    slice_reads: DeviceReads,
+    envs: DeviceEnvs,
+    names: Names,
+    changed: BTreeSet<Watch>,
+}
+
+fn dynamic(value: Value) -> DynamicObject {
+    serde_json::from_value(value).expect("a Kubernetes object")
+}
+
+impl Server {
+    /// The built-in example's cluster (config/samples, six 8-GPU nodes, claims in use), as a
+    /// real server holds it: every object with a uid and a resourceVersion.
+    pub fn example() -> Self {
+        let state = teamgpu::cli::example::state().expect("the built-in example loads");
+        let mut server = Server::default();
+        for p in state.sharing_policies {
+            let object = dynamic(json!(p));
+            server.put_sharing(object);
+        }
+        for t in state.teams {
+            let object = dynamic(json!(t));
+            server.put_team(object);
+        }
+        for n in state.namespaces {
+            server.label_namespace(&n.name, n.labels.clone());
+        }
+        for c in state.device_classes {
+            server.put_class(c);
+        }
+        for s in state.slices {
+            server.put_slice(s);
+        }
+        for c in state.claims {
+            server.put_claim(c);
+        }
+        server
+    }
+
+    fn stamp(&mut self, meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+        self.version += 1;
+        meta.resource_version = Some(self.version.to_string());
+        let name = meta.name.clone().unwrap_or_default();
+        meta.uid
+            .get_or_insert_with(|| format!("uid-{name}-{}", self.version));
+        meta.generation.get_or_insert(1);
+    }
+
+    pub fn put_sharing(&mut self, mut object: DynamicObject) {
+        self.stamp(&mut object.metadata);
+        let name = object.metadata.name.clone().unwrap_or_default();
+        self.sharing.insert(name, object);
+        self.changed.insert(Watch::SharingPolicies);
+    }
+
+    pub fn put_team(&mut self, mut object: DynamicObject) {
+        self.stamp(&mut object.metadata);
+        let name = object.metadata.name.clone().unwrap_or_default();
+        self.teams.insert(name, object);
+        self.changed.insert(Watch::Teams);
+    }
+
+    /// A spec change of a policy: a new generation.
+    pub fn edit_team(&mut self, name: &str, edit: impl FnOnce(&mut Value)) {
+        if let Some(mut team) = self.teams.get(name).cloned() {
+            edit(&mut team.data["spec"]);
+            *team.metadata.generation.get_or_insert(1) += 1;
+            self.put_team(team);
+        }
+    }
+
+    pub fn label_namespace(&mut self, name: &str, labels: BTreeMap<String, String>) {
+        self.namespaces.insert(name.to_owned(), labels);
+        self.changed.insert(Watch::Namespaces);
+    }
+
+    pub fn put_class(&mut self, mut class: DeviceClass) {
+        self.stamp(&mut class.metadata);
+        let name = class.metadata.name.clone().unwrap_or_default();
+        self.classes.insert(name, class);
+        self.changed.insert(Watch::DeviceClasses);
+    }
+
+    pub fn put_slice(&mut self, mut slice: ResourceSlice) {
+        self.stamp(&mut slice.metadata);
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        self.slices.insert(name, slice);
+        self.changed.insert(Watch::Slices);
+    }
+
+    pub fn remove_slice(&mut self, name: &str) {
+        self.slices.remove(name);
+        self.changed.insert(Watch::Slices);
+    }
+
+    pub fn put_claim(&mut self, mut claim: ResourceClaim) {
+        self.stamp(&mut claim.metadata);
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        self.claims.insert(key, claim);
+        self.changed.insert(Watch::Claims);
+    }
+
+    pub fn remove_claim(&mut self, key: &(String, String)) {
+        self.claims.remove(key);
+        self.changed.insert(Watch::Claims);
+    }
+
+    pub fn put_pending_pod(&mut self, mut pod: Pod) {
+        self.stamp(&mut pod.metadata);
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        self.pending_pods.insert(key, pod);
+        self.changed.insert(Watch::PendingPods);
+    }
+
+    /// A watch saw an event that changed nothing teamgpu reads (a resync of the cache, a
+    /// label nobody selects on).
+    pub fn touch(&mut self, watch: Watch) {
+        self.changed.insert(watch);
+    }
+
+    /// What the engine must take in: the caches whose watch saw a change, whole.
+    pub fn changes(&mut self) -> Vec<Input> {
+        let changed = std::mem::take(&mut self.changed);
+        changed.into_iter().map(|w| self.input(w)).collect()
+    }
+
+    /// Every cache, as a fresh engine (a restarted operator) takes them in.
+    pub fn everything(&mut self) -> Vec<Input> {
+        self.changed.clear();
+        let owned = Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass);
+        [
+            Watch::SharingPolicies,
+            Watch::Teams,
+            Watch::Namespaces,
+            Watch::DeviceClasses,
+            Watch::Slices,
+            Watch::Claims,
+            Watch::PendingPods,
+        ]
+        .into_iter()
+        .chain(owned.map(Watch::Owned))
+        .map(|w| self.input(w))
+        .collect()
+    }
+
+    /// The slice watch lists again with `reads`.
+    pub fn list_slices(&mut self, reads: DeviceReads) {
+        self.slice_reads = reads;
+        self.changed.insert(Watch::Slices);
+    }
+
+    fn input(&mut self, watch: Watch) -> Input {
+        let arcs = |objects: &BTreeMap<String, DynamicObject>| {
+            objects.values().cloned().map(Arc::new).collect()
+        };
+        match watch {
+            Watch::SharingPolicies => Input::SharingPolicies(arcs(&self.sharing)),
+            Watch::Teams => Input::Teams(arcs(&self.teams)),
+            Watch::Namespaces => Input::Namespaces(
+                (self.namespaces.iter())
+                    .map(|(name, labels)| {
+                        let info = NamespaceInfo {
+                            name: name.clone(),
+                            labels: labels.clone(),
+                        };
+                        Arc::new(NamespaceView {
+                            info: Arc::new(info),
+                            terminating: false,
+                        })
+                    })
+                    .collect(),
+            ),
+            Watch::DeviceClasses => {
+                Input::DeviceClasses(self.classes.values().cloned().map(Arc::new).collect())
+            }
+            Watch::Slices => {
+                let (reads, envs) = (&self.slice_reads, &mut self.envs);
+                let project = |s: &ResourceSlice| Arc::new(SliceView::project(s, reads, envs));
+                Input::Slices {
+                    slices: self.slices.values().map(project).collect(),
+                    reads: Arc::new(self.slice_reads.clone()),
+                }
+            }
+            Watch::Claims => Input::Claims(
+                (self.claims.values())
+                    .map(|c| Arc::new(ClaimView::project(c, &mut self.names)))
+                    .collect(),
+            ),
+            Watch::PendingPods => {
+                Input::PendingPods(self.pending_pods.values().cloned().map(Arc::new).collect())
+            }
+            Watch::Owned(kind) => Input::Owned {
+                kind,
+                objects: (self.owned.iter())
+                    .filter(|(key, _)| key.kind == kind)
+                    .map(|(_, o)| LiveObject::owned(kind, o))
+                    .collect(),
+            },
+        }
+    }
+
+    /// Performs `effects` as the executor would, every one of them accepted.
+    pub fn perform(&mut self, effects: &[Effect]) -> Done {
+        let mut done = Done::default();
+        for effect in effects {
+            match effect {
+                Effect::Object(Write::Apply { key, object }) => {
+                    let version = self.apply(key, object.to_value());
+                    done.applied.push((key.clone(), Some(version)));
+                }
+                Effect::Object(Write::Recreate { key, object }) => {
+                    self.delete(key);
+                    self.apply(key, object.to_value());
+                    done.applied.push((key.clone(), None));
+                }
+                Effect::Object(Write::Delete { key }) => self.delete(key),
+                Effect::Status { kind, name, status } => self.write_status(*kind, name, status),
+                Effect::Event(event) => done.published.push(event.key()),
+                Effect::Requeue(r) => {
+                    let key = ObjectKey {
+                        kind: Kind::ResourceClaimTemplate,
+                        namespace: Some(r.namespace.clone()),
+                        name: r.template.clone(),
+                    };
+                    if let Some(mut template) = self.owned.get(&key).cloned() {
+                        template
+                            .metadata
+                            .annotations
+                            .get_or_insert_default()
+                            .insert(
+                                teamgpu::core::effects::REQUEUE_ANNOTATION.into(),
+                                r.value.clone(),
+                            );
+                        self.stamp(&mut template.metadata);
+                        self.owned.insert(key, template);
+                        self.changed
+                            .insert(Watch::Owned(Kind::ResourceClaimTemplate));
+                    }
+                }
+                Effect::Evict(e) => {
+                    for pod in &e.pods {
+                        self.pending_pods.remove(pod);
+                    }
+                }
+            }
+        }
+        done
+    }
+
+    /// Stores `object` as the API server does; returns its resourceVersion (the same when the
+    /// apply changed nothing).
+    fn apply(&mut self, key: &ObjectKey, object: Value) -> String {
+        let mut stored = dynamic(with_server_defaults(key.kind, object));
+        let watch = match key.kind {
+            Kind::DeviceClass => Watch::DeviceClasses,
+            kind => Watch::Owned(kind),
+        };
+        let live = match key.kind {
+            Kind::DeviceClass => (self.classes.get(&key.name)).map(|c| dynamic(json!(c))),
+            _ => self.owned.get(key).cloned(),
+        };
+        if let Some(live) = &live {
+            let (mut a, mut b) = (json!(live), json!(stored));
+            for side in [&mut a, &mut b] {
+                for field in ["resourceVersion", "uid", "generation"] {
+                    side["metadata"].as_object_mut().map(|m| m.remove(field));
+                }
+            }
+            if a == b {
+                return live.metadata.resource_version.clone().unwrap_or_default();
+            }
+            stored.metadata.uid.clone_from(&live.metadata.uid);
+        }
+        self.stamp(&mut stored.metadata);
+        let version = stored.metadata.resource_version.clone().unwrap_or_default();
+        match key.kind {
+            Kind::DeviceClass => {
+                let class: DeviceClass = serde_json::from_value(json!(stored)).unwrap();
+                assert!(is_managed(&class), "teamgpu applies only its own classes");
+                self.classes.insert(key.name.clone(), class);
+            }
+            _ => {
+                self.owned.insert(key.clone(), stored);
+            }
+        }
+        self.changed.insert(watch);
+        version
+    }
+
+    fn delete(&mut self, key: &ObjectKey) {
+        match key.kind {
+            Kind::DeviceClass => {
+                self.classes.remove(&key.name);
+                self.changed.insert(Watch::DeviceClasses);
+            }
+            kind => {
+                self.owned.remove(key);
+                self.changed.insert(Watch::Owned(kind));
+            }
+        }
+    }
+
+    fn write_status(&mut self, kind: PolicyKind, name: &str, status: &Value) {
+        let policies = match kind {
+            PolicyKind::GpuSharingPolicy => &self.sharing,
+            PolicyKind::TeamGpuPolicy => &self.teams,
+        };
+        let Some(mut policy) = policies.get(name).cloned() else {
+            return;
+        };
+        policy.data["status"] = status.clone();
+        match kind {
+            PolicyKind::GpuSharingPolicy => self.put_sharing(policy),
+            PolicyKind::TeamGpuPolicy => self.put_team(policy),
+        }
+    }
+}
+
+/// Sets `value[field]` to `default` when it has no such field.
+fn default_field(value: &mut Value, field: &str, default: Value) {
+    if let Some(object) = value.as_object_mut() {
+        object.entry(field).or_insert(default);
+    }
+}
+
+/// What the API server adds to an object it stores (the fields of `k8s.io/api`'s defaulters
+/// that teamgpu's objects leave out), and a quota's status from the quota controller.
+fn with_server_defaults(kind: Kind, mut object: Value) -> Value {
+    default_field(
+        &mut object["metadata"],
+        "creationTimestamp",
+        json!("2026-01-01T00:00:00Z"),
+    );
+    let match_defaults = |resources: &mut Value| {
+        default_field(resources, "matchPolicy", json!("Equivalent"));
+        default_field(resources, "namespaceSelector", json!({}));
+        default_field(resources, "objectSelector", json!({}));
+        for rule in resources["resourceRules"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            default_field(rule, "scope", json!("*"));
+        }
+    };
+    match kind {
+        Kind::ResourceClaimTemplate => {
+            default_field(&mut object["spec"], "metadata", json!({}));
+            let requests = &mut object["spec"]["spec"]["devices"]["requests"];
+            for request in requests.as_array_mut().into_iter().flatten() {
+                let exactly = &mut request["exactly"];
+                if exactly.is_object() {
+                    default_field(exactly, "allocationMode", json!("ExactCount"));
+                    if exactly["allocationMode"] == "ExactCount" {
+                        default_field(exactly, "count", json!(1));
+                    }
+                }
+            }
+        }
+        Kind::ValidatingAdmissionPolicy => {
+            default_field(&mut object["spec"], "failurePolicy", json!("Fail"));
+            match_defaults(&mut object["spec"]["matchConstraints"]);
+        }
+        Kind::ValidatingAdmissionPolicyBinding => {
+            if object["spec"]["matchResources"].is_object() {
+                match_defaults(&mut object["spec"]["matchResources"]);
+            }
+        }
+        Kind::ResourceQuota => {
+            let hard = object["spec"]["hard"].clone();
+            object["status"] = json!({"hard": hard, "used": {}});
+        }
+        Kind::DeviceClass | Kind::ClusterRole | Kind::ClusterRoleBinding => {}
+    }
+    object
+}
