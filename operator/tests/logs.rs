@@ -2,12 +2,14 @@
 //! pointed at an API server that is not there (a closed port on the loopback), so it logs its
 //! start-up retries; each run is stopped after a moment.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// What `teamgpu run args` prints on stdout in 1.5 s against a closed port, with `RUST_LOG`
-/// as given (`None`: unset).
-fn logs(args: &[&str], rust_log: Option<&str>) -> String {
+/// What `teamgpu run args` prints on stdout against a closed port, with `RUST_LOG` as given
+/// (`None`: unset): up to the first line containing `until` (waited for up to a minute, so a
+/// loaded machine only makes the test slower), or, without `until`, in 1.5 s.
+fn logs(args: &[&str], rust_log: Option<&str>, until: Option<&str>) -> String {
     let dir = std::env::temp_dir().join(format!("teamgpu-logs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = dir.join("kubeconfig");
@@ -35,20 +37,47 @@ fn logs(args: &[&str], rust_log: Option<&str>) -> String {
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::null());
     if let Some(filter) = rust_log {
         command.env("RUST_LOG", filter);
     }
     let mut child = command.spawn().expect("teamgpu runs");
-    std::thread::sleep(Duration::from_millis(1500));
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now()
+        + match until {
+            Some(_) => Duration::from_secs(60),
+            None => Duration::from_millis(1500),
+        };
+    let mut text = String::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match received.recv_timeout(left) {
+            Ok(line) => {
+                text.push_str(&line);
+                text.push('\n');
+                if until.is_some_and(|u| line.contains(u)) {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
     child.kill().expect("teamgpu is still running");
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).expect("the logs are UTF-8")
+    child.wait().unwrap();
+    text
 }
 
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
-    let text = logs(&[], None);
+    let text = logs(&[], None, Some("start-up request failed; retrying"));
     assert!(
         text.contains("start-up request failed; retrying"),
         "no retry logged:\n{text}"
@@ -61,7 +90,11 @@ fn text_logs_to_a_pipe_carry_no_colour_codes() {
 
 #[test]
 fn json_logs_are_one_object_a_line() {
-    let text = logs(&["--log-format", "json"], None);
+    let text = logs(
+        &["--log-format", "json"],
+        None,
+        Some("start-up request failed"),
+    );
     let lines: Vec<&str> = text.lines().collect();
     assert!(!lines.is_empty(), "no logs");
     for line in lines {
@@ -78,16 +111,20 @@ fn json_logs_are_one_object_a_line() {
 #[test]
 fn kube_client_request_errors_follow_the_log_filter() {
     // By default each failed request is told once, by teamgpu, with what it does about it.
-    let default = logs(&[], None);
+    let default = logs(&[], None, Some("WARN teamgpu::controller"));
     assert!(default.contains("WARN teamgpu::controller"), "{default}");
     assert!(!default.contains("kube_client"), "{default}");
     // Asked for, kube-client's own lines are there.
-    let asked = logs(&[], Some("info,kube_client=error"));
+    let asked = logs(
+        &[],
+        Some("info,kube_client=error"),
+        Some("ERROR kube_client::client::builder"),
+    );
     assert!(
         asked.contains("ERROR kube_client::client::builder"),
         "{asked}"
     );
     // And a filter that wants errors only hides teamgpu's warnings and kube-client's alike.
-    let quiet = logs(&[], Some("error,kube_client=off"));
+    let quiet = logs(&[], Some("error,kube_client=off"), None);
     assert!(quiet.trim().is_empty(), "{quiet}");
 }
