@@ -7,13 +7,12 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::DynamicObject;
 
 use super::executor::{Done, Executor};
 use super::metrics::{self, Metrics};
 use super::observe::{self, Stores, Watch};
+use super::parse::parse_all;
 use super::{Config, resident_mib};
-use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{self, Kind};
 use crate::core::effects::{
     self, Effect, Malformed, PolicyKind, Published, ReclaimDefaults, ReclaimInput, ReclaimTracker,
@@ -48,56 +47,6 @@ pub(super) struct Reconciler {
     state: ClusterState,
     /// Custom resources that could not be read into their types.
     malformed: Vec<Malformed>,
-}
-
-/// A policy being deleted (waiting for finalizers or foreground deletion of its dependents) is
-/// treated as gone: its objects are no longer wanted, and its status is no longer written.
-fn is_terminating(obj: &DynamicObject) -> bool {
-    obj.metadata.deletion_timestamp.is_some()
-}
-
-/// The custom resources teamgpu reads, each with its [`PolicyKind`].
-pub(super) trait Policy:
-    kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned
-{
-    const KIND: PolicyKind;
-}
-
-impl Policy for GpuSharingPolicy {
-    const KIND: PolicyKind = PolicyKind::GpuSharingPolicy;
-}
-
-impl Policy for TeamGpuPolicy {
-    const KIND: PolicyKind = PolicyKind::TeamGpuPolicy;
-}
-
-/// Read a custom resource into its type; one that does not fit is reported, never fatal.
-fn parse<K: Policy>(obj: &DynamicObject, malformed: &mut Vec<Malformed>) -> Option<K> {
-    match obj.clone().try_parse::<K>() {
-        Ok(k) => Some(k),
-        Err(error) => {
-            malformed.push(Malformed {
-                object: obj.clone(),
-                kind: K::KIND,
-                message: format!("the object cannot be read as a {}: {error}", K::kind(&())),
-            });
-            None
-        }
-    }
-}
-
-/// Every policy of `store` not being deleted, read into its type; the ones that do not fit are
-/// added to `malformed`.
-pub(super) fn parse_all<K: Policy>(
-    store: &kube::runtime::reflector::Store<DynamicObject>,
-    malformed: &mut Vec<Malformed>,
-) -> Vec<K> {
-    store
-        .state()
-        .iter()
-        .filter(|o| !is_terminating(o))
-        .filter_map(|o| parse(o, malformed))
-        .collect()
 }
 
 impl Reconciler {
@@ -202,17 +151,26 @@ impl Reconciler {
     /// the caches that changed; returns which did.
     fn take_changes(&mut self) -> observe::Changed {
         let changed = self.changes.take();
+        // What changed since the last take, or everything at the first and after a resync.
         if changed.contains(Watch::Slices)
-            && let Some((reads, slices)) = self.stores.slices.state()
+            && let Some((reads, slices)) = self.stores.slices.take()
         {
-            let pools = self.planner.update_slice_views(&slices, &reads);
-            tracing::debug!(pools = pools.len(), "ResourceSlices changed");
+            let pools = self.planner.update_slice_views(slices.delta(), &reads);
+            tracing::debug!(
+                slices = slices.len(),
+                pools = pools.len(),
+                "ResourceSlices changed"
+            );
         }
         if changed.contains(Watch::Claims)
-            && let Some(((), claims)) = self.stores.claims.state()
+            && let Some(((), claims)) = self.stores.claims.take()
         {
-            let namespaces = self.planner.update_claim_views(&claims);
-            tracing::debug!(namespaces = namespaces.len(), "ResourceClaims changed");
+            let namespaces = self.planner.update_claim_views(claims.delta());
+            tracing::debug!(
+                claims = claims.len(),
+                namespaces = namespaces.len(),
+                "ResourceClaims changed"
+            );
         }
         if changed.contains(Watch::DeviceClasses) {
             let classes = self.stores.device_classes.state();
@@ -224,13 +182,24 @@ impl Reconciler {
         }
         for (kind, store) in &self.stores.owned {
             if changed.contains(Watch::Owned(*kind))
-                && let Some(((), objects)) = store.state()
+                && let Some((_, objects)) = store.state()
             {
                 self.differ
                     .update_live(*kind, objects.into_iter().map(diff::LiveObject::Owned));
             }
         }
         changed
+    }
+
+    /// Compares everything at the next pass, not only what the watches said changed, so that
+    /// what they missed is repaired: every cache is read again, the owned objects are listed
+    /// again (a version the cache did not have is compared when the list is complete), and
+    /// the differ compares every object.
+    pub(super) fn resync(&mut self) {
+        self.stores.relist_owned();
+        self.stores.take_all_next();
+        self.changes.mark_all();
+        self.differ.compare_all();
     }
 
     pub(super) async fn reconcile(&mut self) {
@@ -353,38 +322,5 @@ impl Reconciler {
         if done.eviction_refused {
             self.reclaim.refused(Instant::now());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_policy_that_does_not_fit_its_type_is_skipped_and_reported() {
-        let object = |spec: serde_json::Value| -> DynamicObject {
-            serde_json::from_value(
-                json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-                                          "metadata": {"name": "t"}, "spec": spec}),
-            )
-            .unwrap()
-        };
-        let mut malformed = Vec::new();
-        assert!(
-            parse::<TeamGpuPolicy>(&object(json!({"weight": "many"})), &mut malformed).is_none()
-        );
-        assert_eq!(malformed.len(), 1);
-        assert!(
-            malformed[0]
-                .message
-                .contains("cannot be read as a TeamGpuPolicy"),
-            "{}",
-            malformed[0].message
-        );
-        assert_eq!(malformed[0].kind.api_resource().plural, "teamgpupolicies");
-        let good = parse::<TeamGpuPolicy>(&object(json!({"namespaces": ["a"]})), &mut malformed);
-        assert_eq!(good.map(|t| t.spec.namespaces), Some(vec!["a".to_owned()]));
-        assert_eq!(malformed.len(), 1);
     }
 }

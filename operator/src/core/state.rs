@@ -65,6 +65,29 @@ pub struct ClusterState {
     pub crd_owners: Option<Vec<OwnerReference>>,
 }
 
+/// What a watch cache hands the kept planner of its objects (slices, claims): everything it
+/// holds, or only what changed since the last hand-over, so that one event costs the pool or
+/// namespace it touched and not the cluster.
+#[derive(Debug)]
+pub enum Delta<'a, V> {
+    /// Every object; one the planner holds that is not among them is gone.
+    All(&'a [Arc<V>]),
+    /// Since the last hand-over: objects new or changed (as projected now), and objects
+    /// removed (as last projected).
+    Changed {
+        upserted: &'a [Arc<V>],
+        removed: &'a [Arc<V>],
+    },
+}
+
+impl<V> Clone for Delta<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V> Copy for Delta<'_, V> {}
+
 /// The kinds of object teamgpu writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
