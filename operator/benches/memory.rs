@@ -14,6 +14,7 @@ use teamgpu::core::diff::{Differ, Kind, LiveObject};
 use teamgpu::core::plan::Planner;
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::usage::{ClaimView, Names};
+use teamgpu::core::state::Delta;
 use teamgpu::dra_cel::DeviceEnvs;
 use teamgpu_synthetic::{Scale, synthetic};
 
@@ -101,9 +102,9 @@ fn main() {
 
     let before = held();
     let mut planner = Planner::default();
-    planner.update_slice_views(&slices, &reads);
+    planner.update_slice_views(Delta::All(&slices), &reads);
     let inventory_held = held() - before;
-    planner.update_claim_views(&claims);
+    planner.update_claim_views(Delta::All(&claims));
     let plan = planner.plan(&state);
     let objects = plan.objects.clone();
     drop(plan);

@@ -16,7 +16,7 @@ use teamgpu::core::diff::{Differ, Kind, LiveObject};
 use teamgpu::core::plan::inventory::{Inventory, SliceView};
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::plan::{Planner, plan, selector};
-use teamgpu::core::state::ClusterState;
+use teamgpu::core::state::{ClusterState, Delta};
 use teamgpu::dra_cel::{CompiledSelectors, DeviceEnvs, DeviceReads};
 use teamgpu_synthetic::{Scale, synthetic};
 
@@ -146,13 +146,13 @@ fn bench(c: &mut Criterion) {
     }
     // As the operator takes them in: the watch caches' projections.
     let mut planner = Planner::default();
-    planner.update_slice_views(&cached.slices, &cached.reads);
+    planner.update_slice_views(Delta::All(&cached.slices), &cached.reads);
     events.bench_function("take in 5,000 ResourceSlices, none changed", |b| {
-        b.iter(|| planner.update_slice_views(black_box(&cached.slices), &cached.reads))
+        b.iter(|| planner.update_slice_views(Delta::All(black_box(&cached.slices)), &cached.reads))
     });
-    planner.update_claim_views(&cached.claims);
+    planner.update_claim_views(Delta::All(&cached.claims));
     events.bench_function("take in 10,000 ResourceClaims, none changed", |b| {
-        b.iter(|| planner.update_claim_views(black_box(&cached.claims)))
+        b.iter(|| planner.update_claim_views(Delta::All(black_box(&cached.claims))))
     });
     events.bench_function("first pass of a started operator", |b| {
         b.iter_batched(
@@ -242,8 +242,9 @@ enum Watched {
     Other,
 }
 
-/// One pass of the operator's reconciler, without the API calls: take in the changed caches
-/// (the live objects did not change), plan, diff. Returns the number of writes.
+/// One pass of the operator's reconciler, without the API calls: take in what the changed
+/// cache says changed (the first slice or claim: each change of `changes` is to that one; the
+/// live objects did not change), plan, diff. Returns the number of writes.
 fn pass(
     planner: &mut Planner,
     differ: &mut Differ,
@@ -252,10 +253,18 @@ fn pass(
     watched: Watched,
 ) -> usize {
     if watched == Watched::Slices {
-        planner.update_slice_views(&cached.slices, &cached.reads);
+        let changed = Delta::Changed {
+            upserted: &cached.slices[..1],
+            removed: &[],
+        };
+        planner.update_slice_views(changed, &cached.reads);
     }
     if watched == Watched::Claims {
-        planner.update_claim_views(&cached.claims);
+        let changed = Delta::Changed {
+            upserted: &cached.claims[..1],
+            removed: &[],
+        };
+        planner.update_claim_views(changed);
     }
     let plan = planner.plan(state);
     differ.writes(&plan.objects).len()
@@ -268,8 +277,8 @@ fn started(state: &ClusterState, cached: &Cached, live: Vec<LiveObject>) -> (Pla
     for kind in Kind::ALL {
         differ.update_live(kind, live.iter().filter(|o| o.kind() == kind).cloned());
     }
-    planner.update_slice_views(&cached.slices, &cached.reads);
-    planner.update_claim_views(&cached.claims);
+    planner.update_slice_views(Delta::All(&cached.slices), &cached.reads);
+    planner.update_claim_views(Delta::All(&cached.claims));
     let writes = pass(&mut planner, &mut differ, state, cached, Watched::Other);
     assert_eq!(writes, 0, "the live objects are the plan's");
     (planner, differ)

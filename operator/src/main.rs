@@ -138,7 +138,8 @@ struct RunArgs {
     /// `spec.reclaim.minRuntimeSeconds` overrides it).
     #[arg(long, env = "TEAMGPU_RECLAIM_MIN_RUNTIME_SECONDS", default_value_t = 0)]
     reclaim_min_runtime_seconds: u64,
-    /// Seconds between safety-net passes (they write nothing when nothing differs).
+    /// Seconds between resyncs: the owned objects listed again and every object compared, so
+    /// that what a watch missed is repaired (they write nothing when nothing differs).
     #[arg(long, env = "TEAMGPU_RESYNC_SECONDS", default_value_t = 3600)]
     resync_seconds: u64,
     /// A group that may move any namespace into or out of any team and exempt namespaces from

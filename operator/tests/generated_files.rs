@@ -341,14 +341,14 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     }
     // What docs/sizing.md recommends for the scale it documents, and says is in the Deployment.
     assert_eq!(container["resources"]["requests"]["cpu"], "100m");
-    assert_eq!(container["resources"]["requests"]["memory"], "96Mi");
+    assert_eq!(container["resources"]["requests"]["memory"], "384Mi");
     assert_eq!(container["resources"]["limits"]["cpu"], "1");
-    assert_eq!(container["resources"]["limits"]["memory"], "192Mi");
+    assert_eq!(container["resources"]["limits"]["memory"], "768Mi");
     let sizing =
         std::fs::read_to_string(repo_root().join("docs/sizing.md")).expect("docs/sizing.md");
     assert!(
         sizing.contains(
-            "  requests: {cpu: 100m, memory: 96Mi}\n  limits: {cpu: \"1\", memory: 192Mi}\n"
+            "  requests: {cpu: 100m, memory: 384Mi}\n  limits: {cpu: \"1\", memory: 768Mi}\n"
         ),
         "docs/sizing.md must show the Deployment's resources"
     );

@@ -9,6 +9,7 @@
 //! [`Planner`]: crate::core::plan::Planner
 //! [`Differ`]: crate::core::diff::Differ
 
+mod changes;
 mod executor;
 mod http;
 pub mod metrics;
@@ -62,7 +63,9 @@ pub struct Config {
     /// How long a borrower's workload runs before reclaim may evict it, unless the waiting
     /// team's policy says otherwise.
     pub reclaim_min_runtime: Duration,
-    /// A full pass at this interval as a safety net; it writes nothing when nothing differs.
+    /// A resync at this interval as a safety net: every cache read again, the owned objects
+    /// listed again and every object compared, so that a change a watch missed is repaired; it
+    /// writes nothing when nothing differs.
     pub resync: Duration,
     /// Quiet time after an event before planning, so a burst of events makes one pass.
     pub debounce: Duration,
@@ -389,6 +392,7 @@ async fn reconcile_loop(
         progress.work_arrived(Instant::now());
         if Instant::now() >= next_resync {
             next_resync = Instant::now() + config.resync;
+            reconciler.resync();
         }
         metrics.leader.set(i64::from(*leader.borrow()));
         reconciler.reconcile().await;

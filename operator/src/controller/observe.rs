@@ -1,8 +1,7 @@
 //! Observe: watch caches of everything the planner reads and everything teamgpu owns. Needs a
-//! client. Every change wakes the reconciler through one [`Notify`].
+//! client. Every change wakes the reconciler through one [`Wake`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -15,9 +14,10 @@ use kube::core::ApiResource;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+pub use super::changes::{Changes, Wake, Watch};
 use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
@@ -28,73 +28,6 @@ use crate::core::plan::usage::{ClaimView, Names};
 use crate::core::state::{ClusterState, NamespaceInfo};
 use crate::core::{engine, plan};
 use crate::dra_cel::{DeviceEnvs, DeviceReads};
-
-/// One watch, for [`Changes`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Watch {
-    SharingPolicies,
-    Teams,
-    Namespaces,
-    DeviceClasses,
-    Slices,
-    Claims,
-    PendingPods,
-    Pods,
-    /// teamgpu's two CustomResourceDefinitions, the owners of its admission objects.
-    Crds,
-    Owned(Kind),
-}
-
-impl Watch {
-    fn bit(self) -> u32 {
-        1 << match self {
-            Watch::SharingPolicies => 0,
-            Watch::Teams => 1,
-            Watch::Namespaces => 2,
-            Watch::DeviceClasses => 3,
-            Watch::Slices => 4,
-            Watch::Claims => 5,
-            Watch::PendingPods => 6,
-            Watch::Pods => 7,
-            Watch::Crds => 8,
-            Watch::Owned(kind) => 9 + kind as u32,
-        }
-    }
-}
-
-/// Which watches saw an event since the reconciler last looked, so that a pass reads again only
-/// the caches that changed. A watch marks its bit after its cache took the event in, so a
-/// cleared bit never hides a change the next read of the cache would miss.
-#[derive(Debug)]
-pub struct Changes(AtomicU32);
-
-impl Default for Changes {
-    /// Everything changed: the first pass reads every cache.
-    fn default() -> Self {
-        Changes(AtomicU32::new(u32::MAX))
-    }
-}
-
-impl Changes {
-    fn mark(&self, watch: Watch) {
-        self.0.fetch_or(watch.bit(), Ordering::Release);
-    }
-
-    /// The watches changed since the last call.
-    pub fn take(&self) -> Changed {
-        Changed(self.0.swap(0, Ordering::Acquire))
-    }
-}
-
-/// The watches that changed, from [`Changes::take`].
-#[derive(Clone, Copy, Debug)]
-pub struct Changed(u32);
-
-impl Changed {
-    pub fn contains(self, watch: Watch) -> bool {
-        self.0 & watch.bit() != 0
-    }
-}
 
 /// The watch caches.
 #[derive(Clone)]
@@ -121,7 +54,9 @@ pub struct Stores {
     pub crds: Vec<Projected<OwnerReference, ()>>,
     /// Objects carrying teamgpu's managed-by label, per kind (DeviceClasses come from
     /// `device_classes`), as the differ needs them.
-    pub owned: Vec<(Kind, Projected<LiveView, ()>)>,
+    pub owned: Vec<(Kind, Projected<LiveView, u64>)>,
+    /// Counts the lists again of `owned` asked for (see [`Stores::relist_owned`]).
+    pub owned_relist: Arc<watch::Sender<Option<u64>>>,
     /// What teamgpu's own applies stored (see [`OwnWrites`]): the writer records, the watches
     /// of `owned` recognise.
     pub own_writes: Arc<OwnWrites>,
@@ -154,6 +89,21 @@ impl Stores {
             && pods
             && owned.iter().all(|ready| *ready)
             && crds.iter().all(|ready| *ready)
+    }
+
+    /// Lists every object teamgpu owns again, so that a change the watches missed is seen:
+    /// a view whose version differs from the kept one is taken in (and compared) as an event's
+    /// would be; equal ones change nothing.
+    pub fn relist_owned(&self) {
+        self.owned_relist
+            .send_modify(|count| *count = Some(count.unwrap_or(0) + 1));
+    }
+
+    /// Makes the next take of the slices and the claims hand over every object (a resync
+    /// compares everything, not only what the watches said changed).
+    pub fn take_all_next(&self) {
+        self.slices.take_all_next();
+        self.claims.take_all_next();
     }
 
     /// The CRDs that exist, as owners (see [`ClusterState::crd_owners`]).
@@ -209,25 +159,6 @@ fn slim<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
     if let Some(a) = obj.meta_mut().annotations.as_mut() {
         a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-/// Where a watch reports its events: the reconciler's wake-up and the changed bits.
-#[derive(Clone, Debug, Default)]
-pub struct Wake {
-    pub notify: Arc<Notify>,
-    pub changes: Arc<Changes>,
-}
-
-impl Wake {
-    /// `watch`'s cache took an event in. Pods not pending wake no pass: reclaim reads them in
-    /// a pass that runs anyway (a claim changed, a grace period ended), and the status changes
-    /// of thousands of running Pods would otherwise make passes that find nothing to do.
-    pub fn mark(&self, watch: Watch) {
-        self.changes.mark(watch);
-        if watch != Watch::Pods {
-            self.notify.notify_one();
-        }
     }
 }
 
@@ -300,7 +231,6 @@ fn spawn<K, S>(
 /// Start every watch. The tasks run until dropped.
 pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
     let cfg = watcher::Config::default;
-    let owned_cfg = || cfg().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
 
     let dynamic = |ar: ApiResource| -> (
         Api<DynamicObject>,
@@ -376,23 +306,8 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
     let crds = watch_crds(client, wake, tasks);
 
     let own_writes = Arc::new(OwnWrites::default());
-    let mut owned = Vec::new();
-    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass) {
-        let store = projected::spawn(
-            tasks,
-            Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource()),
-            owned_cfg(),
-            watch::channel(Some(())).1,
-            OwnedProjector {
-                kind,
-                own_writes: own_writes.clone(),
-                charges: TemplateCharges::default(),
-            },
-            wake.clone(),
-            Watch::Owned(kind),
-        );
-        owned.push((kind, store));
-    }
+    let (owned_relist, relists) = watch::channel(Some(0));
+    let owned = watch_owned(client, wake, tasks, &own_writes, &relists);
 
     Stores {
         sharing_policies,
@@ -406,8 +321,43 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         pods,
         crds,
         owned,
+        owned_relist: Arc::new(owned_relist),
         own_writes,
     }
+}
+
+/// One watch per kind teamgpu owns (but DeviceClasses, read with all the others), of the
+/// objects with its managed-by label; each lists again when `relists` counts one more.
+fn watch_owned(
+    client: &Client,
+    wake: &Wake,
+    tasks: &mut JoinSet<()>,
+    own_writes: &Arc<OwnWrites>,
+    relists: &watch::Receiver<Option<u64>>,
+) -> Vec<(Kind, Projected<LiveView, u64>)> {
+    let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let kinds = Kind::ALL.into_iter().filter(|k| *k != Kind::DeviceClass);
+    kinds
+        .map(|kind| {
+            let projector = OwnedProjector {
+                kind,
+                own_writes: own_writes.clone(),
+                charges: TemplateCharges::default(),
+            };
+            let api = Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource());
+            let watch = Watch::Owned(kind);
+            let store = projected::spawn(
+                tasks,
+                api,
+                config.clone(),
+                relists.clone(),
+                projector,
+                wake.clone(),
+                watch,
+            );
+            (kind, store)
+        })
+        .collect()
 }
 
 /// One watch per teamgpu CRD, by name (so that `config/rbac` grants them by `resourceNames`).
@@ -454,6 +404,10 @@ impl Projector<PartialObjectMeta<CustomResourceDefinition>> for CrdProjector {
             controller: None,
             block_owner_deletion: None,
         }
+    }
+
+    fn same(kept: &OwnerReference, new: &OwnerReference) -> bool {
+        kept == new
     }
 }
 
@@ -509,6 +463,11 @@ impl Projector<PartialObjectMeta<Namespace>> for NamespaceProjector {
             terminating: namespace.metadata.deletion_timestamp.is_some(),
         }
     }
+
+    /// An annotation, a finalizer, a status: nothing the planner reads.
+    fn same(kept: &NamespaceView, new: &NamespaceView) -> bool {
+        kept.info == new.info && kept.terminating == new.terminating
+    }
 }
 
 /// ResourceSlices as [`SliceView`]s, their devices' CEL input shared.
@@ -520,9 +479,14 @@ struct SliceProjector {
 impl Projector<ResourceSlice> for SliceProjector {
     type View = SliceView;
     type Params = Arc<DeviceReads>;
+    const TRACKED: bool = true;
 
     fn project(&mut self, slice: &ResourceSlice, reads: &Arc<DeviceReads>) -> SliceView {
         SliceView::project(slice, reads, &mut self.envs)
+    }
+
+    fn same(kept: &SliceView, new: &SliceView) -> bool {
+        kept.same_content(new)
     }
 
     fn relisted(&mut self) {
@@ -543,9 +507,14 @@ struct ClaimProjector {
 impl Projector<ResourceClaim> for ClaimProjector {
     type View = ClaimView;
     type Params = ();
+    const TRACKED: bool = true;
 
     fn project(&mut self, claim: &ResourceClaim, (): &()) -> ClaimView {
         ClaimView::project(claim, &mut self.names)
+    }
+
+    fn same(kept: &ClaimView, new: &ClaimView) -> bool {
+        kept.same_content(new)
     }
 
     fn relisted(&mut self) {
@@ -567,6 +536,10 @@ impl Projector<Pod> for PodProjector {
         PodView::project(pod, &mut self.names)
     }
 
+    fn same(kept: &PodView, new: &PodView) -> bool {
+        kept == new
+    }
+
     fn relisted(&mut self) {
         self.names.prune();
     }
@@ -583,10 +556,19 @@ struct OwnedProjector {
 
 impl Projector<DynamicObject> for OwnedProjector {
     type View = LiveView;
-    type Params = ();
+    /// Counts the resyncs: each lists the objects again (see [`Stores::relist_owned`]).
+    type Params = u64;
 
-    fn project(&mut self, object: &DynamicObject, (): &()) -> LiveView {
+    fn project(&mut self, object: &DynamicObject, _: &u64) -> LiveView {
         LiveView::observed(self.kind, object, &self.own_writes, &mut self.charges)
+    }
+
+    /// The same version is the same object (a list again, an own apply's event after a
+    /// relist): the differ's verdict on it stands.
+    fn same(kept: &LiveView, new: &LiveView) -> bool {
+        kept.key == new.key
+            && kept.resource_version.is_some()
+            && kept.resource_version == new.resource_version
     }
 
     fn relisted(&mut self) {

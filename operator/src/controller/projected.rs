@@ -4,6 +4,12 @@
 //! is made again by listing every object again when the parameter changes: an object is never
 //! read twice from different projections.
 //!
+//! An event whose projection equals the one kept changes nothing: the cache keeps its view and
+//! wakes no pass. A list (the first, one after a new parameter, or the watcher's own after a
+//! desync) is compared with what was kept, so it wakes a pass only for what differs. Caches
+//! whose taker wants it also record what changed since the last [`Projected::take`], so that
+//! one event costs the pool or namespace it touches, not the cluster.
+//!
 //! [`SliceView`]: crate::core::plan::inventory::SliceView
 
 use std::collections::HashMap;
@@ -15,7 +21,10 @@ use kube::{Api, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::observe::{Wake, Watch};
+use super::changes::{Wake, Watch};
+use crate::core::state::Taken;
+
+type Objects<V> = HashMap<String, Arc<V>, rustc_hash::FxBuildHasher>;
 
 /// The objects of one watch as projections `V`, made with parameter `P`.
 #[derive(Debug)]
@@ -36,19 +45,122 @@ impl<V, P> Clone for Projected<V, P> {
 
 #[derive(Debug)]
 struct Contents<V, P> {
-    objects: HashMap<String, Arc<V>, rustc_hash::FxBuildHasher>,
+    objects: Objects<V>,
     /// The parameter every object was projected with; `None` until the first list is complete.
     params: Option<P>,
+    changes: Changes<V>,
+}
+
+/// What changed since the last [`Projected::take`].
+#[derive(Debug)]
+enum Changes<V> {
+    /// Nobody takes changes from this cache: nothing is recorded.
+    Untracked,
+    /// The next take hands over every object (the first take, or one after
+    /// [`Projected::take_all_next`]).
+    All,
+    /// By key: the new projection, or `None` with the last one for an object removed.
+    Since(HashMap<String, (Option<Arc<V>>, Arc<V>)>),
+}
+
+impl<V, P> Contents<V, P> {
+    fn new(track: bool) -> Self {
+        Contents {
+            objects: HashMap::default(),
+            params: None,
+            changes: if track {
+                Changes::All
+            } else {
+                Changes::Untracked
+            },
+        }
+    }
+
+    fn record(&mut self, key: &str, now: Option<&Arc<V>>, last: &Arc<V>) {
+        if let Changes::Since(changes) = &mut self.changes {
+            changes.insert(key.to_owned(), (now.cloned(), last.clone()));
+        }
+    }
+
+    /// Takes in `view` of the object `key`; false if it equals (`same`) the view kept, which
+    /// is kept then.
+    fn put(&mut self, key: String, view: V, same: impl Fn(&V, &V) -> bool) -> bool {
+        if self.objects.get(&key).is_some_and(|kept| same(kept, &view)) {
+            return false;
+        }
+        let view = Arc::new(view);
+        self.record(&key, Some(&view), &view);
+        self.objects.insert(key, view);
+        true
+    }
+
+    /// Forgets the object `key`; false if it was not kept.
+    fn remove(&mut self, key: &str) -> bool {
+        let Some(last) = self.objects.remove(key) else {
+            return false;
+        };
+        self.record(key, None, &last);
+        true
+    }
+
+    /// Replaces every object with those of a complete list made with `params`, keeping the
+    /// views of objects whose projection did not change; false if none changed.
+    fn relisted(
+        &mut self,
+        mut listed: Objects<V>,
+        params: P,
+        same: impl Fn(&V, &V) -> bool,
+    ) -> bool {
+        let mut changed = false;
+        for (key, view) in &mut listed {
+            match self.objects.remove(key) {
+                Some(kept) if same(&kept, view) => *view = kept,
+                _ => {
+                    changed = true;
+                    self.record(key, Some(view), view);
+                }
+            }
+        }
+        // What is left was not listed: gone.
+        for (key, last) in std::mem::take(&mut self.objects) {
+            changed = true;
+            self.record(&key, None, &last);
+        }
+        self.objects = listed;
+        self.params = Some(params);
+        changed
+    }
+
+    fn take(&mut self) -> Taken<V> {
+        let changes = match &mut self.changes {
+            Changes::Untracked => None,
+            Changes::All => {
+                self.changes = Changes::Since(HashMap::new());
+                None
+            }
+            Changes::Since(changes) => Some(std::mem::take(changes)),
+        };
+        match changes {
+            None => Taken::All(self.objects.values().cloned().collect()),
+            Some(changes) => {
+                let (mut upserted, mut removed) = (Vec::new(), Vec::new());
+                for (now, last) in changes.into_values() {
+                    match now {
+                        Some(view) => upserted.push(view),
+                        None => removed.push(last),
+                    }
+                }
+                Taken::Changed { upserted, removed }
+            }
+        }
+    }
 }
 
 impl<V, P: Clone> Projected<V, P> {
-    fn new() -> (Self, watch::Sender<bool>) {
+    fn new(track: bool) -> (Self, watch::Sender<bool>) {
         let (synced_tx, synced) = watch::channel(false);
         let store = Self {
-            inner: Arc::new(Mutex::new(Contents {
-                objects: HashMap::default(),
-                params: None,
-            })),
+            inner: Arc::new(Mutex::new(Contents::new(track))),
             synced,
         };
         (store, synced_tx)
@@ -64,6 +176,23 @@ impl<V, P: Clone> Projected<V, P> {
         let contents = self.lock();
         let params = contents.params.clone()?;
         Some((params, contents.objects.values().cloned().collect()))
+    }
+
+    /// What changed since the last take (every object at the first), with the parameter the
+    /// objects were projected with; `None` until a first list is complete. One taker per
+    /// cache: a second would miss what the first took.
+    pub fn take(&self) -> Option<(P, Taken<V>)> {
+        let mut contents = self.lock();
+        let params = contents.params.clone()?;
+        Some((params, contents.take()))
+    }
+
+    /// The next [`Projected::take`] hands over every object (a resync compares everything).
+    pub fn take_all_next(&self) {
+        let mut contents = self.lock();
+        if !matches!(contents.changes, Changes::Untracked) {
+            contents.changes = Changes::All;
+        }
     }
 
     /// Waits until a first list is complete; false if the watch task ended before.
@@ -83,8 +212,14 @@ fn key<K: Resource>(obj: &K) -> String {
 pub trait Projector<K>: Send + 'static {
     type View: Send + Sync + 'static;
     type Params: Clone + Send + Sync + 'static;
+    /// Whether the cache records what changed for [`Projected::take`].
+    const TRACKED: bool = false;
 
     fn project(&mut self, obj: &K, params: &Self::Params) -> Self::View;
+
+    /// Whether `new` holds what `kept` holds for every reader of the cache: then the event
+    /// changed nothing, and wakes no pass.
+    fn same(kept: &Self::View, new: &Self::View) -> bool;
 
     /// After a complete list: forget what only the objects before it held.
     fn relisted(&mut self) {}
@@ -106,7 +241,7 @@ where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     R: Projector<K>,
 {
-    let (store, synced) = Projected::new();
+    let (store, synced) = Projected::new(R::TRACKED);
     let out = store.clone();
     tasks.spawn(async move {
         let mut closed = false;
@@ -118,11 +253,12 @@ where
                 }
                 continue;
             };
+            // The reader waits for the list of a new parameter, changed or not.
+            let mut new_params = true;
             let stream = watcher(api.clone(), config.clone()).default_backoff();
             futures::pin_mut!(stream);
             // The objects of a list in progress, swapped in when it is complete.
-            let mut listing: Option<HashMap<String, Arc<R::View>, rustc_hash::FxBuildHasher>> =
-                None;
+            let mut listing: Option<Objects<R::View>> = None;
             loop {
                 let event = tokio::select! {
                     changed = params.changed(), if !closed => {
@@ -150,25 +286,19 @@ where
                         false
                     }
                     Some(Ok(watcher::Event::InitDone)) => {
-                        let objects = listing.take().unwrap_or_default();
-                        {
-                            let mut contents = store.lock();
-                            contents.objects = objects;
-                            contents.params = Some(current.clone());
-                        }
+                        let listed = listing.take().unwrap_or_default();
+                        let changed =
+                            store.lock().relisted(listed, current.clone(), R::same) || new_params;
+                        new_params = false;
                         synced.send_replace(true);
                         projector.relisted();
-                        true
+                        changed
                     }
                     Some(Ok(watcher::Event::Apply(obj))) => {
-                        let view = Arc::new(projector.project(&obj, &current));
-                        store.lock().objects.insert(key(&obj), view);
-                        true
+                        let view = projector.project(&obj, &current);
+                        store.lock().put(key(&obj), view, R::same)
                     }
-                    Some(Ok(watcher::Event::Delete(obj))) => {
-                        store.lock().objects.remove(&key(&obj));
-                        true
-                    }
+                    Some(Ok(watcher::Event::Delete(obj))) => store.lock().remove(&key(&obj)),
                 };
                 if changed {
                     wake.mark(watch);
@@ -177,4 +307,108 @@ where
         }
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A projection: a name and what readers read; `version` is what they do not.
+    #[derive(Debug, Clone, PartialEq)]
+    struct View {
+        read: u32,
+        version: u32,
+    }
+
+    fn same(a: &View, b: &View) -> bool {
+        a.read == b.read
+    }
+
+    fn view(read: u32, version: u32) -> View {
+        View { read, version }
+    }
+
+    /// What a take handed over, as (key-less) sorted `read`s.
+    fn reads(taken: &Taken<View>) -> (Vec<u32>, Vec<u32>) {
+        let sorted = |views: &[Arc<View>]| {
+            let mut r: Vec<u32> = views.iter().map(|v| v.read).collect();
+            r.sort_unstable();
+            r
+        };
+        match taken {
+            Taken::All(all) => (sorted(all), Vec::new()),
+            Taken::Changed { upserted, removed } => (sorted(upserted), sorted(removed)),
+        }
+    }
+
+    fn listed(views: &[(&str, View)]) -> Objects<View> {
+        (views.iter())
+            .map(|(k, v)| ((*k).to_owned(), Arc::new(v.clone())))
+            .collect()
+    }
+
+    #[test]
+    fn an_event_whose_projection_is_unchanged_changes_nothing() {
+        let mut contents: Contents<View, ()> = Contents::new(true);
+        assert!(contents.relisted(listed(&[("a", view(1, 1))]), (), same));
+        assert!(matches!(contents.take(), Taken::All(all) if all.len() == 1));
+        // A status update the projection does not keep: no change, the kept view stays.
+        assert!(!contents.put("a".into(), view(1, 2), same));
+        assert_eq!(contents.objects["a"].version, 1);
+        assert_eq!(reads(&contents.take()), (vec![], vec![]));
+        // One it keeps.
+        assert!(contents.put("a".into(), view(7, 3), same));
+        assert_eq!(reads(&contents.take()), (vec![7], vec![]));
+        // Removing what is not kept changes nothing.
+        assert!(!contents.remove("b"));
+        assert!(contents.remove("a"));
+        assert_eq!(reads(&contents.take()), (vec![], vec![7]));
+    }
+
+    #[test]
+    fn a_take_hands_over_only_what_changed_since_the_last() {
+        let mut contents: Contents<View, ()> = Contents::new(true);
+        contents.relisted(listed(&[("a", view(1, 1)), ("b", view(2, 1))]), (), same);
+        assert_eq!(reads(&contents.take()), (vec![1, 2], vec![]));
+        contents.put("c".into(), view(3, 1), same);
+        contents.put("a".into(), view(4, 2), same);
+        contents.put("a".into(), view(5, 3), same);
+        contents.remove("b");
+        // `a` once, as it is now; `b` as it was.
+        assert_eq!(reads(&contents.take()), (vec![3, 5], vec![2]));
+        assert_eq!(reads(&contents.take()), (vec![], vec![]));
+        // Added and gone before a take: handed over as removed, which its taker never had.
+        contents.put("d".into(), view(6, 1), same);
+        contents.remove("d");
+        assert_eq!(reads(&contents.take()), (vec![], vec![6]));
+        // After a resync asked for everything.
+        contents.changes = Changes::All;
+        assert_eq!(reads(&contents.take()), (vec![3, 5], vec![]));
+    }
+
+    #[test]
+    fn a_list_again_changes_only_what_differs() {
+        let mut contents: Contents<View, ()> = Contents::new(true);
+        contents.relisted(listed(&[("a", view(1, 1)), ("b", view(2, 1))]), (), same);
+        contents.take();
+        // A watch restart that missed nothing: the same projections, new versions.
+        let again = listed(&[("a", view(1, 5)), ("b", view(2, 5))]);
+        assert!(!contents.relisted(again, (), same));
+        assert_eq!(contents.objects["a"].version, 1, "the kept view stays");
+        assert_eq!(reads(&contents.take()), (vec![], vec![]));
+        // One that missed a change of `a` and the deletion of `b`, and the creation of `c`.
+        let drifted = listed(&[("a", view(8, 6)), ("c", view(3, 6))]);
+        assert!(contents.relisted(drifted, (), same));
+        assert_eq!(reads(&contents.take()), (vec![3, 8], vec![2]));
+    }
+
+    #[test]
+    fn an_untracked_cache_records_nothing_and_always_hands_over_everything() {
+        let mut contents: Contents<View, ()> = Contents::new(false);
+        contents.relisted(listed(&[("a", view(1, 1))]), (), same);
+        contents.put("b".into(), view(2, 1), same);
+        assert!(matches!(contents.changes, Changes::Untracked));
+        assert_eq!(reads(&contents.take()), (vec![1, 2], vec![]));
+        assert_eq!(reads(&contents.take()), (vec![1, 2], vec![]));
+    }
 }

@@ -27,8 +27,8 @@ pub(super) struct Reconciler {
 }
 
 /// Every object of a projected cache, once its first list is complete.
-fn all<V>(state: Option<((), Vec<V>)>) -> Option<Vec<V>> {
-    state.map(|((), all)| all)
+fn all<P, V>(state: Option<(P, Vec<V>)>) -> Option<Vec<V>> {
+    state.map(|(_, all)| all)
 }
 
 impl Reconciler {
@@ -82,13 +82,17 @@ impl Reconciler {
         if changed.contains(Watch::DeviceClasses) {
             inputs.push(Input::DeviceClasses(stores.device_classes.state()));
         }
+        // Slices and claims: what changed since the last take, or everything at the first
+        // and after a resync.
         if changed.contains(Watch::Slices)
-            && let Some((reads, slices)) = stores.slices.state()
+            && let Some((reads, slices)) = stores.slices.take()
         {
             inputs.push(Input::Slices { reads, slices });
         }
-        if changed.contains(Watch::Claims) {
-            inputs.extend(all(stores.claims.state()).map(Input::Claims));
+        if changed.contains(Watch::Claims)
+            && let Some(((), claims)) = stores.claims.take()
+        {
+            inputs.push(Input::Claims(claims));
         }
         if changed.contains(Watch::PendingPods) {
             inputs.push(Input::PendingPods(stores.pending_pods.state()));
@@ -113,6 +117,17 @@ impl Reconciler {
         for input in inputs {
             self.engine.take_in(input);
         }
+    }
+
+    /// Compares everything at the next pass, not only what the watches said changed, so that
+    /// what they missed is repaired: every cache is read again, the owned objects are listed
+    /// again (a version the cache did not have is compared when the list is complete), and
+    /// the differ compares every object.
+    pub(super) fn resync(&mut self) {
+        self.stores.relist_owned();
+        self.stores.take_all_next();
+        self.changes.mark_all();
+        self.engine.resync();
     }
 
     pub(super) async fn reconcile(&mut self) {

@@ -73,6 +73,61 @@ pub struct ClusterState {
     pub crd_owners: Option<Vec<OwnerReference>>,
 }
 
+/// What a projected cache hands over: every object (the first time, after a resync), or what
+/// changed since the last hand-over. [`Taken::delta`] borrows it as a [`Delta`].
+#[derive(Debug)]
+pub enum Taken<V> {
+    All(Vec<Arc<V>>),
+    Changed {
+        upserted: Vec<Arc<V>>,
+        removed: Vec<Arc<V>>,
+    },
+}
+
+impl<V> Taken<V> {
+    pub fn delta(&self) -> Delta<'_, V> {
+        match self {
+            Taken::All(all) => Delta::All(all),
+            Taken::Changed { upserted, removed } => Delta::Changed { upserted, removed },
+        }
+    }
+
+    /// How many objects are handed over.
+    pub fn len(&self) -> usize {
+        match self {
+            Taken::All(all) => all.len(),
+            Taken::Changed { upserted, removed } => upserted.len() + removed.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a watch cache hands the kept planner of its objects (slices, claims): everything it
+/// holds, or only what changed since the last hand-over, so that one event costs the pool or
+/// namespace it touched and not the cluster.
+#[derive(Debug)]
+pub enum Delta<'a, V> {
+    /// Every object; one the planner holds that is not among them is gone.
+    All(&'a [Arc<V>]),
+    /// Since the last hand-over: objects new or changed (as projected now), and objects
+    /// removed (as last projected).
+    Changed {
+        upserted: &'a [Arc<V>],
+        removed: &'a [Arc<V>],
+    },
+}
+
+impl<V> Clone for Delta<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V> Copy for Delta<'_, V> {}
+
 /// The kinds of object teamgpu writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {

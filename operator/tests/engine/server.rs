@@ -16,7 +16,7 @@ use teamgpu::core::engine::{Done, Input};
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::objects::is_managed;
 use teamgpu::core::plan::usage::{ClaimView, Names};
-use teamgpu::core::state::{NamespaceInfo, NamespaceView};
+use teamgpu::core::state::{NamespaceInfo, NamespaceView, Taken};
 use teamgpu::dra_cel::{DeviceEnvs, DeviceReads};
 
 /// One watch of the operator.
@@ -230,15 +230,16 @@ impl Server {
                 let (reads, envs) = (&self.slice_reads, &mut self.envs);
                 let project = |s: &ResourceSlice| Arc::new(SliceView::project(s, reads, envs));
                 Input::Slices {
-                    slices: self.slices.values().map(project).collect(),
+                    // Whole, as after a resync: the planner's own property test feeds deltas.
+                    slices: Taken::All(self.slices.values().map(project).collect()),
                     reads: Arc::new(self.slice_reads.clone()),
                 }
             }
-            Watch::Claims => Input::Claims(
+            Watch::Claims => Input::Claims(Taken::All(
                 (self.claims.values())
                     .map(|c| Arc::new(ClaimView::project(c, &mut self.names)))
                     .collect(),
-            ),
+            )),
             Watch::PendingPods => {
                 Input::PendingPods(self.pending_pods.values().cloned().map(Arc::new).collect())
             }

@@ -104,6 +104,15 @@ fn change() -> impl proptest::strategy::Strategy<Value = Change> {
     ]
 }
 
+/// `prefix` and a number no object of `objects` is named: names are unique (claims' in a
+/// namespace, and these are all in a few), as on the API server.
+fn unused_name<K: kube::Resource>(objects: &[K], prefix: &str) -> String {
+    (0..)
+        .map(|n| format!("{prefix}-{n}"))
+        .find(|name| objects.iter().all(|o| o.meta().name.as_ref() != Some(name)))
+        .unwrap_or_default()
+}
+
 /// Applies `change`; `version` plays the API server, which gives every write a new
 /// resourceVersion (when `versioned`).
 fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned: bool) {
@@ -124,7 +133,7 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
             if let Some(i) = pick(*n, state.claims.len()) {
                 let mut c = state.claims[i].clone();
                 bump(&mut c.metadata);
-                c.metadata.name = Some(format!("copy-{}", state.claims.len()));
+                c.metadata.name = Some(unused_name(&state.claims, "copy"));
                 state.claims.push(c);
             }
         }
@@ -173,7 +182,8 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
             // A driver restart: a new generation of the pool, one device fewer.
             if let Some(i) = pick(*n, state.slices.len()) {
                 let mut s = state.slices[i].clone();
-                s.metadata.name = Some(format!("{}-next", s.metadata.name.unwrap_or_default()));
+                let name = format!("{}-next", s.metadata.name.unwrap_or_default());
+                s.metadata.name = Some(unused_name(&state.slices, &name));
                 s.spec.pool.generation += 1;
                 if let Some(devices) = s.spec.devices.as_mut() {
                     devices.pop();
@@ -236,6 +246,46 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
     }
 }
 
+/// A watch cache as `teamgpu run` keeps it, for the planner fed what changed: the projection
+/// of every object by key; an object whose projection is the same keeps the kept one.
+struct Watched<V> {
+    kept: BTreeMap<String, Arc<V>>,
+}
+
+impl<V> Watched<V> {
+    fn new() -> Self {
+        Watched {
+            kept: BTreeMap::new(),
+        }
+    }
+
+    /// Takes in the cluster's objects now; returns what changed: (upserted, removed).
+    fn changes(
+        &mut self,
+        now: Vec<(String, V)>,
+        same: impl Fn(&V, &V) -> bool,
+    ) -> (Vec<Arc<V>>, Vec<Arc<V>>) {
+        let mut upserted = Vec::new();
+        let mut next = BTreeMap::new();
+        for (key, view) in now {
+            match self.kept.remove(&key) {
+                Some(kept) if same(&kept, &view) => {
+                    next.insert(key, kept);
+                }
+                _ => {
+                    let view = Arc::new(view);
+                    upserted.push(view.clone());
+                    next.insert(key, view);
+                }
+            }
+        }
+        let removed = std::mem::replace(&mut self.kept, next)
+            .into_values()
+            .collect();
+        (upserted, removed)
+    }
+}
+
 proptest::proptest! {
     // The regressions beside this file (tests/plan/main.proptest-regressions): the default
     // would look for a `main.rs` folder and share one file with every other test folder.
@@ -248,18 +298,25 @@ proptest::proptest! {
     })]
 
     /// The operator's planner, kept across changes, always agrees with a plan made from scratch,
-    /// whether objects carry resourceVersions (from the API server) or not (from files).
+    /// whether objects carry resourceVersions (from the API server) or not (from files), and
+    /// whether it is handed every object or only what changed since the last change.
     #[test]
     fn the_kept_planner_agrees_with_a_fresh_plan_after_any_changes(
         changes in proptest::collection::vec(change(), 1..12),
         versioned: bool,
     ) {
+        use teamgpu::core::plan::inventory::SliceView;
+        use teamgpu::core::plan::usage::ClaimView;
+        use teamgpu::core::state::Delta;
         let mut state = example();
         let mut version = 0;
         let mut planner = teamgpu::core::plan::Planner::default();
         // As `teamgpu run` keeps them: slices reduced to what the selectors read, listed again
-        // when a selector reads more; claims projected.
+        // when a selector reads more; claims projected. One planner is handed every object,
+        // one only what changed.
         let mut projected = teamgpu::core::plan::Planner::default();
+        let mut deltas = teamgpu::core::plan::Planner::default();
+        let (mut slices, mut claims) = (Watched::<SliceView>::new(), Watched::<ClaimView>::new());
         let mut reads = teamgpu::dra_cel::DeviceReads::default();
         let mut envs = teamgpu::dra_cel::DeviceEnvs::default();
         let mut names = teamgpu::core::plan::usage::Names::default();
@@ -274,20 +331,27 @@ proptest::proptest! {
             if !reads.covers(&wanted) {
                 reads = wanted;
             }
-            let views: Vec<std::sync::Arc<teamgpu::core::plan::inventory::SliceView>> = state
+            let slice_views: Vec<(String, SliceView)> = state
                 .slices
                 .iter()
-                .map(|s| std::sync::Arc::new(teamgpu::core::plan::inventory::SliceView::project(s, &reads, &mut envs)))
+                .map(|s| (s.metadata.name.clone().unwrap_or_default(), SliceView::project(s, &reads, &mut envs)))
                 .collect();
-            projected.update_slice_views(&views, &reads);
-            let claims: Vec<teamgpu::core::plan::usage::ClaimView> = state
+            let claim_views: Vec<(String, ClaimView)> = state
                 .claims
                 .iter()
-                .map(|c| teamgpu::core::plan::usage::ClaimView::project(c, &mut names))
+                .map(|c| (format!("{:?}/{:?}", c.metadata.namespace, c.metadata.name), ClaimView::project(c, &mut names)))
                 .collect();
-            projected.update_claim_views(&claims);
+            let (upserted, removed) = slices.changes(slice_views, SliceView::same_content);
+            deltas.update_slice_views(Delta::Changed { upserted: &upserted, removed: &removed }, &reads);
+            let all: Vec<Arc<SliceView>> = slices.kept.values().cloned().collect();
+            projected.update_slice_views(Delta::All(&all), &reads);
+            let (upserted, removed) = claims.changes(claim_views, ClaimView::same_content);
+            deltas.update_claim_views(Delta::Changed { upserted: &upserted, removed: &removed });
+            let all: Vec<Arc<ClaimView>> = claims.kept.values().cloned().collect();
+            projected.update_claim_views(Delta::All(&all));
             proptest::prop_assert!(projected.reads_cover(&teamgpu::core::plan::device_reads(&state)));
-            proptest::prop_assert_eq!(projected.plan(&state), fresh, "projected, after {:?}", change);
+            proptest::prop_assert_eq!(projected.plan(&state), fresh.clone(), "projected, after {:?}", change);
+            proptest::prop_assert_eq!(deltas.plan(&state), fresh, "fed what changed, after {:?}", change);
         }
     }
 }

@@ -225,6 +225,13 @@ impl Differ {
         });
     }
 
+    /// Compares every object at the next [`Differ::writes`], not only those whose side changed
+    /// (a resync: what a watch missed, or a verdict kept too long, is found).
+    pub fn compare_all(&mut self) {
+        self.dirty.extend(self.live.keys().cloned());
+        self.dirty.extend(self.desired.keys().cloned());
+    }
+
     /// The writes that make the live objects equal to `objects` (see [`super::writes`]).
     pub fn writes(&mut self, objects: &DesiredObjects) -> Vec<Write> {
         self.update_desired(objects);

@@ -393,6 +393,43 @@ mod differ {
         ));
     }
 
+    #[test]
+    fn a_resync_over_an_equal_cluster_asks_for_nothing_and_over_a_drifted_one_for_the_repair() {
+        let desired = DesiredObjects {
+            resource_quotas: ["a", "b", "c"]
+                .map(|ns| Arc::new(desired_quota(ns, 3)))
+                .to_vec(),
+            ..DesiredObjects::default()
+        };
+        let listed = |drifted: bool| {
+            let b = live_quota("b", 3, drifted);
+            [live_quota("a", 3, false), b, live_quota("c", 3, false)]
+                .map(|q| LiveObject::owned(Kind::ResourceQuota, &q))
+        };
+        let mut differ = Differ::default();
+        let converged = listed(false);
+        differ.update_live(Kind::ResourceQuota, converged.clone());
+        assert_eq!(differ.writes(&desired), []);
+        // A resync over the same cluster: the list again brings the same versions (the watch
+        // cache keeps its views of them), and every object is compared.
+        differ.update_live(Kind::ResourceQuota, converged.clone());
+        differ.compare_all();
+        assert_eq!(differ.writes(&desired), []);
+        // Someone edited `b` and deleted `c`, and the watch missed both: the list again brings
+        // the new version of `b` and no `c`.
+        let [a, b, _] = listed(true);
+        differ.update_live(Kind::ResourceQuota, [converged[0].clone(), b]);
+        drop(a);
+        differ.compare_all();
+        let repairs: Vec<(&str, Option<String>)> = (differ.writes(&desired).iter())
+            .map(|w| (w.verb(), w.key().namespace.clone()))
+            .collect();
+        assert_eq!(
+            repairs,
+            [("apply", Some("b".into())), ("apply", Some("c".into()))]
+        );
+    }
+
     proptest! {
         #[test]
         fn the_kept_differ_agrees_with_the_full_comparison(

@@ -24,16 +24,21 @@ impl Engine {
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.
+        let claims = if plan.reclaims.is_empty() && self.waiting.is_empty() {
+            Vec::new()
+        } else {
+            self.planner.claim_views()
+        };
         let input = ReclaimInput {
             plan,
             teams,
-            claims: &self.claims,
+            claims: &claims,
             pods: &self.pods,
         };
         let defaults = self.settings.reclaim;
         let reclaimed = (self.reclaim).evictions(input, defaults, now.instant, now.wall);
         let namespaces = self.waiting.iter().map(|w| w.namespace.as_str()).collect();
-        let room = effects::room(plan, &self.claims, &namespaces);
+        let room = effects::room(plan, &claims, &namespaces);
         let requeues = (self.requeuer).requeues(&self.waiting, &room, now.instant, now.wall);
         out.extend(requeues.into_iter().map(Effect::Requeue));
         let mut events = effects::event_transitions(plan, sharing, teams);

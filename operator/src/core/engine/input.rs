@@ -1,5 +1,5 @@
-//! What the engine takes in from the caches: plain data, each the whole of one cache, given
-//! only when its watch changed. Policies arrive as read (dynamic objects) and are read into
+//! What the engine takes in from the caches: plain data, given only when a cache's watch
+//! changed: the whole cache, or for slices and claims what changed since the last hand-over. Policies arrive as read (dynamic objects) and are read into
 //! their types here: one that does not fit is reported on its status, never fatal.
 
 use std::sync::Arc;
@@ -17,10 +17,11 @@ use crate::core::effects::{Malformed, PodView, PolicyKind};
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects;
 use crate::core::plan::usage::ClaimView;
-use crate::core::state::NamespaceView;
+use crate::core::state::{NamespaceView, Taken};
 use crate::dra_cel::DeviceReads;
 
-/// One cache, whole, as the watches keep it.
+/// One cache as the watches keep it: whole, or for slices and claims what changed since the
+/// last hand-over.
 #[derive(Debug)]
 pub enum Input {
     SharingPolicies(Vec<Arc<DynamicObject>>),
@@ -28,12 +29,13 @@ pub enum Input {
     Namespaces(Vec<Arc<NamespaceView>>),
     /// All DeviceClasses: foreign ones decide what is governed, teamgpu's are its own.
     DeviceClasses(Vec<Arc<DeviceClass>>),
-    /// The ResourceSlices, projected to `reads`.
+    /// The ResourceSlices, projected to `reads`: every one, or what changed.
     Slices {
         reads: Arc<DeviceReads>,
-        slices: Vec<Arc<SliceView>>,
+        slices: Taken<SliceView>,
     },
-    Claims(Vec<Arc<ClaimView>>),
+    /// The ResourceClaims: every one, or what changed.
+    Claims(Taken<ClaimView>),
     /// Pods in phase Pending, whole (their claims' statuses).
     PendingPods(Vec<Arc<Pod>>),
     /// Pods not done yet, as reclaim weighs them.
@@ -115,13 +117,20 @@ impl Engine {
                     .update_live(Kind::DeviceClass, managed.map(LiveObject::DeviceClass));
             }
             Input::Slices { reads, slices } => {
-                let pools = self.planner.update_slice_views(&slices, &reads);
-                tracing::debug!(pools = pools.len(), "ResourceSlices changed");
+                let pools = self.planner.update_slice_views(slices.delta(), &reads);
+                tracing::debug!(
+                    slices = slices.len(),
+                    pools = pools.len(),
+                    "ResourceSlices changed"
+                );
             }
             Input::Claims(claims) => {
-                let namespaces = self.planner.update_claim_views(&claims);
-                tracing::debug!(namespaces = namespaces.len(), "ResourceClaims changed");
-                self.claims = claims;
+                let namespaces = self.planner.update_claim_views(claims.delta());
+                tracing::debug!(
+                    claims = claims.len(),
+                    namespaces = namespaces.len(),
+                    "ResourceClaims changed"
+                );
             }
             Input::PendingPods(pods) => self.pending_pods = pods,
             Input::Pods(pods) => self.pods = pods,

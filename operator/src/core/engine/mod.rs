@@ -17,9 +17,10 @@
 //! - A slice list asked for is remembered ([`Input::SliceListAsked`] for the one asked before
 //!   the engine ran), so a pass during the list waits ([`Pass::AwaitSlices`]) instead of
 //!   starting the list again.
-//! - Every input is the whole of its cache, taken in only when its watch changed; claims and
-//!   Pods are kept (shared, not copied) because reclaim, room and pending demand read them,
-//!   and only the engine knows when.
+//! - An input is taken in only when its watch changed: slices and claims as what changed since
+//!   the last hand-over (the planner keeps them, claim by claim), the other caches whole. Pods
+//!   are kept (shared, not copied) because reclaim and pending demand read them, and only the
+//!   engine knows when; the claims they need come from the planner, when they are needed.
 //!
 //! [`Planner`]: crate::core::plan::Planner
 //! [`Differ`]: crate::core::diff::Differ
@@ -132,8 +133,7 @@ pub struct Engine {
     state: ClusterState,
     /// Custom resources that could not be read into their types.
     malformed: Vec<Malformed>,
-    /// As the caches hold them, for pending demand, room and reclaim.
-    claims: Vec<Arc<ClaimView>>,
+    /// As the caches hold them, for pending demand and reclaim.
     pending_pods: Vec<Arc<Pod>>,
     pods: Vec<Arc<crate::core::effects::PodView>>,
     /// Pods waiting because quota refused their claims, as of the last pass.
@@ -160,7 +160,6 @@ impl Engine {
             refusals: Refusals::default(),
             state,
             malformed: Vec::new(),
-            claims: Vec::new(),
             pending_pods: Vec::new(),
             pods: Vec::new(),
             waiting: Vec::new(),
@@ -211,6 +210,12 @@ impl Engine {
         }
     }
 
+    /// The next pass compares every object, not only those whose side changed (a resync:
+    /// what a watch missed is repaired).
+    pub fn resync(&mut self) {
+        self.differ.compare_all();
+    }
+
     /// When a pass must run though nothing changes: a reclaim's grace period ends or a
     /// refused eviction is due again, a wake-up of waiting Pods is due to be retried. (The
     /// executor's retries of failed writes are the executor's.)
@@ -230,7 +235,8 @@ impl Engine {
             return;
         }
         let pods: Vec<&Pod> = self.pending_pods.iter().map(|p| &**p).collect();
-        let claims: Vec<&ClaimView> = self.claims.iter().map(|c| &**c).collect();
+        let claims = self.planner.claim_views();
+        let claims: Vec<&ClaimView> = claims.iter().map(|c| &**c).collect();
         let differ = &self.differ;
         let charge = |namespace: &str, name: &str| differ.template_charge(namespace, name).cloned();
         self.state.pending = plan::pending::pending_demand(&pods, &claims, charge);

@@ -64,7 +64,7 @@ fn a_malformed_policy_gets_a_status_that_says_so_once_the_slices_are_in() {
     assert!(matches!(engine.pass(now, Role::Leader), Pass::AwaitSlices));
     engine.take_in(Input::Slices {
         reads: Arc::new(DeviceReads::default()),
-        slices: Vec::new(),
+        slices: crate::core::state::Taken::All(Vec::new()),
     });
     let Pass::Planned(planned) = engine.pass(now, Role::Leader) else {
         panic!("planned once the slices are in");

@@ -75,6 +75,14 @@ impl<K: Ord, I: PartialEq, V> Cache<K, I, V> {
         self.entries.get(key).map(|e| &e.value)
     }
 
+    /// Forgets `key` (its input is gone); returns what it held.
+    pub fn remove<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        K: std::borrow::Borrow<Q>,
+    {
+        self.entries.remove(key).map(|e| e.value)
+    }
+
     /// Every value, by key.
     pub fn values(&self) -> impl Iterator<Item = (&K, &V)> {
         self.entries.iter().map(|(k, e)| (k, &e.value))

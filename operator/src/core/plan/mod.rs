@@ -11,6 +11,7 @@
 pub mod admission;
 mod cache;
 mod capacity;
+mod claims;
 pub mod conditions;
 mod desired;
 mod identity;
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 use crate::api::TeamGpuPolicy;
-use crate::core::state::ClusterState;
+use crate::core::state::{ClusterState, Delta};
 use crate::dra_cel::{self, CompiledSelectors};
 use cache::Cache;
 use identity::{identity, name_of};
@@ -91,6 +92,8 @@ pub struct Planner {
     slice_reads: Option<dra_cel::DeviceReads>,
     /// The last [`Planner::device_reads`], for the identity of its input.
     reads: Cache<(), u64, dra_cel::DeviceReads>,
+    /// The claims of the last updates, by namespace.
+    claims: claims::Claims,
     /// Usage per namespace, for the identity of the claims it was counted from.
     usage: Cache<String, u64, usage::Usage>,
     selectors: policies::Selectors,
@@ -106,6 +109,7 @@ impl Planner {
         Self {
             inventory: Inventory::default(),
             slice_reads: None,
+            claims: claims::Claims::default(),
             reads: Cache::new(false),
             usage: Cache::new(false),
             selectors: Cache::new(false),
@@ -128,19 +132,21 @@ impl Planner {
             .into_iter()
             .map(|s| Arc::new(inventory::SliceView::project(s, &everything, &mut envs)))
             .collect();
-        self.slice_reads = Some(everything);
-        self.inventory.update(&views)
+        self.update_slice_views(Delta::All(&views), &everything)
     }
 
     /// Brings the device inventory up to date with the cluster's ResourceSlices as projected to
-    /// `reads` (see [`device_reads`]); returns the pools that changed. The plan is only right
-    /// when `reads` covers what its selectors read: see [`Planner::reads_cover`].
+    /// `reads` (see [`device_reads`]), all of them or what changed since the last update;
+    /// returns the pools that changed. The plan is only right when `reads` covers what its
+    /// selectors read: see [`Planner::reads_cover`].
     pub fn update_slice_views(
         &mut self,
-        slices: &[Arc<inventory::SliceView>],
+        slices: Delta<'_, inventory::SliceView>,
         reads: &dra_cel::DeviceReads,
     ) -> Vec<inventory::PoolKey> {
-        self.slice_reads = Some(reads.clone());
+        if self.slice_reads.as_ref() != Some(reads) {
+            self.slice_reads = Some(reads.clone());
+        }
         self.inventory.update(slices)
     }
 
@@ -182,42 +188,45 @@ impl Planner {
         claims: impl IntoIterator<Item = &'a ResourceClaim>,
     ) -> Vec<String> {
         let mut names = usage::Names::default();
-        let views: Vec<usage::ClaimView> = claims
+        let views: Vec<Arc<usage::ClaimView>> = claims
             .into_iter()
-            .map(|c| usage::ClaimView::project(c, &mut names))
+            .map(|c| Arc::new(usage::ClaimView::project(c, &mut names)))
             .collect();
-        self.update_claim_views(&views)
+        self.update_claim_views(Delta::All(&views))
     }
 
-    /// [`Planner::update_claims`] from claims already projected.
-    pub fn update_claim_views<C: std::borrow::Borrow<usage::ClaimView>>(
-        &mut self,
-        claims: &[C],
-    ) -> Vec<String> {
-        let mut by_namespace: BTreeMap<&str, Vec<&usage::ClaimView>> = BTreeMap::new();
-        for c in claims {
-            let c = c.borrow();
-            by_namespace.entry(&c.namespace).or_default().push(c);
-        }
+    /// [`Planner::update_claims`] from claims already projected, all of them or what changed
+    /// since the last update: only the namespaces of the claims that changed are recounted.
+    pub fn update_claim_views(&mut self, claims: Delta<'_, usage::ClaimView>) -> Vec<String> {
         let mut changed = Vec::new();
-        for (namespace, mut claims) in by_namespace {
-            claims.sort_by(|a, b| a.name.cmp(&b.name));
+        for namespace in self.claims.update(claims) {
+            let Some(claims) = self.claims.of(&namespace) else {
+                if self.usage.remove(&*namespace).is_some() {
+                    changed.push(namespace.to_string());
+                }
+                continue;
+            };
             let mut hasher = std::hash::DefaultHasher::new();
-            for c in &claims {
+            for c in claims.values() {
                 (&*c.name, c.identity).hash(&mut hasher);
             }
-            self.usage.get(namespace.to_owned(), hasher.finish(), |_| {
-                changed.push(namespace.to_owned());
-                usage::Usage::from_views(claims)
+            self.usage.get(namespace.to_string(), hasher.finish(), |_| {
+                changed.push(namespace.to_string());
+                usage::Usage::from_views(claims.values().map(|c| &**c))
             });
         }
-        changed.extend(self.usage.sweep());
         changed
     }
 
     /// The inventory the plans count from.
     pub fn inventory(&self) -> &Inventory {
         &self.inventory
+    }
+
+    /// Every claim of the last updates, shared with the caches (for pending demand, room and
+    /// reclaim, which read them only when a Pod waits or a reclaim is ordered).
+    pub fn claim_views(&self) -> Vec<Arc<usage::ClaimView>> {
+        self.claims.all().cloned().collect()
     }
 
     /// The plan for `state`, with the slices and claims of the last `update_slices` and

@@ -262,6 +262,19 @@ impl ClaimView {
         }
     }
 
+    /// Whether `other` holds what this view holds, whatever its identity says (a new
+    /// resourceVersion for a change of something not projected: a label, the drivers' device
+    /// status): a watch cache keeps the view it has then, and wakes no pass.
+    pub fn same_content(&self, other: &ClaimView) -> bool {
+        self.namespace == other.namespace
+            && self.name == other.name
+            && self.created == other.created
+            && self.charge == other.charge
+            && self.allocated == other.allocated
+            && self.devices == other.devices
+            && self.reserved_for_pods == other.reserved_for_pods
+    }
+
     /// Allocated devices per DeviceClass (results whose request is not in the spec left out).
     pub fn allocated_by_class(&self) -> BTreeMap<&str, u64> {
         let mut out: BTreeMap<&str, u64> = BTreeMap::new();

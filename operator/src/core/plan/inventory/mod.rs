@@ -20,12 +20,13 @@
 //! All slices count regardless of node selection (a cluster-wide view).
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
+use crate::core::state::Delta;
 use crate::dra_cel::{CompiledSelectors, DeviceEnv, DeviceEnvs, DeviceReads, SelectorError};
 
 /// A device's identity (`<driver>/<pool>/<device>` in allocation results).
@@ -170,6 +171,25 @@ impl SliceView {
         }
     }
 
+    /// Whether `other` holds what this view holds, whatever its identity says (a new
+    /// resourceVersion for a change of something not projected, a label say): a watch cache
+    /// keeps the view it has then, and wakes no pass.
+    pub fn same_content(&self, other: &SliceView) -> bool {
+        let devices = self.devices.len() == other.devices.len()
+            && (self.devices.iter().zip(other.devices.iter())).all(|(a, b)| {
+                a.name == b.name
+                    && a.tainted == b.tainted
+                    && (Arc::ptr_eq(&a.env, &b.env) || a.env == b.env)
+            });
+        devices
+            && self.name == other.name
+            && self.driver == other.driver
+            && self.pool == other.pool
+            && self.generation == other.generation
+            && self.resource_slice_count == other.resource_slice_count
+            && self.node == other.node
+    }
+
     /// How many devices the slice publishes.
     pub fn device_count(&self) -> usize {
         self.devices.len()
@@ -232,6 +252,10 @@ impl Pool {
 #[derive(Debug, Clone, Default)]
 pub struct Inventory {
     pools: BTreeMap<PoolKey, Pool>,
+    /// Every slice, all generations, by pool and name: what a pool is rebuilt from.
+    slices: HashMap<PoolKey, BTreeMap<Arc<str>, Arc<SliceView>>>,
+    /// The pool of each slice, by name.
+    pool_of: HashMap<Arc<str>, PoolKey>,
     /// Counts the updates that changed a pool.
     version: u64,
 }
@@ -291,44 +315,52 @@ impl Inventory {
             .map(|s| Arc::new(SliceView::project(s, &DeviceReads::everything(), &mut envs)))
             .collect();
         let mut inventory = Inventory::default();
-        inventory.update(&views);
+        inventory.update(Delta::All(&views));
         inventory
     }
 
-    /// Brings the inventory up to date with `slices` (all of the cluster's), rebuilding only
-    /// the pools whose slices changed. Returns the pools rebuilt or removed.
-    pub fn update(&mut self, slices: &[Arc<SliceView>]) -> Vec<PoolKey> {
-        let mut by_pool: BTreeMap<PoolKey, Vec<&Arc<SliceView>>> = BTreeMap::new();
-        for s in slices {
-            let key = PoolKey {
-                driver: s.driver.clone(),
-                pool: s.pool.clone(),
-            };
-            by_pool.entry(key).or_default().push(s);
+    /// Brings the inventory up to date with `slices`, all of the cluster's or what changed,
+    /// rebuilding only the pools whose slices changed. Returns the pools rebuilt or removed.
+    /// Slices are told apart by name, as the API server does.
+    pub fn update(&mut self, slices: Delta<'_, SliceView>) -> Vec<PoolKey> {
+        let mut touched = BTreeSet::new();
+        match slices {
+            Delta::All(all) => {
+                touched.extend(self.slices.keys().cloned());
+                self.slices.clear();
+                self.pool_of.clear();
+                for s in all {
+                    self.insert(s, &mut touched);
+                }
+            }
+            Delta::Changed { upserted, removed } => {
+                for s in removed {
+                    self.remove(&s.name, &mut touched);
+                }
+                for s in upserted {
+                    self.insert(s, &mut touched);
+                }
+            }
         }
-        let mut changed: Vec<PoolKey> = self
-            .pools
-            .keys()
-            .filter(|k| !by_pool.contains_key(*k))
-            .cloned()
-            .collect();
-        self.pools.retain(|k, _| by_pool.contains_key(k));
-        for (key, mut slices) in by_pool {
-            // Sorted by name, so that "the pool's first slice" is deterministic.
-            slices.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut changed = Vec::new();
+        for key in touched {
+            let Some(members) = self.slices.get(&key) else {
+                if self.pools.remove(&key).is_some() {
+                    changed.push(key);
+                }
+                continue;
+            };
+            // By name, so that "the pool's first slice" is deterministic.
+            let members: Vec<&Arc<SliceView>> = members.values().collect();
             let mut hasher = std::hash::DefaultHasher::new();
-            for s in &slices {
+            for s in &members {
                 s.identity.hash(&mut hasher);
             }
             let fingerprint = hasher.finish();
-            if self
-                .pools
-                .get(&key)
-                .is_some_and(|p| p.fingerprint == fingerprint)
-            {
+            if (self.pools.get(&key)).is_some_and(|p| p.fingerprint == fingerprint) {
                 continue;
             }
-            let pool = build_pool(&key, &slices, fingerprint);
+            let pool = build_pool(&key, &members, fingerprint);
             self.pools.insert(key.clone(), pool);
             changed.push(key);
         }
@@ -336,6 +368,32 @@ impl Inventory {
             self.version += 1;
         }
         changed
+    }
+
+    /// Puts `slice` in its pool (taking it out of the one it was in, if it moved).
+    fn insert(&mut self, slice: &Arc<SliceView>, touched: &mut BTreeSet<PoolKey>) {
+        self.remove(&slice.name, touched);
+        let key = PoolKey {
+            driver: slice.driver.clone(),
+            pool: slice.pool.clone(),
+        };
+        let members = self.slices.entry(key.clone()).or_default();
+        members.insert(slice.name.clone(), slice.clone());
+        self.pool_of.insert(slice.name.clone(), key.clone());
+        touched.insert(key);
+    }
+
+    fn remove(&mut self, name: &str, touched: &mut BTreeSet<PoolKey>) {
+        let Some(key) = self.pool_of.remove(name) else {
+            return;
+        };
+        if let Some(members) = self.slices.get_mut(&key) {
+            members.remove(name);
+            if members.is_empty() {
+                self.slices.remove(&key);
+            }
+        }
+        touched.insert(key);
     }
 
     /// Changes whenever a pool changed, so that what was computed from the pools can be reused

@@ -75,9 +75,9 @@ fn a_projected_slice_keeps_what_selectors_read_and_shares_one_env_per_model() {
     // Counted alike either way.
     let sets = BTreeMap::from([("a100".to_owned(), product)]);
     let mut projected = Inventory::default();
-    projected.update(&[view.into()]);
+    projected.update(Delta::All(&[view.into()]));
     let mut unprojected = Inventory::default();
-    unprojected.update(&[full.into()]);
+    unprojected.update(Delta::All(&[full.into()]));
     assert_eq!(projected.match_sets(&sets), unprojected.match_sets(&sets));
     assert_eq!(projected.match_sets(&sets).counts["a100"], 8);
 }
