@@ -99,71 +99,11 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("teamgpu");
         let r = &mut registry;
         let histogram = || Histogram::new(exponential_buckets(0.001, 2.0, 14));
-        let (reconciles, errors, reconcile_seconds, writes) = (
-            registered(r, "reconciles", "Reconcile passes", Family::default()),
-            registered(
-                r,
-                "reconcile_errors",
-                "Failed API calls during reconcile, by error",
-                Family::default(),
-            ),
-            registered(
-                r,
-                "reconcile_duration_seconds",
-                "Duration of a reconcile pass",
-                Family::<ControllerLabels, Histogram>::new_with_constructor(histogram),
-            ),
-            registered(
-                r,
-                "api_writes",
-                "Writes to the API server, by kind and verb",
-                Family::default(),
-            ),
-        );
-        let mut team = |name: &str, help: &str| registered(r, name, help, Family::default());
-        let guaranteed = team("team_guaranteed_devices", "Configured guarantee");
-        let limit = team("team_limit_devices", "Configured limit");
-        let entitlement = team("team_entitlement_devices", "Hard quota now");
-        let requested = team("team_requested_devices", "Devices requested by claims");
-        let allocated = team("team_allocated_devices", "Devices allocated to claims");
-        let borrowed = team(
-            "team_borrowed_devices",
-            "Entitlement above the effective guarantee",
-        );
-        let pending = team("team_pending_devices", "Devices the team's Pods wait for");
-        let effective_guarantee = team(
-            "team_effective_guarantee_devices",
-            "Guarantee after scaling to the pool's capacity",
-        );
-        let capacity = registered(
+        let reconcile_seconds = registered(
             r,
-            "sharing_policy_capacity_devices",
-            "Matching devices",
-            Family::default(),
-        );
-        let used_outside_teams = registered(
-            r,
-            "sharing_policy_used_outside_teams_devices",
-            "Matching devices allocated through other DeviceClasses, outside every team",
-            Family::default(),
-        );
-        let conditions = registered(
-            r,
-            "condition",
-            "1 while the condition of a TeamGpuPolicy or GpuSharingPolicy is True, else 0",
-            Family::default(),
-        );
-        let evictions = registered(
-            r,
-            "evictions",
-            "Pods evicted to give borrowed devices back",
-            Family::default(),
-        );
-        let evictions_refused = registered(
-            r,
-            "evictions_refused",
-            "Evictions the API server refused (a PodDisruptionBudget) or that timed out",
-            Family::default(),
+            "reconcile_duration_seconds",
+            "Duration of a reconcile pass",
+            Family::<ControllerLabels, Histogram>::new_with_constructor(histogram),
         );
         let build_info = registered(
             r,
@@ -182,26 +122,50 @@ impl Default for Metrics {
             "1 when this replica holds the lease",
             Gauge::default(),
         );
+        // A closure cannot be generic over the labels and the metric: a macro can.
+        macro_rules! family {
+            ($name:expr, $help:expr $(,)?) => {
+                registered(r, $name, $help, Family::default())
+            };
+        }
         Self {
-            registry,
-            reconciles,
-            errors,
+            reconciles: family!("reconciles", "Reconcile passes"),
+            errors: family!(
+                "reconcile_errors",
+                "Failed API calls during reconcile, by error",
+            ),
             reconcile_seconds,
-            writes,
-            guaranteed,
-            limit,
-            entitlement,
-            requested,
-            allocated,
-            borrowed,
-            pending,
-            effective_guarantee,
-            capacity,
-            used_outside_teams,
-            conditions,
-            evictions,
-            evictions_refused,
+            writes: family!("api_writes", "Writes to the API server, by kind and verb"),
+            guaranteed: family!("team_guaranteed_devices", "Configured guarantee"),
+            limit: family!("team_limit_devices", "Configured limit"),
+            entitlement: family!("team_entitlement_devices", "Hard quota now"),
+            requested: family!("team_requested_devices", "Devices requested by claims"),
+            allocated: family!("team_allocated_devices", "Devices allocated to claims"),
+            borrowed: family!(
+                "team_borrowed_devices",
+                "Entitlement above the effective guarantee",
+            ),
+            pending: family!("team_pending_devices", "Devices the team's Pods wait for"),
+            effective_guarantee: family!(
+                "team_effective_guarantee_devices",
+                "Guarantee after scaling to the pool's capacity",
+            ),
+            capacity: family!("sharing_policy_capacity_devices", "Matching devices"),
+            used_outside_teams: family!(
+                "sharing_policy_used_outside_teams_devices",
+                "Matching devices allocated through other DeviceClasses, outside every team",
+            ),
+            conditions: family!(
+                "condition",
+                "1 while the condition of a TeamGpuPolicy or GpuSharingPolicy is True, else 0",
+            ),
+            evictions: family!("evictions", "Pods evicted to give borrowed devices back"),
+            evictions_refused: family!(
+                "evictions_refused",
+                "Evictions the API server refused (a PodDisruptionBudget) or that timed out",
+            ),
             leader,
+            registry,
         }
     }
 }
