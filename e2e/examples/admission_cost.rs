@@ -299,8 +299,14 @@ async fn measure(cluster: &TestCluster, label: &str, round: usize, writes: usize
     .await;
     let claims = create_many(cluster, &outside, writes, |n| claim(n, "plain")).await;
     let pods = create_many(cluster, &outside, writes, pod).await;
+    // Deleted before the next configuration: the namespace controller deleting 6,000 objects
+    // would load the API server that the next one measures.
     let api: Api<Namespace> = Api::all(cluster.client());
     let _ = api.delete(&outside, &DeleteParams::default()).await;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while api.get_opt(&outside).await.unwrap().is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     Measured {
         label: label.to_owned(),
         claims,
