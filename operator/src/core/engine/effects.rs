@@ -3,14 +3,23 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use std::sync::Arc;
+
 use super::{Engine, Now};
 use crate::core::effects::{self, Effect, ReclaimInput};
 use crate::core::plan::Plan;
+use crate::core::plan::usage::ClaimView;
 
 impl Engine {
     /// What `plan` asks for, in the order it is done: objects (the differ's order), statuses,
     /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions.
-    pub(super) fn effects(&mut self, plan: &Plan, now: Now) -> Vec<Effect> {
+    /// `claims`: every claim if a Pod was pending at the start of the pass, else none.
+    pub(super) fn effects(
+        &mut self,
+        plan: &Plan,
+        now: Now,
+        mut claims: Vec<Arc<ClaimView>>,
+    ) -> Vec<Effect> {
         let writes = self.differ.writes(&plan.objects);
         tracing::debug!(writes = writes.len(), "compared");
         let time = Time(now.wall);
@@ -24,11 +33,9 @@ impl Engine {
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.
-        let claims = if plan.reclaims.is_empty() && self.waiting.is_empty() {
-            Vec::new()
-        } else {
-            self.planner.claim_views()
-        };
+        if claims.is_empty() && !plan.reclaims.is_empty() {
+            claims = self.planner.claim_views();
+        }
         let input = ReclaimInput {
             plan,
             teams,

@@ -173,7 +173,13 @@ impl Engine {
         // again and again if the pass does not reach reclaim or requeue.
         self.reclaim.clear_due(now.instant);
         self.requeuer.clear_due(now.instant);
-        self.refresh_pending();
+        // Read from the planner once a pass, and only when a Pod waits: most passes need none.
+        let claims = if self.pending_pods.is_empty() {
+            Vec::new()
+        } else {
+            self.planner.claim_views()
+        };
+        self.refresh_pending(&claims);
         // Devices are kept only as far as selectors read them: a selector that reads more
         // (a new policy, a changed class) needs the slices listed again before counting.
         let reads = self.planner.device_reads(&self.state);
@@ -186,7 +192,7 @@ impl Engine {
         }
         let plan = self.planner.plan(&self.state);
         let effects = match role {
-            Role::Leader => self.effects(&plan, now),
+            Role::Leader => self.effects(&plan, now, claims),
             Role::Follower => Vec::new(),
         };
         Pass::Planned(Box::new(Planned { plan, effects }))
@@ -228,14 +234,13 @@ impl Engine {
 
     /// Pending demand and the Pods waiting on quota, from the pending Pods, their claims and
     /// the live templates' charges. Most passes have no pending Pod: then nothing is read.
-    fn refresh_pending(&mut self) {
+    fn refresh_pending(&mut self, claims: &[Arc<ClaimView>]) {
         if self.pending_pods.is_empty() {
             self.state.pending.clear();
             self.waiting.clear();
             return;
         }
         let pods: Vec<&Pod> = self.pending_pods.iter().map(|p| &**p).collect();
-        let claims = self.planner.claim_views();
         let claims: Vec<&ClaimView> = claims.iter().map(|c| &**c).collect();
         let differ = &self.differ;
         let charge = |namespace: &str, name: &str| differ.template_charge(namespace, name).cloned();
