@@ -176,6 +176,81 @@ fn a_raised_guarantee_writes_quotas_and_statuses_and_nothing_else() {
     assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 3)), []);
 }
 
+/// The statuses among `effects`, by policy name.
+fn statuses(effects: &[Effect]) -> Vec<&str> {
+    (effects.iter())
+        .filter_map(|e| match e {
+            Effect::Status { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What the server changed, less the policies' watches: their events of the statuses just
+/// written have not come back yet (on a busy API server they come tens of milliseconds after
+/// the write's answer, and the write's other events wake the next pass before them).
+fn changes_but_the_policies(server: &mut Server) -> Vec<teamgpu::core::engine::Input> {
+    use teamgpu::core::engine::Input;
+    (server.changes().into_iter())
+        .filter(|i| !matches!(i, Input::Teams(_) | Input::SharingPolicies(_)))
+        .collect()
+}
+
+#[test]
+fn a_status_is_written_once_though_the_next_pass_comes_before_its_watch_event() {
+    let start = Instant::now();
+    let mut server = Server::example();
+    let mut engine = engine();
+    pass_and_settle(&mut engine, &mut server, at(start, 0));
+    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+
+    server.edit_team("data-science", |spec| {
+        spec["quotas"][0]["guaranteed"] = json!(8)
+    });
+    let raised = pass_and_settle(&mut engine, &mut server, at(start, 2));
+    assert!(statuses(&raised).contains(&"data-science"), "{raised:?}");
+    // The quotas' events come back, the statuses' not yet.
+    for input in changes_but_the_policies(&mut server) {
+        engine.take_in(input);
+    }
+    let Pass::Planned(planned) = engine.pass(at(start, 3), Role::Leader) else {
+        panic!("the slices are listed")
+    };
+    assert_eq!(
+        statuses(&planned.effects),
+        Vec::<&str>::new(),
+        "the statuses written are not written again"
+    );
+    engine.settle(server.perform(&planned.effects), at(start, 3).wall);
+    // They come back: nothing to write either.
+    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 4)), []);
+}
+
+#[test]
+fn a_status_whose_write_failed_is_written_again() {
+    let start = Instant::now();
+    let mut server = Server::example();
+    let mut engine = engine();
+    pass_and_settle(&mut engine, &mut server, at(start, 0));
+    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+
+    server.edit_team("data-science", |spec| {
+        spec["quotas"][0]["guaranteed"] = json!(8)
+    });
+    let raised = pass(&mut engine, &mut server, at(start, 2));
+    assert!(statuses(&raised).contains(&"data-science"), "{raised:?}");
+    // The executor got no answer for the statuses: the objects were written, they were not.
+    let objects: Vec<Effect> = (raised.into_iter())
+        .filter(|e| matches!(e, Effect::Object(_)))
+        .collect();
+    engine.settle(server.perform(&objects), at(start, 2).wall);
+    for input in changes_but_the_policies(&mut server) {
+        engine.take_in(input);
+    }
+    let again = pass(&mut engine, &mut server, at(start, 3));
+    assert!(statuses(&again).contains(&"data-science"), "{again:?}");
+}
+
 /// One change to the cluster, or a pass of the kept engine (effects performed and settled).
 #[derive(Clone, Debug)]
 enum Change {

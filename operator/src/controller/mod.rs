@@ -67,7 +67,8 @@ pub struct Config {
     /// listed again and every object compared, so that a change a watch missed is repaired; it
     /// writes nothing when nothing differs.
     pub resync: Duration,
-    /// Quiet time after an event before planning, so a burst of events makes one pass.
+    /// The least time from one pass's start to the next's, so that a burst of events makes
+    /// few passes. An event after a quiet spell is planned at once (after [`GATHER`]).
     pub debounce: Duration,
     /// Groups that may move any namespace into or out of any team and exempt namespaces
     /// (`None`: [`crate::core::plan::namespace_admission::DEFAULT_ADMIN_GROUPS`]).
@@ -374,6 +375,7 @@ async fn reconcile_loop(
 ) {
     let mut leader_open = config.leader_elect;
     let mut next_resync = Instant::now() + config.resync;
+    let mut last_pass: Option<Instant> = None;
     loop {
         let wake_at = [
             reconciler.executor.next_retry(),
@@ -383,7 +385,9 @@ async fn reconcile_loop(
         .flatten()
         .fold(next_resync, Instant::min);
         tokio::select! {
-            () = notify.notified() => tokio::time::sleep(config.debounce).await,
+            () = notify.notified() => {
+                tokio::time::sleep_until(pass_due(Instant::now(), last_pass, config.debounce).into()).await;
+            }
             // Without leader election (or once the lease task is gone) nothing will change:
             // a closed channel answers at once, and would make this loop spin.
             changed = leader.changed(), if leader_open => leader_open = changed.is_ok(),
@@ -395,9 +399,22 @@ async fn reconcile_loop(
             reconciler.resync();
         }
         metrics.leader.set(i64::from(*leader.borrow()));
+        last_pass = Some(Instant::now());
         reconciler.reconcile().await;
         progress.pass_finished();
     }
+}
+
+/// How long an event waits for the ones that come with it (a claim and its Pod, a namespace
+/// and its labels) before the pass that follows a quiet spell.
+pub const GATHER: Duration = Duration::from_millis(5);
+
+/// When the pass for an event that arrives now may start: after [`GATHER`], and no sooner than
+/// `debounce` after the last pass started. A lone event is planned at once; a burst (a
+/// converge's own watch events, a Job of many Pods) gets at most one pass per `debounce`.
+fn pass_due(now: Instant, last_pass: Option<Instant>, debounce: Duration) -> Instant {
+    let gathered = now + GATHER.min(debounce);
+    last_pass.map_or(gathered, |last| gathered.max(last + debounce))
 }
 
 /// This process's resident memory in MiB (Linux; 0 elsewhere), for the logs.
@@ -415,5 +432,34 @@ struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEBOUNCE: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn an_event_after_a_quiet_spell_is_planned_at_once() {
+        let now = Instant::now();
+        assert_eq!(pass_due(now, None, DEBOUNCE), now + GATHER);
+        let long_ago = now - Duration::from_secs(5);
+        assert_eq!(pass_due(now, Some(long_ago), DEBOUNCE), now + GATHER);
+    }
+
+    #[test]
+    fn a_burst_gets_at_most_one_pass_per_debounce() {
+        let now = Instant::now();
+        let just_now = now - Duration::from_millis(30);
+        assert_eq!(pass_due(now, Some(just_now), DEBOUNCE), just_now + DEBOUNCE);
+    }
+
+    #[test]
+    fn a_debounce_shorter_than_the_gathering_wins() {
+        let now = Instant::now();
+        let short = Duration::from_millis(2);
+        assert_eq!(pass_due(now, None, short), now + short);
     }
 }

@@ -334,6 +334,10 @@ impl Executor {
                 });
             }
             (Effect::Event(event), Ok(_)) => done.published.push(event.key()),
+            (Effect::Status { kind, name, .. }, Ok(_)) => {
+                tracing::debug!(object = %id, action = effect.verb(), "wrote");
+                done.statuses.push((*kind, name.clone()));
+            }
             (_, Ok(_)) => tracing::debug!(object = %id, action = effect.verb(), "wrote"),
             (_, Err(error)) => {
                 self.count_error(&error);

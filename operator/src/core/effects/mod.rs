@@ -15,6 +15,7 @@ pub mod refusals;
 mod requeue;
 mod status;
 mod waiting;
+mod written;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::ApiResource;
@@ -30,6 +31,7 @@ pub use refusals::{FailedWrite, Failure, Refusals, RefusedByOwner};
 pub use requeue::{REQUEUE_ANNOTATION, Requeue, Requeuer, WaitingPod, room};
 pub use status::{Malformed, malformed_status, malformed_statuses, status_changes};
 pub use waiting::waiting_events;
+pub use written::WrittenStatuses;
 
 /// One thing to do to the cluster.
 #[derive(Clone, Debug, PartialEq)]

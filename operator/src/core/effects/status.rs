@@ -6,49 +6,60 @@ use kube::ResourceExt;
 use kube::core::DynamicObject;
 use serde_json::{Value, json};
 
-use super::{Effect, PolicyKind, RefusedByOwner};
+use super::{Effect, PolicyKind, RefusedByOwner, WrittenStatuses};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::plan::Plan;
 
 /// The status of every policy whose status in `plan`, with what the API server `refused` of its
-/// objects, differs from its live one.
+/// objects, differs from its live one, unless it was `written` over the version the cache
+/// holds.
 pub fn status_changes(
     plan: &Plan,
     sharing: &[GpuSharingPolicy],
     teams: &[TeamGpuPolicy],
     refused: &RefusedByOwner,
+    written: &mut WrittenStatuses,
     now: &Time,
 ) -> Vec<Effect> {
-    let sharing_changes = sharing.iter().filter_map(|p| {
+    let mut out = Vec::new();
+    for p in sharing {
         let (name, live) = (p.name_any(), p.status.as_ref());
         let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
         let applied = refused.condition(PolicyKind::GpuSharingPolicy, &name, conditions);
         let status = plan.applied_sharing_status(&name, live, applied, now);
-        changed(PolicyKind::GpuSharingPolicy, p, live, status)
-    });
-    let team_changes = teams.iter().filter_map(|t| {
+        out.extend(changed(
+            PolicyKind::GpuSharingPolicy,
+            p,
+            live,
+            status,
+            written,
+        ));
+    }
+    for t in teams {
         let (name, live) = (t.name_any(), t.status.as_ref());
         let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
         let applied = refused.condition(PolicyKind::TeamGpuPolicy, &name, conditions);
         let status = plan.applied_team_status(&name, live, applied, now);
-        changed(PolicyKind::TeamGpuPolicy, t, live, status)
-    });
-    sharing_changes.chain(team_changes).collect()
+        out.extend(changed(PolicyKind::TeamGpuPolicy, t, live, status, written));
+    }
+    out
 }
 
-/// The write of `status` to `policy`, unless it is none or the `live` one already.
+/// The write of `status` to `policy`, unless it is none, the `live` one already, or `written`
+/// over the version of `policy` the cache holds.
 fn changed<S: PartialEq + serde::Serialize>(
     kind: PolicyKind,
     policy: &impl ResourceExt,
     live: Option<&S>,
     status: Option<S>,
+    written: &mut WrittenStatuses,
 ) -> Option<Effect> {
-    let status = status.filter(|s| live != Some(s))?;
-    Some(Effect::Status {
-        kind,
-        name: policy.name_any(),
-        status: json!(status),
-    })
+    let status = json!(status.filter(|s| live != Some(s))?);
+    let name = policy.name_any();
+    let version = policy.meta().resource_version.as_deref();
+    written
+        .to_write(kind, &name, version, &status)
+        .then_some(Effect::Status { kind, name, status })
 }
 
 /// A custom resource teamgpu could not read into its type (say, written by a newer version).
@@ -170,6 +181,7 @@ mod tests {
             &[policy],
             &[team("ml", 4), team("gone", 1)],
             &RefusedByOwner::default(),
+            &mut WrittenStatuses::default(),
             &at(200),
         );
         assert_eq!(
@@ -190,6 +202,7 @@ mod tests {
             &[],
             &[team("ml", 3)],
             &RefusedByOwner::default(),
+            &mut WrittenStatuses::default(),
             &at(200),
         );
         let expected = json!({

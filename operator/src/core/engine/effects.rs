@@ -29,7 +29,12 @@ impl Engine {
         // Status from what was applied: the refused writes of each policy.
         let refused = self.refusals.of_policies(plan);
         out.extend(effects::status_changes(
-            plan, sharing, teams, &refused, &time,
+            plan,
+            sharing,
+            teams,
+            &refused,
+            &mut self.written,
+            &time,
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.

@@ -38,8 +38,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::core::diff::{self, ObjectKey};
 use crate::core::effects::{
-    Effect, EventKey, FailedWrite, Malformed, Published, ReclaimDefaults, ReclaimTracker, Refusals,
-    Requeuer, WaitingPod,
+    Effect, EventKey, FailedWrite, Malformed, PolicyKind, Published, ReclaimDefaults,
+    ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
 };
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{self, Plan, admission::Enforcement};
@@ -112,6 +112,8 @@ pub struct Done {
     pub deleted: Vec<ObjectKey>,
     /// Writes of objects that failed, refused or not: status tells of the refused ones.
     pub failed: Vec<FailedWrite>,
+    /// Statuses written.
+    pub statuses: Vec<(PolicyKind, String)>,
 }
 
 /// One pass's decisions, kept between passes (see the module doc).
@@ -129,6 +131,8 @@ pub struct Engine {
     requeuer: Requeuer,
     /// Writes the API server refuses, for the owning policies' status and Events.
     refusals: Refusals,
+    /// Statuses written whose watch event has not come back yet.
+    written: WrittenStatuses,
     /// The planner's input, besides slices and claims (which the planner keeps).
     state: ClusterState,
     /// Custom resources that could not be read into their types.
@@ -158,6 +162,7 @@ impl Engine {
             reclaim: ReclaimTracker::default(),
             requeuer: Requeuer::default(),
             refusals: Refusals::default(),
+            written: WrittenStatuses::default(),
             state,
             malformed: Vec::new(),
             pending_pods: Vec::new(),
@@ -208,6 +213,7 @@ impl Engine {
         for (key, version) in done.applied {
             self.differ.applied(&key, version.as_deref());
         }
+        self.written.settle(&done.statuses);
         for key in done.published {
             self.published.record(key);
         }

@@ -2,7 +2,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::*;
-use crate::core::effects::{Effect, Published, status_changes};
+use crate::core::effects::{Effect, Published, WrittenStatuses, status_changes};
 use crate::core::plan::{SharingPolicyReport, TeamReport};
 
 fn at(secs: i64) -> Timestamp {
@@ -224,6 +224,7 @@ fn a_refused_quota_makes_its_team_not_ready_until_it_is_written_and_the_status_s
         &[],
         std::slice::from_ref(&live),
         &refusals.of_policies(&plan()),
+        &mut WrittenStatuses::default(),
         &now,
     );
     let applied = format!(
@@ -258,6 +259,7 @@ fn a_refused_quota_makes_its_team_not_ready_until_it_is_written_and_the_status_s
         &[],
         std::slice::from_ref(&shown),
         &refusals.of_policies(&plan()),
+        &mut WrittenStatuses::default(),
         &Time(at(600)),
     );
     assert_eq!(again, []);
@@ -268,6 +270,7 @@ fn a_refused_quota_makes_its_team_not_ready_until_it_is_written_and_the_status_s
         &[],
         &[shown],
         &refusals.of_policies(&plan()),
+        &mut WrittenStatuses::default(),
         &Time(at(800)),
     );
     let [Effect::Status { status, .. }] = cleared.as_slice() else {
@@ -310,6 +313,7 @@ fn a_restarted_operator_keeps_the_live_applied_condition_until_it_has_written() 
             &[],
             std::slice::from_ref(&live),
             &by_owner,
+            &mut WrittenStatuses::default(),
             &Time(at(50)),
         )
     };
