@@ -1,5 +1,7 @@
-//! Which statuses to write: only those that differ from the live ones, so a steady state
-//! writes none.
+//! The status of each policy as teamgpu writes it ([`applied_statuses`]), and which of them to
+//! write: only those that differ from the live ones, so a steady state writes none.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -7,31 +9,62 @@ use kube::core::DynamicObject;
 use serde_json::{Value, json};
 
 use super::{Effect, PolicyKind, RefusedByOwner};
-use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::api::{GpuSharingPolicy, GpuSharingPolicyStatus, TeamGpuPolicy, TeamGpuPolicyStatus};
 use crate::core::plan::Plan;
 
-/// The status of every policy whose status in `plan`, with what the API server `refused` of its
-/// objects, differs from its live one.
-pub fn status_changes(
+/// The status of every policy as teamgpu writes it: the plan's, with the `Applied` condition
+/// of its refused writes. One value for both the status writes and the condition metrics, so
+/// a dashboard says what the status says. By policy name; a policy the plan does not know of
+/// has none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyStatuses {
+    pub sharing: BTreeMap<String, GpuSharingPolicyStatus>,
+    pub teams: BTreeMap<String, TeamGpuPolicyStatus>,
+}
+
+/// The status of each live policy in `sharing` and `teams`: `plan`'s, with what the API server
+/// `refused` of its objects.
+pub fn applied_statuses(
     plan: &Plan,
     sharing: &[GpuSharingPolicy],
     teams: &[TeamGpuPolicy],
     refused: &RefusedByOwner,
     now: &Time,
-) -> Vec<Effect> {
-    let sharing_changes = sharing.iter().filter_map(|p| {
+) -> PolicyStatuses {
+    let sharing = sharing.iter().filter_map(|p| {
         let (name, live) = (p.name_any(), p.status.as_ref());
         let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
         let applied = refused.condition(PolicyKind::GpuSharingPolicy, &name, conditions);
-        let status = plan.applied_sharing_status(&name, live, applied, now);
-        changed(PolicyKind::GpuSharingPolicy, p, live, status)
+        let status = plan.applied_sharing_status(&name, live, applied, now)?;
+        Some((name, status))
     });
-    let team_changes = teams.iter().filter_map(|t| {
+    let teams = teams.iter().filter_map(|t| {
         let (name, live) = (t.name_any(), t.status.as_ref());
         let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
         let applied = refused.condition(PolicyKind::TeamGpuPolicy, &name, conditions);
-        let status = plan.applied_team_status(&name, live, applied, now);
-        changed(PolicyKind::TeamGpuPolicy, t, live, status)
+        let status = plan.applied_team_status(&name, live, applied, now)?;
+        Some((name, status))
+    });
+    PolicyStatuses {
+        sharing: sharing.collect(),
+        teams: teams.collect(),
+    }
+}
+
+/// The write of each status of `statuses` that differs from its live one in `sharing` and
+/// `teams`.
+pub fn status_changes(
+    statuses: &PolicyStatuses,
+    sharing: &[GpuSharingPolicy],
+    teams: &[TeamGpuPolicy],
+) -> Vec<Effect> {
+    let sharing_changes = sharing.iter().filter_map(|p| {
+        let status = statuses.sharing.get(&p.name_any());
+        changed(PolicyKind::GpuSharingPolicy, p, p.status.as_ref(), status)
+    });
+    let team_changes = teams.iter().filter_map(|t| {
+        let status = statuses.teams.get(&t.name_any());
+        changed(PolicyKind::TeamGpuPolicy, t, t.status.as_ref(), status)
     });
     sharing_changes.chain(team_changes).collect()
 }
@@ -41,9 +74,9 @@ fn changed<S: PartialEq + serde::Serialize>(
     kind: PolicyKind,
     policy: &impl ResourceExt,
     live: Option<&S>,
-    status: Option<S>,
+    status: Option<&S>,
 ) -> Option<Effect> {
-    let status = status.filter(|s| live != Some(s))?;
+    let status = status.filter(|s| live != Some(*s))?;
     Some(Effect::Status {
         kind,
         name: policy.name_any(),
@@ -157,6 +190,17 @@ mod tests {
         .unwrap()
     }
 
+    /// The statuses of [`plan`] at second 200, nothing refused.
+    fn planned(sharing: &[GpuSharingPolicy], teams: &[TeamGpuPolicy]) -> PolicyStatuses {
+        applied_statuses(
+            &plan(),
+            sharing,
+            teams,
+            &RefusedByOwner::default(),
+            &at(200),
+        )
+    }
+
     #[test]
     fn only_statuses_that_differ_from_the_live_ones_are_written() {
         let policy: GpuSharingPolicy = serde_json::from_value(json!({
@@ -165,13 +209,8 @@ mod tests {
         }))
         .unwrap();
         // The team's status is as planned; a team the plan does not know of gets none.
-        let written = status_changes(
-            &plan(),
-            &[policy],
-            &[team("ml", 4), team("gone", 1)],
-            &RefusedByOwner::default(),
-            &at(200),
-        );
+        let (sharing, teams) = ([policy], [team("ml", 4), team("gone", 1)]);
+        let written = status_changes(&planned(&sharing, &teams), &sharing, &teams);
         assert_eq!(
             written,
             [Effect::Status {
@@ -185,13 +224,8 @@ mod tests {
 
     #[test]
     fn a_changed_entitlement_rewrites_the_status_and_keeps_the_transition_time() {
-        let written = status_changes(
-            &plan(),
-            &[],
-            &[team("ml", 3)],
-            &RefusedByOwner::default(),
-            &at(200),
-        );
+        let teams = [team("ml", 3)];
+        let written = status_changes(&planned(&[], &teams), &[], &teams);
         let expected = json!({
             "observedGeneration": 2,
             "namespaces": ["ml-dev"],

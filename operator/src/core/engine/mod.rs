@@ -38,8 +38,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::core::diff::{self, ObjectKey};
 use crate::core::effects::{
-    Effect, EventKey, FailedWrite, Malformed, Published, ReclaimDefaults, ReclaimTracker, Refusals,
-    Requeuer, WaitingPod,
+    Effect, EventKey, FailedWrite, Malformed, PolicyStatuses, Published, ReclaimDefaults,
+    ReclaimTracker, Refusals, Requeuer, WaitingPod,
 };
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{self, Plan, admission::Enforcement};
@@ -94,6 +94,9 @@ pub enum Pass {
 pub struct Planned {
     /// For the metrics; the engine keeps nothing of it.
     pub plan: Plan,
+    /// Each policy's status as it is written (a follower's with the `Applied` condition its
+    /// live status shows), for the condition metrics.
+    pub statuses: PolicyStatuses,
     /// Objects (in dependency order), statuses, requeues, Events, evictions; none for a
     /// [`Role::Follower`].
     pub effects: Vec<Effect>,
@@ -191,11 +194,16 @@ impl Engine {
             return Pass::ListSlices(reads);
         }
         let plan = self.planner.plan(&self.state);
+        let (statuses, refused) = self.statuses(&plan, now);
         let effects = match role {
-            Role::Leader => self.effects(&plan, now, claims),
+            Role::Leader => self.effects(&plan, (&statuses, &refused), now, claims),
             Role::Follower => Vec::new(),
         };
-        Pass::Planned(Box::new(Planned { plan, effects }))
+        Pass::Planned(Box::new(Planned {
+            plan,
+            statuses,
+            effects,
+        }))
     }
 
     /// Takes in what the executor did at `wall`: an apply settles its object in the differ, a
