@@ -80,7 +80,7 @@ pub enum Role {
 /// What a pass asks for.
 #[derive(Debug)]
 pub enum Pass {
-    /// List the ResourceSlices again, projected to these reads: a selector reads more of a
+    /// List the ResourceSlices again, projected to these reads: an expression reads more of a
     /// device than the slices taken in keep. Nothing is planned until they come.
     ListSlices(DeviceReads),
     /// A list asked for is not in yet; nothing to do.
@@ -183,7 +183,7 @@ impl Engine {
             self.planner.claim_views()
         };
         self.refresh_pending(&claims);
-        // Devices are kept only as far as selectors read them: a selector that reads more
+        // Devices are kept only as far as expressions read them: one that reads more
         // (a new policy, a changed class) needs the slices listed again before counting.
         let reads = self.planner.device_reads(&self.state);
         if !self.planner.reads_cover(&reads) {
