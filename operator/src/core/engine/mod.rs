@@ -13,7 +13,8 @@
 //!   for no effect, and its differ, Events and trackers stay as if no pass had acted, so a
 //!   replica that becomes leader writes exactly what differs. Dropping a follower's effects in
 //!   the controller would instead let the requeuer believe it woke templates it did not.
-//! - [`Pass::Planned`] hands the plan out by value, for the metrics: the engine keeps no plan.
+//! - [`Pass::Planned`] hands the plan out by value, with each policy's status as written (its
+//!   conditions are what the metrics report), for the metrics: the engine keeps neither.
 //! - A slice list asked for is remembered ([`Input::SliceListAsked`] for the one asked before
 //!   the engine ran), so a pass during the list waits ([`Pass::AwaitSlices`]) instead of
 //!   starting the list again.
