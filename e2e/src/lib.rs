@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod docs;
 pub mod fixtures;
+pub mod http;
 pub mod node_agent;
 pub mod operator;
 pub mod proxy;

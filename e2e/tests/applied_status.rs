@@ -3,6 +3,7 @@
 //! (condition `Applied`, naming the quota and the API server's message; `Ready` not True), a
 //! Warning Event must follow after three refusals in a row, once; and once the test removes its
 //! policy, the quota is applied, the status is Ready again and an idle operator writes nothing.
+//! The `teamgpu_condition` metrics say what the status says, at each step.
 //! Expected values are written here or come from the API server.
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy, TeamGpuPolicyStatus};
 use teamgpu_e2e::cluster::{OPERATOR_NAMESPACE, recorded};
 use teamgpu_e2e::eventually;
 use teamgpu_e2e::fixtures::{fresh, samples};
+use teamgpu_e2e::http::{free_local_addr, http_get, series_value};
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::sandbox::{E2E_LABEL, Sandbox, TEAM_LABEL};
 
@@ -164,6 +166,16 @@ async fn team_status(client: &Client, team: &str) -> Result<TeamGpuPolicyStatus,
     t.status.ok_or_else(|| format!("{team} has no status"))
 }
 
+/// The `teamgpu_condition` series of team `team` and condition `type_` on the operator's
+/// `/metrics` at `addr`; `None` when there is none.
+async fn condition_metric(addr: std::net::SocketAddr, team: &str, type_: &str) -> Option<f64> {
+    let (code, body) = http_get(addr, "/metrics").await.expect("/metrics answers");
+    assert_eq!(code, 200, "{body}");
+    let series =
+        format!(r#"teamgpu_condition{{kind="TeamGpuPolicy",name="{team}",type="{type_}"}}"#);
+    series_value(&body, &series)
+}
+
 fn condition<'a>(status: &'a TeamGpuPolicyStatus, type_: &str) -> Option<&'a Condition> {
     status.conditions.iter().find(|c| c.type_ == type_)
 }
@@ -201,9 +213,11 @@ async fn a_refused_quota_shows_on_its_team_until_it_is_applied() {
     .await;
     install(&sandbox).await;
     let (operator_client, requests) = recorded(operator);
+    let metrics = free_local_addr();
     let running = Operator::start(
         operator_client,
         teamgpu::controller::Config {
+            metrics_addr: metrics,
             lease_namespace: OPERATOR_NAMESPACE.into(),
             lease_name: sandbox.ns("teamgpu-leader"),
             ..Operator::test_config()
@@ -239,6 +253,15 @@ async fn a_refused_quota_shows_on_its_team_until_it_is_applied() {
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "WriteRefused"),
         "{ready:?}"
+    );
+    // The metrics are set in the pass that writes the status, before the write.
+    assert_eq!(
+        (
+            condition_metric(metrics, "ml-research", "Ready").await,
+            condition_metric(metrics, "ml-research", "Applied").await
+        ),
+        (Some(0.0), Some(0.0)),
+        "the metrics say what the status says while the quota is refused"
     );
     // The team's other namespace got its quota; the other teams are Ready.
     eventually("a quota in ml-research-train", WAIT, || async {
@@ -342,6 +365,14 @@ async fn a_refused_quota_shows_on_its_team_until_it_is_applied() {
         }
     })
     .await;
+    assert_eq!(
+        (
+            condition_metric(metrics, "ml-research", "Ready").await,
+            condition_metric(metrics, "ml-research", "Applied").await
+        ),
+        (Some(1.0), None),
+        "the metrics say what the status says once the quota is applied"
+    );
 
     // Settled, then idle: nothing is written.
     let settled = requests.settled(WAIT).await;

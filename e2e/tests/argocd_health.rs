@@ -277,6 +277,59 @@ fn a_policy_not_ready_for_any_other_reason_is_progressing_with_the_ready_message
     );
 }
 
+/// What the operator's `Applied` condition says of a quota the API server refuses.
+const QUOTA_REFUSED: &str = "ResourceQuota ml-research-dev/teamgpu (apply) refused 3 times since \
+                             2026-11-30T10:00:00Z: admission webhook \"quota.example.com\" \
+                             denied the request: quotas are set by hand here";
+
+/// `status` with the conditions the operator writes while the API server refuses a write of
+/// the policy's objects, for generation `observed`: `Applied` (False, WriteRefused, `refused`)
+/// and `Ready` False.
+fn with_refused_write(mut status: Value, observed: i64, refused: &str) -> Value {
+    let not_ready = "the API server refuses writes of this policy's objects: see condition Applied";
+    let conditions = status["conditions"].as_array_mut().expect("conditions");
+    conditions.retain(|c| c["type"] != "Ready");
+    conditions.push(condition(
+        "Applied",
+        "False",
+        "WriteRefused",
+        refused,
+        observed,
+    ));
+    conditions.push(condition(
+        "Ready",
+        "False",
+        "WriteRefused",
+        not_ready,
+        observed,
+    ));
+    status
+}
+
+#[test]
+fn a_team_whose_write_is_refused_is_degraded_with_the_applied_message() {
+    let ready = condition("Ready", "True", "Planned", PLANNED, 2);
+    let obj = team(
+        2,
+        Some(with_refused_write(team_status(2, ready), 2, QUOTA_REFUSED)),
+    );
+    assert_eq!(
+        teamgpu_health(&obj),
+        ("Degraded".to_owned(), Some(QUOTA_REFUSED.to_owned()))
+    );
+}
+
+#[test]
+fn a_refused_write_reported_for_an_older_generation_is_progressing() {
+    // The spec changed (perhaps so that the object is no longer refused): the new plan decides.
+    let ready = condition("Ready", "True", "Planned", PLANNED, 2);
+    let obj = team(
+        3,
+        Some(with_refused_write(team_status(2, ready), 2, QUOTA_REFUSED)),
+    );
+    assert_eq!(teamgpu_health(&obj).0, "Progressing");
+}
+
 /// A planned sharing policy of generation 1 whose Ready is as given (the other conditions say
 /// nothing is wrong).
 fn sharing_policy(ready: Value) -> Value {
@@ -325,6 +378,20 @@ fn a_sharing_policy_not_ready_for_a_reason_that_waits_for_a_person_is_degraded()
     assert_eq!(
         teamgpu_health(&obj),
         ("Healthy".to_owned(), Some(planned.to_owned()))
+    );
+}
+
+#[test]
+fn a_sharing_policy_whose_device_class_write_is_refused_is_degraded_with_the_applied_message() {
+    let refused = "DeviceClass a100-80gb.teamgpu.io (apply) refused once since \
+                   2026-11-30T10:00:00Z: deviceclasses.resource.k8s.io \"a100-80gb.teamgpu.io\" \
+                   is forbidden: ValidatingAdmissionPolicy 'freeze' denied request";
+    let planned = "DeviceClass a100-80gb.teamgpu.io selects 32 devices";
+    let mut obj = sharing_policy(condition("Ready", "True", "Planned", planned, 1));
+    obj["status"] = with_refused_write(obj["status"].take(), 1, refused);
+    assert_eq!(
+        health(SHARING_KEY, &obj),
+        ("Degraded".to_owned(), Some(refused.to_owned()))
     );
 }
 

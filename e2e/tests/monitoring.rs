@@ -274,7 +274,17 @@ fn exported_names() -> BTreeSet<String> {
     use teamgpu::controller::metrics::{ControllerLabels, ErrorLabels, Metrics, WriteLabels};
     let metrics = Metrics::default();
     let state = teamgpu::cli::example::state().expect("the built-in example loads");
-    metrics.observe_plan(&teamgpu::core::plan::plan(&state));
+    let plan = teamgpu::core::plan::plan(&state);
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let statuses = teamgpu::core::effects::applied_statuses(
+        &plan,
+        &state.sharing_policies,
+        &state.teams,
+        &teamgpu::core::effects::RefusedByOwner::default(),
+        &now,
+    );
+    metrics.observe(&plan, &statuses);
     let controller = ControllerLabels {
         controller: "teamgpu",
     };

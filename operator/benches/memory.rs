@@ -82,8 +82,8 @@ fn main() {
     }
     let input = held() - before;
 
-    // The watch caches, as `teamgpu run` keeps them: slices reduced to what the selectors
-    // read, claims to what the planner reads.
+    // The watch caches, as `teamgpu run` keeps them: slices reduced to what the class
+    // expressions read, claims to what the planner reads.
     let before = held();
     let reads = teamgpu::core::plan::device_reads(&state);
     let mut envs = DeviceEnvs::default();

@@ -1,6 +1,6 @@
 //! Planning time at the scale: 100 teams, 1,000 namespaces, 20 sharing policies,
 //! 5,000 ResourceSlices (40,000 devices), 10,000 claims. The CEL matching of devices against the
-//! sharing policies' selectors is measured on its own, and so is what the operator pays per
+//! sharing policies' class expressions is measured on its own, and so is what the operator pays per
 //! event: its kept planner and differ taking in one change.
 //!
 //! `cargo bench -p teamgpu --bench plan`
@@ -15,22 +15,22 @@ use kube::core::DynamicObject;
 use teamgpu::core::diff::{Differ, Kind, LiveObject};
 use teamgpu::core::plan::inventory::{Inventory, SliceView};
 use teamgpu::core::plan::usage::{ClaimView, Names};
-use teamgpu::core::plan::{Planner, plan, selector};
+use teamgpu::core::plan::{Planner, cel, plan};
 use teamgpu::core::state::{ClusterState, Delta};
-use teamgpu::dra_cel::{CompiledSelectors, DeviceEnvs, DeviceReads};
+use teamgpu::dra_cel::{CompiledExpressions, DeviceEnvs, DeviceReads};
 use teamgpu_synthetic::{Scale, synthetic};
 
 fn bench(c: &mut Criterion) {
     let state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
     assert_eq!(state.slices.len(), 5_000);
-    let sets: BTreeMap<String, CompiledSelectors> = state
+    let sets: BTreeMap<String, CompiledExpressions> = state
         .sharing_policies
         .iter()
         .map(|p| {
-            let exprs = selector::device_class_selectors(&p.spec);
+            let exprs = cel::class_expressions(&p.spec);
             (
                 p.metadata.name.clone().unwrap_or_default(),
-                CompiledSelectors::compile(&exprs).expect("selectors compile"),
+                CompiledExpressions::compile(&exprs).expect("the expressions compile"),
             )
         })
         .collect();
@@ -60,10 +60,10 @@ fn bench(c: &mut Criterion) {
                         .sharing_policies
                         .iter()
                         .map(|p| {
-                            let exprs = selector::device_class_selectors(&p.spec);
+                            let exprs = cel::class_expressions(&p.spec);
                             (
                                 p.metadata.name.clone().unwrap_or_default(),
-                                CompiledSelectors::compile(&exprs).unwrap(),
+                                CompiledExpressions::compile(&exprs).unwrap(),
                             )
                         })
                         .collect::<BTreeMap<_, _>>()

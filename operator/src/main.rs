@@ -27,8 +27,8 @@ enum Command {
         #[arg(short = 'f', long = "filename")]
         files: Vec<std::path::PathBuf>,
         /// Fail (exit 1) when the plan has warnings: an unknown sharing policy, a namespace
-        /// claimed twice, overcommitted guarantees, a selector that matches no device or does
-        /// not compile. For CI.
+        /// claimed twice, overcommitted guarantees, a hardware selector that matches no device or
+        /// does not compile. For CI.
         #[arg(long)]
         fail_on_warnings: bool,
         /// The most YAML nodes one file may have (a List of 5,000 8-GPU ResourceSlices has

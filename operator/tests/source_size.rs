@@ -2,7 +2,8 @@
 //! no function over 100 (tests included). Files are rustfmt-formatted, so a function ends at the
 //! first line that closes its indentation.
 
-use std::path::{Path, PathBuf};
+#[path = "support/sources.rs"]
+mod sources;
 
 const MAX_FILE_LINES: usize = 600;
 const MAX_FN_LINES: usize = 100;
@@ -12,17 +13,6 @@ const MAX_FN_LINES: usize = 100;
 /// only shrinks. Paths are below `operator/src`.
 const ALLOWED_LONG_FILES: &[&str] = &[];
 const ALLOWED_LONG_FUNCTIONS: &[&str] = &[];
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("operator/src is readable") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// `(line of the fn, its length, its name)` for every function of one file.
 fn functions(text: &str) -> Vec<(usize, usize, String)> {
@@ -54,22 +44,11 @@ fn functions(text: &str) -> Vec<(usize, usize, String)> {
 
 #[test]
 fn no_source_file_or_function_is_longer_than_the_architecture_page_says() {
-    let mut files = Vec::new();
-    sources(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut files,
-    );
+    let files = sources::files();
     assert!(files.len() > 50, "found only {} source files", files.len());
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut too_long = Vec::new();
     let mut allowed_and_long = Vec::new();
-    for file in &files {
-        let text = std::fs::read_to_string(file).expect("source is readable");
-        let relative = file
-            .strip_prefix(&src)
-            .expect("below src")
-            .to_string_lossy()
-            .replace('\\', "/");
+    for (relative, text) in &files {
         let lines = text.lines().count();
         if lines > MAX_FILE_LINES {
             if ALLOWED_LONG_FILES.contains(&relative.as_str()) {
@@ -78,7 +57,7 @@ fn no_source_file_or_function_is_longer_than_the_architecture_page_says() {
                 too_long.push(format!("{relative}: {lines} lines"));
             }
         }
-        for (line, length, name) in functions(&text) {
+        for (line, length, name) in functions(text) {
             if length > MAX_FN_LINES {
                 let function = format!("{relative}::{name}");
                 if ALLOWED_LONG_FUNCTIONS.contains(&function.as_str()) {

@@ -2,6 +2,7 @@
 //! metrics and the writes of a converge and of idle time.
 
 use super::*;
+use teamgpu_e2e::http::{free_local_addr, http_get};
 
 /// The RBAC view of the requests a recorded client made: (API group, resource[/subresource],
 /// verb), e.g. ("", "pods/eviction", "create") from the counters' ("create", "pods/eviction").
@@ -253,54 +254,13 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     );
 }
 
-/// `GET path` on a local HTTP server: (status code, body).
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or("no status line")?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((code, body))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     let Some(world) = World::new().await else {
         return;
     };
     world.install_samples().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-    let health_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let health: std::net::SocketAddr = ([127, 0, 0, 1], health_port).into();
+    let (addr, health) = (free_local_addr(), free_local_addr());
     let (client, requests) = world.operator_client();
     let _operator = Operator::start(
         client,

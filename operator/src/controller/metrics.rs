@@ -7,8 +7,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+use crate::core::effects::PolicyStatuses;
 use crate::core::plan::Plan;
-use crate::core::plan::conditions::DesiredCondition;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -58,7 +60,7 @@ pub struct EvictionLabels {
 pub struct ConditionLabels {
     pub kind: &'static str,
     pub name: String,
-    pub r#type: &'static str,
+    pub r#type: String,
 }
 
 /// Every metric teamgpu exports.
@@ -171,8 +173,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Publish the numbers of a plan; series of teams and policies that are gone disappear.
-    pub fn observe_plan(&self, plan: &Plan) {
+    /// Publish the numbers of a plan, and the conditions of the `statuses` written from it
+    /// (so `Ready` is 0 while a write is refused, as the status says); series of teams and
+    /// policies that are gone disappear.
+    pub fn observe(&self, plan: &Plan, statuses: &PolicyStatuses) {
         for family in [
             &self.guaranteed,
             &self.limit,
@@ -213,7 +217,6 @@ impl Metrics {
                     .get_or_create(&labels)
                     .set(q.effective_guarantee.into());
             }
-            self.observe_conditions("TeamGpuPolicy", &team.name, &team.conditions);
         }
         for p in &plan.sharing_policies {
             self.capacity
@@ -226,19 +229,24 @@ impl Metrics {
                     sharing_policy: p.name.clone(),
                 })
                 .set(p.used_outside_teams.into());
-            self.observe_conditions("GpuSharingPolicy", &p.name, &p.conditions);
+        }
+        for (name, status) in &statuses.teams {
+            self.observe_conditions("TeamGpuPolicy", name, &status.conditions);
+        }
+        for (name, status) in &statuses.sharing {
+            self.observe_conditions("GpuSharingPolicy", name, &status.conditions);
         }
     }
 
-    fn observe_conditions(&self, kind: &'static str, name: &str, conditions: &[DesiredCondition]) {
+    fn observe_conditions(&self, kind: &'static str, name: &str, conditions: &[Condition]) {
         for c in conditions {
             self.conditions
                 .get_or_create(&ConditionLabels {
                     kind,
                     name: name.to_owned(),
-                    r#type: c.type_,
+                    r#type: c.type_.clone(),
                 })
-                .set(i64::from(c.status));
+                .set(i64::from(c.status == "True"));
         }
     }
 
@@ -254,15 +262,35 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
     use super::*;
+    use crate::core::diff::{Kind, ObjectKey};
+    use crate::core::effects::{FailedWrite, Failure, Refusals, applied_statuses};
+    use crate::core::state::ClusterState;
+
+    /// The metrics of the built-in example's plan and of the statuses written from it, with
+    /// `refusals` of its objects.
+    fn exported(state: &ClusterState, refusals: &mut Refusals) -> String {
+        let plan = crate::core::plan::plan(state);
+        let refused = refusals.of_policies(&plan);
+        let now = Time(Timestamp::from_second(1_000).unwrap());
+        let statuses =
+            applied_statuses(&plan, &state.sharing_policies, &state.teams, &refused, &now);
+        let metrics = Metrics::default();
+        metrics.observe(&plan, &statuses);
+        metrics.encode()
+    }
+
+    fn has(text: &str, line: &str) -> bool {
+        text.lines().any(|l| l == line)
+    }
 
     #[test]
     fn a_plan_becomes_series_a_dashboard_and_alerts_can_read() {
         let state = crate::cli::example::state().unwrap();
-        let plan = crate::core::plan::plan(&state);
-        let metrics = Metrics::default();
-        metrics.observe_plan(&plan);
-        let text = metrics.encode();
+        let text = exported(&state, &mut Refusals::default());
         for line in [
             "teamgpu_build_info{version=\"0.1.0\"} 1",
             "teamgpu_condition{kind=\"TeamGpuPolicy\",name=\"inference\",type=\"Ready\"} 1",
@@ -271,7 +299,52 @@ mod tests {
             "teamgpu_team_effective_guarantee_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 12",
             "teamgpu_team_pending_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 0",
         ] {
-            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+            assert!(has(&text, line), "no {line:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn ready_is_0_while_a_write_of_the_team_is_refused_and_1_once_it_is_written() {
+        let state = crate::cli::example::state().unwrap();
+        let quota = ObjectKey {
+            kind: Kind::ResourceQuota,
+            namespace: Some("inference-prod".into()),
+            name: "teamgpu".into(),
+        };
+        let mut refusals = Refusals::default();
+        let denied = FailedWrite {
+            key: quota.clone(),
+            verb: "apply",
+            message: "denied by a webhook".into(),
+            failure: Failure::Refused,
+        };
+        refusals.record(&[denied], [], Timestamp::from_second(900).unwrap());
+        let series = |team: &str, type_: &str| {
+            format!("teamgpu_condition{{kind=\"TeamGpuPolicy\",name=\"{team}\",type=\"{type_}\"}}")
+        };
+        let refused = exported(&state, &mut refusals);
+        for (line, why) in [
+            (
+                series("inference", "Ready") + " 0",
+                "the refused team is not Ready",
+            ),
+            (
+                series("inference", "Applied") + " 0",
+                "its Applied condition is False",
+            ),
+            (
+                series("ml-research", "Ready") + " 1",
+                "another team is Ready",
+            ),
+        ] {
+            assert!(has(&refused, &line), "{why}: no {line:?} in\n{refused}");
+        }
+        // The quota is written: Ready again, and no Applied condition to report.
+        refusals.record(&[], [&quota], Timestamp::from_second(950).unwrap());
+        let written = exported(&state, &mut refusals);
+        let ready = series("inference", "Ready") + " 1";
+        assert!(has(&written, &ready), "no {ready:?} in\n{written}");
+        let applied = series("inference", "Applied");
+        assert!(!written.contains(&applied), "{applied} in\n{written}");
     }
 }

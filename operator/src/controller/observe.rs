@@ -39,7 +39,7 @@ pub struct Stores {
     pub namespaces: Projected<NamespaceView, ()>,
     /// All DeviceClasses: foreign ones decide what is governed; teamgpu's are its own.
     pub device_classes: Store<DeviceClass>,
-    /// Projected to what the selectors read (see [`super::projected`]); empty until the
+    /// Projected to what the class expressions read (see [`super::projected`]); empty until the
     /// reconciler says what that is through `slice_reads`.
     pub slices: Projected<SliceView, Arc<DeviceReads>>,
     /// What the slices are to be projected to; a new value lists them again.
@@ -118,10 +118,10 @@ impl Stores {
         owners
     }
 
-    /// Asks for the slices' list as soon as what the selectors read is known from the policies
-    /// and DeviceClasses (short lists), rather than once every cache is complete: the slices
-    /// are the longest list, and the others complete meanwhile. The first pass asks again only
-    /// if it finds that the selectors read more.
+    /// Asks for the slices' list as soon as what the class expressions read is known from the
+    /// policies and DeviceClasses (short lists), rather than once every cache is complete: the
+    /// slices are the longest list, and the others complete meanwhile. The first pass asks again
+    /// only if it finds that the expressions read more.
     pub async fn list_slices_early(&self) {
         let (policies, classes) = futures::join!(
             self.sharing_policies.wait_until_ready(),

@@ -1,8 +1,8 @@
 //! Watch caches that keep a projection of each object instead of the object: the ResourceSlices
 //! (40,000 devices are hundreds of MiB as typed objects, a few MiB as [`SliceView`]s) and the
-//! ResourceClaims. A projection that depends on a parameter (what selectors read of a device)
-//! is made again by listing every object again when the parameter changes: an object is never
-//! read twice from different projections.
+//! ResourceClaims. A projection that depends on a parameter (what the class expressions read of a
+//! device) is made again by listing every object again when the parameter changes: an object is
+//! never read twice from different projections.
 //!
 //! An event whose projection equals the one kept changes nothing: the cache keeps its view and
 //! wakes no pass. A list (the first, one after a new parameter, or the watcher's own after a

@@ -156,9 +156,13 @@ impl Reconciler {
             Pass::AwaitSlices => {}
             Pass::Planned(planned) => {
                 planned_in = Some(started.elapsed());
-                let Planned { plan, effects } = *planned;
-                self.metrics.observe_plan(&plan);
-                drop(plan);
+                let Planned {
+                    plan,
+                    statuses,
+                    effects,
+                } = *planned;
+                self.metrics.observe(&plan, &statuses);
+                drop((plan, statuses));
                 tracing::debug!(
                     effects = effects.len(),
                     resident_mib = resident_mib(),

@@ -59,7 +59,7 @@ pub struct ClusterState {
     /// (`None`: [`crate::core::plan::namespace_admission::DEFAULT_ADMIN_GROUPS`]).
     pub admin_groups: Option<Vec<String>>,
     /// GpuSharingPolicies that exist but could not be read (they do not fit the type): their
-    /// DeviceClasses are kept and closed to new claims, as for an invalid selector.
+    /// DeviceClasses are kept and closed to new claims, as for an invalid hardware selector.
     pub unreadable_sharing_policies: Vec<String>,
     /// TeamGpuPolicies that exist but could not be read: their quotas, templates and binding
     /// are kept as they are until the policy can be read again.

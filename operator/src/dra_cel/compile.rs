@@ -1,25 +1,25 @@
-//! Compiling one selector expression: parsing with optional syntax, and the checks that stand
+//! Compiling one expression: parsing with optional syntax, and the checks that stand
 //! in for Kubernetes' type checker (declared variables, a result that can be a bool, length).
 
 use kube_cel::cel::common::ast::{EntryExpr, Expr, LiteralValue, operators};
 use kube_cel::cel::parser::{Expression, Parser};
 
-use super::SelectorError;
+use super::ExpressionError;
 use super::reads::{Footprint, Path, device_path};
 
-/// Maximum length of a selector expression (`CELSelectorExpressionMaxLength`, 10 Ki).
+/// Maximum length of an expression (Kubernetes' `CELSelectorExpressionMaxLength`, 10 Ki).
 const EXPRESSION_MAX_LENGTH: usize = 10 * 1024;
 
-/// Compile-checks one raw selector expression, e.g. to report it in a status.
-pub fn check_expression(expression: &str) -> Result<(), SelectorError> {
+/// Compile-checks one raw expression, e.g. to report it in a status.
+pub fn check_expression(expression: &str) -> Result<(), ExpressionError> {
     compile_one(0, expression).map(|_| ())
 }
 
 pub(super) fn compile_one(
     index: usize,
     source: &str,
-) -> Result<(Expression, Footprint), SelectorError> {
-    let invalid = |message: String| SelectorError::Invalid {
+) -> Result<(Expression, Footprint), ExpressionError> {
+    let invalid = |message: String| ExpressionError::Invalid {
         index,
         expression: source.to_owned(),
         message,
@@ -125,7 +125,7 @@ fn non_bool_type(expr: &Expr) -> Option<&'static str> {
     if let Some(path) = device_path(expr) {
         return match path {
             Path::Device => Some("kubernetes.DRADevice"),
-            Path::Kind(_) | Path::Domain(..) => Some("map"),
+            Path::Map(_) | Path::Domain(..) => Some("map"),
             Path::Field("driver") => Some("string"),
             Path::Field(_) | Path::Leaf(..) => None,
         };

@@ -1,5 +1,5 @@
 //! The CEL input of a device ([`DeviceEnv`]): its driver, typed attributes and capacities,
-//! projected to what selectors read, and shared between devices whose input is equal
+//! projected to what the expressions read, and shared between devices whose input is equal
 //! ([`DeviceEnvs`]).
 
 use std::collections::HashMap;
@@ -11,8 +11,8 @@ use kube_cel::cel::Value;
 use kube_cel::cel::objects::{Key, Map};
 
 use super::context::{ParseKind, parse_with_kube_cel};
-use super::reads::{DeviceReads, Footprint, Kind, Leaf, shared_name};
-use super::{SelectorError, parse_qualified_name};
+use super::reads::{DeviceMap, DeviceReads, Footprint, Leaf, shared_name};
+use super::{ExpressionError, parse_qualified_name};
 use crate::intern::Interner;
 
 /// A typed attribute value, as upstream `getAttributeValue` returns it.
@@ -83,8 +83,8 @@ impl PartialEq for CapValue {
 /// `(domain, id, value)`, sorted by domain and id, names interned.
 type Entries<T> = Vec<(Arc<str>, Arc<str>, T)>;
 
-/// The CEL input of one device, built once per device and reused for every selector: its
-/// driver, `allowMultipleAllocations`, and the typed attributes and capacities that selectors
+/// The CEL input of one device, built once per device and reused for every expression: its
+/// driver, `allowMultipleAllocations`, and the typed attributes and capacities that expressions
 /// read (all of them when they may read any). Whether it can be evaluated at all is decided on
 /// every attribute and capacity, kept or not, as upstream builds the whole map before
 /// evaluating.
@@ -95,7 +95,7 @@ pub struct DeviceEnv {
     capacity: Entries<CapValue>,
     allow_multiple_allocations: bool,
     /// First problem found while converting the device; every evaluation then fails.
-    invalid: Option<SelectorError>,
+    invalid: Option<ExpressionError>,
 }
 
 impl PartialEq for DeviceEnv {
@@ -131,7 +131,7 @@ impl Hash for DeviceEnv {
 }
 
 /// Builds the CEL input of devices and shares one [`DeviceEnv`] between the devices whose
-/// input is equal: once projected to what selectors read, the devices of one model are (the 8
+/// input is equal: once projected to what the expressions read, the devices of one model are (the 8
 /// GPUs of a node, the nodes of a pool), so a cluster of 40,000 devices holds a few dozen. The
 /// names in them (driver, domains, ids, quantities) are shared too, so that equal inputs mostly
 /// compare by pointer and a whole device (nothing projected away) holds no copy of a name.
@@ -189,7 +189,7 @@ fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
     Arc::ptr_eq(a, b) || **a == **b
 }
 
-/// The entry of a selector's leaf, whose names are shared with the devices' ([`shared_name`]).
+/// The entry of an expression's leaf, whose names are shared with the devices' ([`shared_name`]).
 fn find_leaf<'a, T>(entries: &'a Entries<T>, domain: &Arc<str>, id: &Arc<str>) -> Option<&'a T> {
     entries
         .iter()
@@ -230,8 +230,8 @@ fn find<'a, T>(entries: &'a Entries<T>, domain: &str, id: &str) -> Option<&'a T>
 }
 
 /// Records the first problem found while converting a device.
-fn note_invalid(invalid: &mut Option<SelectorError>, name: &str, message: String) {
-    invalid.get_or_insert(SelectorError::Device {
+fn note_invalid(invalid: &mut Option<ExpressionError>, name: &str, message: String) {
+    invalid.get_or_insert(ExpressionError::Device {
         name: name.to_owned(),
         message,
     });
@@ -256,7 +256,7 @@ impl DeviceEnv {
         for (name, attr) in device.attributes.iter().flatten() {
             let (domain, id) = parse_qualified_name(name, driver);
             match attr_value(attr) {
-                Ok(v) if reads.keeps(Kind::Attributes, domain, id) => {
+                Ok(v) if reads.keeps(DeviceMap::Attributes, domain, id) => {
                     attributes.push((shared_name(domain), shared_name(id), v));
                 }
                 Ok(_) => {}
@@ -267,7 +267,7 @@ impl DeviceEnv {
         for (name, cap) in device.capacity.iter().flatten() {
             let (domain, id) = parse_qualified_name(name, driver);
             match parse_with_kube_cel(ParseKind::Quantity, &cap.value.0) {
-                Ok(value) if reads.keeps(Kind::Capacity, domain, id) => {
+                Ok(value) if reads.keeps(DeviceMap::Capacity, domain, id) => {
                     let raw = names.intern(cap.value.0.as_str());
                     let (domain, id) = (shared_name(domain), shared_name(id));
                     capacity.push((domain, id, CapValue { raw, value }));
@@ -313,7 +313,7 @@ impl DeviceEnv {
     }
 
     /// Why this device cannot be evaluated at all, if it cannot.
-    pub(super) fn invalid(&self) -> Option<&SelectorError> {
+    pub(super) fn invalid(&self) -> Option<&ExpressionError> {
         self.invalid.as_ref()
     }
 
@@ -337,31 +337,31 @@ impl DeviceEnv {
         for d in &fp.capacity_domains {
             capacity.entry(key(d)).or_default();
         }
-        let mut put = |kind: Kind, d: &str, n: &str, v: Value| {
-            let m = match kind {
-                Kind::Attributes => &mut attributes,
-                Kind::Capacity => &mut capacity,
+        let mut put = |map: DeviceMap, d: &str, n: &str, v: Value| {
+            let m = match map {
+                DeviceMap::Attributes => &mut attributes,
+                DeviceMap::Capacity => &mut capacity,
             };
             m.entry(key(d)).or_default().insert(key(n), v);
         };
         if fp.full {
             for (d, n, v) in &self.attributes {
-                put(Kind::Attributes, d, n, v.to_cel());
+                put(DeviceMap::Attributes, d, n, v.to_cel());
             }
             for (d, n, v) in &self.capacity {
-                put(Kind::Capacity, d, n, v.value.clone());
+                put(DeviceMap::Capacity, d, n, v.value.clone());
             }
         } else {
             for leaf in &fp.leaves {
                 match leaf {
                     Leaf::Attribute(d, n) => {
                         if let Some(v) = find_leaf(&self.attributes, d, n) {
-                            put(Kind::Attributes, d, n, v.to_cel());
+                            put(DeviceMap::Attributes, d, n, v.to_cel());
                         }
                     }
                     Leaf::Capacity(d, n) => {
                         if let Some(v) = find_leaf(&self.capacity, d, n) {
-                            put(Kind::Capacity, d, n, v.value.clone());
+                            put(DeviceMap::Capacity, d, n, v.value.clone());
                         }
                     }
                     Leaf::Driver | Leaf::AllowMultipleAllocations => {}

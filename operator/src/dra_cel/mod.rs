@@ -1,23 +1,25 @@
-//! DRA device selectors in CEL, evaluated with kube-cel as Kubernetes evaluates them.
+//! The CEL expressions of DRA (a DeviceClass's or a request's `selectors`), evaluated with
+//! kube-cel as Kubernetes evaluates them.
 //!
 //! The API is small:
 //!
-//! * [`CompiledSelectors::compile`] compiles the selector expressions of a DeviceClass (or a
-//!   request) that must all be true; [`CompiledSelectors::matches`] evaluates them on a device
-//!   and [`CompiledSelectors::reads`] says which parts of a device they read ([`DeviceReads`]);
+//! * [`CompiledExpressions::compile`] compiles the expressions of a DeviceClass (or a request)
+//!   that must all be true; [`CompiledExpressions::matches`] evaluates them on a device
+//!   and [`CompiledExpressions::reads`] says which parts of a device they read ([`DeviceReads`]);
 //!   [`check_expression`] checks one expression alone, e.g. for a status.
-//! * [`DeviceEnvs::project`] builds a device's CEL input ([`DeviceEnv`]) keeping only what
-//!   selectors read, and shares equal inputs: the 40,000 devices of a cluster hold a few dozen.
+//! * [`DeviceEnvs::project`] builds a device's CEL input ([`DeviceEnv`]) keeping only what the
+//!   expressions read, and shares equal inputs: the 40,000 devices of a cluster hold a few
+//!   dozen.
 //! * [`parse_qualified_name`] splits an attribute name as the DRA API does.
 //!
 //! Every failure (an invalid expression, a failed evaluation, a device that cannot be a CEL
-//! value) is a [`SelectorError`].
+//! value) is an [`ExpressionError`].
 //!
 //! ```
 //! use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
-//! use teamgpu::dra_cel::{CompiledSelectors, DeviceEnvs};
+//! use teamgpu::dra_cel::{CompiledExpressions, DeviceEnvs};
 //!
-//! let selectors = CompiledSelectors::compile(&[
+//! let expressions = CompiledExpressions::compile(&[
 //!     "device.driver == 'gpu.nvidia.com'".to_owned(),
 //!     "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-PCIE-40GB'".to_owned(),
 //! ])?;
@@ -30,10 +32,10 @@
 //!     ..Default::default()
 //! };
 //! let mut envs = DeviceEnvs::default();
-//! // Only `productName` (and the driver) of the device is kept: that is all the selectors read.
-//! let env = envs.project("gpu.nvidia.com", &device, &selectors.reads());
-//! assert_eq!(selectors.matches(&env), Ok(true));
-//! # Ok::<(), teamgpu::dra_cel::SelectorError>(())
+//! // Only `productName` (and the driver) of the device is kept: that is all the expressions read.
+//! let env = envs.project("gpu.nvidia.com", &device, &expressions.reads());
+//! assert_eq!(expressions.matches(&env), Ok(true));
+//! # Ok::<(), teamgpu::dra_cel::ExpressionError>(())
 //! ```
 //!
 //! The `device` variable mirrors the DRA CEL environment of Kubernetes
@@ -66,8 +68,8 @@
 //! (e.g. the `includes()` of the alpha DRAListTypeAttributes) are missing.
 //!
 //! Performance: cel-rust deep-copies maps when they are bound or selected, so evaluating an
-//! expression against a whole device costs tens of µs. Most selectors only read a few fixed
-//! attributes (`device.attributes['gpu.nvidia.com'].productName`). [`CompiledSelectors`]
+//! expression against a whole device costs tens of µs. Most expressions only read a few fixed
+//! attributes (`device.attributes['gpu.nvidia.com'].productName`). [`CompiledExpressions`]
 //! therefore analyses the AST: when every use of `device` is such a fixed path, the result
 //! is a pure function of those few values, so it evaluates (with kube-cel) against a device
 //! holding only them, and memoises the result by those values. Devices of one model share one
@@ -77,7 +79,7 @@
 //! other way (iterating or sizing a domain, `cel.bind` over a domain map, a computed key, ...) are
 //! evaluated against the full device every time.
 //!
-//! The files: `selectors.rs` compiles and evaluates selector lists (with the memo),
+//! The files: `expressions.rs` compiles and evaluates lists of expressions (with the memo),
 //! `compile.rs` checks one expression, `reads.rs` analyses what an expression reads,
 //! `device.rs` builds and shares the CEL input of devices, and `context.rs` holds the
 //! kube-cel context, `cel.bind` and the parsing of versions and quantities.
@@ -85,18 +87,20 @@
 mod compile;
 mod context;
 mod device;
+mod expressions;
 mod reads;
-mod selectors;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use compile::check_expression;
 pub use device::{DeviceEnv, DeviceEnvs};
+pub use expressions::CompiledExpressions;
 pub use reads::DeviceReads;
-pub use selectors::CompiledSelectors;
 
+/// Why an expression could not be used. `selector #i` in the messages is the DeviceClass's
+/// `spec.selectors[i]`, as a person finds it there.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SelectorError {
+pub enum ExpressionError {
     /// The expression does not compile (or can never yield a bool).
     #[error("selector #{index} `{expression}` is invalid: {message}")]
     Invalid {

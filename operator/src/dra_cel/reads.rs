@@ -1,4 +1,4 @@
-//! What selectors read of a device: [`DeviceReads`] for the caches that keep devices, and the
+//! What expressions read of a device: [`DeviceReads`] for the caches that keep devices, and the
 //! AST analysis behind it ([`Footprint`]), which also decides whether an expression can be
 //! evaluated against the few values it reads.
 
@@ -9,12 +9,12 @@ use kube_cel::cel::common::ast::{EntryExpr, Expr, IdedEntryExpr, LiteralValue, o
 
 use crate::intern::Interner;
 
-/// Which parts of a device some selector reads, so that a device projected to them evaluates
-/// every such selector as the whole device would. `device.driver` and
+/// Which parts of a device some expression reads, so that a device projected to them evaluates
+/// every such expression as the whole device would. `device.driver` and
 /// `device.allowMultipleAllocations` are always kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DeviceReads {
-    /// Some selector reads the device in a way that may touch any attribute (`device` itself,
+    /// Some expression reads the device in a way that may touch any attribute (`device` itself,
     /// all domains, a computed key): nothing is left out.
     pub(super) everything: bool,
     /// Domains read as a whole: every attribute (capacity) of them is kept.
@@ -58,18 +58,18 @@ impl DeviceReads {
             && other
                 .attributes
                 .iter()
-                .all(|(d, i)| self.keeps(Kind::Attributes, d, i))
+                .all(|(d, i)| self.keeps(DeviceMap::Attributes, d, i))
             && other
                 .capacities
                 .iter()
-                .all(|(d, i)| self.keeps(Kind::Capacity, d, i))
+                .all(|(d, i)| self.keeps(DeviceMap::Capacity, d, i))
     }
 
     /// Whether a device projected to `self` keeps the attribute (capacity) `id` of `domain`.
-    pub(super) fn keeps(&self, kind: Kind, domain: &str, id: &str) -> bool {
-        let (domains, leaves) = match kind {
-            Kind::Attributes => (&self.attribute_domains, &self.attributes),
-            Kind::Capacity => (&self.capacity_domains, &self.capacities),
+    pub(super) fn keeps(&self, map: DeviceMap, domain: &str, id: &str) -> bool {
+        let (domains, leaves) = match map {
+            DeviceMap::Attributes => (&self.attribute_domains, &self.attributes),
+            DeviceMap::Capacity => (&self.capacity_domains, &self.capacities),
         };
         // Called for every attribute of every device a slice publishes: the few leaves are
         // scanned rather than a key allocated for the set's lookup.
@@ -109,10 +109,10 @@ impl DeviceReads {
             everything: fp.everything,
             ..DeviceReads::default()
         };
-        for (kind, domain) in &fp.whole_domains {
-            match kind {
-                Kind::Attributes => reads.attribute_domains.insert(domain.to_string()),
-                Kind::Capacity => reads.capacity_domains.insert(domain.to_string()),
+        for (map, domain) in &fp.whole_domains {
+            match map {
+                DeviceMap::Attributes => reads.attribute_domains.insert(domain.to_string()),
+                DeviceMap::Capacity => reads.capacity_domains.insert(domain.to_string()),
             };
         }
         for leaf in &fp.leaves {
@@ -126,9 +126,9 @@ impl DeviceReads {
     }
 }
 
-/// Attributes or capacity.
+/// Which map of a device: `device.attributes` or `device.capacity`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Kind {
+pub(super) enum DeviceMap {
     Attributes,
     Capacity,
 }
@@ -151,7 +151,7 @@ pub(super) struct Footprint {
     /// `device` is used in some other way: the whole device is needed.
     pub(super) full: bool,
     /// Domains read as a whole (iterated, sized, bound to a variable).
-    whole_domains: BTreeSet<(Kind, Arc<str>)>,
+    whole_domains: BTreeSet<(DeviceMap, Arc<str>)>,
     /// `device` itself, a field this module does not know, or all domains are read: nothing
     /// may be left out of the device.
     everything: bool,
@@ -176,37 +176,37 @@ impl Footprint {
         self.everything |= other.everything;
     }
 
-    fn add_domain(&mut self, kind: Kind, domain: &str) {
-        match kind {
-            Kind::Attributes => self.attribute_domains.insert(Arc::from(domain)),
-            Kind::Capacity => self.capacity_domains.insert(Arc::from(domain)),
+    fn add_domain(&mut self, map: DeviceMap, domain: &str) {
+        match map {
+            DeviceMap::Attributes => self.attribute_domains.insert(Arc::from(domain)),
+            DeviceMap::Capacity => self.capacity_domains.insert(Arc::from(domain)),
         };
     }
 
-    fn add_leaf(&mut self, kind: Kind, domain: &str, id: &str) {
-        self.add_domain(kind, domain);
-        self.leaves.insert(match kind {
-            Kind::Attributes => Leaf::Attribute(shared_name(domain), shared_name(id)),
-            Kind::Capacity => Leaf::Capacity(shared_name(domain), shared_name(id)),
+    fn add_leaf(&mut self, map: DeviceMap, domain: &str, id: &str) {
+        self.add_domain(map, domain);
+        self.leaves.insert(match map {
+            DeviceMap::Attributes => Leaf::Attribute(shared_name(domain), shared_name(id)),
+            DeviceMap::Capacity => Leaf::Capacity(shared_name(domain), shared_name(id)),
         });
     }
 
     fn visit(&mut self, expr: &Expr) {
         if let Some(path) = device_path(expr) {
             match path {
-                Path::Leaf(kind, domain, id) => self.add_leaf(kind, domain, id),
+                Path::Leaf(map, domain, id) => self.add_leaf(map, domain, id),
                 Path::Field("driver") => {
                     self.leaves.insert(Leaf::Driver);
                 }
                 Path::Field("allowMultipleAllocations") => {
                     self.leaves.insert(Leaf::AllowMultipleAllocations);
                 }
-                Path::Domain(kind, domain) => {
-                    self.add_domain(kind, domain);
-                    self.whole_domains.insert((kind, Arc::from(domain)));
+                Path::Domain(map, domain) => {
+                    self.add_domain(map, domain);
+                    self.whole_domains.insert((map, Arc::from(domain)));
                     self.full = true;
                 }
-                Path::Device | Path::Field(_) | Path::Kind(_) => {
+                Path::Device | Path::Field(_) | Path::Map(_) => {
                     self.full = true;
                     self.everything = true;
                 }
@@ -218,9 +218,9 @@ impl Footprint {
             && c.func_name == operators::IN
             && let [k, m] = c.args.as_slice()
             && let Some(id) = string_literal(&k.expr)
-            && let Some(Path::Domain(kind, domain)) = device_path(&m.expr)
+            && let Some(Path::Domain(map, domain)) = device_path(&m.expr)
         {
-            self.add_leaf(kind, domain, id);
+            self.add_leaf(map, domain, id);
             return;
         }
         match expr {
@@ -269,9 +269,9 @@ impl Footprint {
 pub(super) enum Path<'a> {
     Device,
     Field(&'a str),
-    Kind(Kind),
-    Domain(Kind, &'a str),
-    Leaf(Kind, &'a str, &'a str),
+    Map(DeviceMap),
+    Domain(DeviceMap, &'a str),
+    Leaf(DeviceMap, &'a str, &'a str),
 }
 
 fn string_literal(e: &Expr) -> Option<&str> {
@@ -286,13 +286,13 @@ pub(super) fn device_path(expr: &Expr) -> Option<Path<'_>> {
     fn child<'a>(parent: Path<'a>, name: &'a str, optional: bool) -> Option<Path<'a>> {
         match parent {
             Path::Device if !optional => Some(match name {
-                "attributes" => Path::Kind(Kind::Attributes),
-                "capacity" => Path::Kind(Kind::Capacity),
+                "attributes" => Path::Map(DeviceMap::Attributes),
+                "capacity" => Path::Map(DeviceMap::Capacity),
                 other => Path::Field(other),
             }),
-            Path::Kind(kind) if !optional => Some(Path::Domain(kind, name)),
+            Path::Map(map) if !optional => Some(Path::Domain(map, name)),
             // `m[id]`, `m.id`, `m[?id]`, `m.?id`: the value (or its absence) of one leaf.
-            Path::Domain(kind, domain) => Some(Path::Leaf(kind, domain, name)),
+            Path::Domain(map, domain) => Some(Path::Leaf(map, domain, name)),
             _ => None,
         }
     }
@@ -303,7 +303,7 @@ pub(super) fn device_path(expr: &Expr) -> Option<Path<'_>> {
             if s.test {
                 // `has(m.id)` reads only whether leaf `id` exists.
                 match parent {
-                    Path::Domain(kind, domain) => Some(Path::Leaf(kind, domain, &s.field)),
+                    Path::Domain(map, domain) => Some(Path::Leaf(map, domain, &s.field)),
                     _ => None,
                 }
             } else {
@@ -325,7 +325,7 @@ pub(super) fn device_path(expr: &Expr) -> Option<Path<'_>> {
 }
 
 /// The one shared copy of an attribute or capacity name (a domain or an id), for every device
-/// input and every compiled selector: a selector then finds a device's attribute by pointer.
+/// input and every compiled expression: an expression then finds a device's attribute by pointer.
 /// Drivers publish a fixed set of names; past `KEPT` distinct names a name is not shared (and
 /// found by its text).
 pub(super) fn shared_name(name: &str) -> Arc<str> {

@@ -7,7 +7,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 
 use super::device::AttrValue;
 use super::{
-    CompiledSelectors, DeviceEnv, DeviceEnvs, DeviceReads, SelectorError, check_expression,
+    CompiledExpressions, DeviceEnv, DeviceEnvs, DeviceReads, ExpressionError, check_expression,
 };
 
 /// A test fixture of `operator/testdata/` (each file names its upstream source). The 8-GPU
@@ -42,8 +42,8 @@ fn env(rel: &str) -> DeviceEnv {
     DeviceEnv::new("gpu.nvidia.com", &devices(rel)[0])
 }
 
-fn sel(exprs: &[&str]) -> CompiledSelectors {
-    CompiledSelectors::compile(&exprs.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+fn compiled(exprs: &[&str]) -> CompiledExpressions {
+    CompiledExpressions::compile(&exprs.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .expect("compiles")
 }
 
@@ -52,8 +52,8 @@ const MIG: &str = "nvidia-dra-driver-gpu/resourceslice/device-entry-mig.from-doc
 const VFIO: &str = "nvidia-dra-driver-gpu/resourceslice/device-entry-vfio.from-docs.yaml";
 
 #[test]
-fn reads_name_exactly_what_a_selector_reads_of_a_device() {
-    let reads = |e: &str| sel(&[e]).reads();
+fn reads_name_exactly_what_an_expression_reads_of_a_device() {
+    let reads = |e: &str| compiled(&[e]).reads();
     let leaves = reads(
         "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'A100' \
          && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
@@ -89,13 +89,13 @@ fn reads_name_exactly_what_a_selector_reads_of_a_device() {
 
 #[test]
 fn nvidia_classes_select_their_device_kind() {
-    let gpu = sel(&[
+    let gpu = compiled(&[
         "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
     ]);
-    let mig = sel(&[
+    let mig = compiled(&[
         "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
     ]);
-    let vfio = sel(&[
+    let vfio = compiled(&[
         "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'",
     ]);
     let (g, m, v) = (env(GPU), env(MIG), env(VFIO));
@@ -120,7 +120,7 @@ fn typed_attributes_capacity_and_qualified_names() {
         Some("0000:65:00.0")
     );
     assert_eq!(g.capacity("gpu.nvidia.com", "memory"), Some("40Gi"));
-    let s = sel(&[
+    let s = compiled(&[
         "device.attributes['gpu.nvidia.com'].cudaComputeCapability.compareTo(semver('8.0.0')) >= 0",
         "device.attributes['gpu.nvidia.com'].cudaComputeCapability.isLessThan(semver('9.0.0'))",
         "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
@@ -130,7 +130,7 @@ fn typed_attributes_capacity_and_qualified_names() {
     ]);
     assert_eq!(s.matches(&g), Ok(true));
     let v = env(VFIO);
-    let s = sel(&[
+    let s = compiled(&[
         "device.attributes['gpu.nvidia.com'].numa == 0 && device.attributes['gpu.nvidia.com'].iommuFDEnabled",
     ]);
     assert_eq!(s.matches(&v), Ok(true));
@@ -141,22 +141,22 @@ fn unknown_domain_is_empty_map_but_unknown_attribute_errors() {
     let g = env(GPU);
     // Upstream: unknown domain -> empty map, so has() is false and no error.
     assert_eq!(
-        sel(&["!has(device.attributes['other.example.com'].x)"]).matches(&g),
+        compiled(&["!has(device.attributes['other.example.com'].x)"]).matches(&g),
         Ok(true)
     );
     assert_eq!(
-        sel(&["size(device.attributes['other.example.com']) == 0"]).matches(&g),
+        compiled(&["size(device.attributes['other.example.com']) == 0"]).matches(&g),
         Ok(true)
     );
     // Missing attribute in a known domain errors (quickstart gpu-test6 `index`, see README).
-    let err = sel(&["device.attributes['gpu.nvidia.com'].index == 0"]).matches(&g);
+    let err = compiled(&["device.attributes['gpu.nvidia.com'].index == 0"]).matches(&g);
     assert!(
-        matches!(err, Err(SelectorError::Evaluation { index: 0, .. })),
+        matches!(err, Err(ExpressionError::Evaluation { index: 0, .. })),
         "{err:?}"
     );
-    // In order: a false selector stops before the failing one, like the allocator.
+    // In order: a false expression stops before the failing one, like the allocator.
     assert_eq!(
-        sel(&[
+        compiled(&[
             "device.attributes['gpu.nvidia.com'].type == 'mig'",
             "device.attributes['gpu.nvidia.com'].index == 0"
         ])
@@ -168,7 +168,7 @@ fn unknown_domain_is_empty_map_but_unknown_attribute_errors() {
 #[test]
 fn full_device_expressions_work() {
     let g = env(GPU);
-    let s = sel(&[
+    let s = compiled(&[
         "device.attributes['gpu.nvidia.com'].exists(k, k == 'uuid')",
         "'brand' in device.attributes['gpu.nvidia.com']",
         "cel.bind(dra, device.attributes['gpu.nvidia.com'], dra.brand == 'Nvidia' && dra.type == 'gpu')",
@@ -184,9 +184,9 @@ fn compile_errors_are_reported_with_index() {
         "device.driver == 'x'".to_owned(),
         "device.attributes[".to_owned(),
     ];
-    let e = CompiledSelectors::compile(&bad).unwrap_err();
+    let e = CompiledExpressions::compile(&bad).unwrap_err();
     assert!(
-        matches!(&e, SelectorError::Invalid { index: 1, expression, .. } if expression == "device.attributes[")
+        matches!(&e, ExpressionError::Invalid { index: 1, expression, .. } if expression == "device.attributes[")
     );
     assert!(e.to_string().contains("#1"));
     for not_bool in [
@@ -213,10 +213,10 @@ fn compile_errors_are_reported_with_index() {
 #[test]
 fn non_bool_result_is_an_evaluation_error() {
     let g = env(GPU);
-    let s = sel(&["device.attributes['gpu.nvidia.com'].brand"]);
+    let s = compiled(&["device.attributes['gpu.nvidia.com'].brand"]);
     assert!(matches!(
         s.matches(&g),
-        Err(SelectorError::Evaluation { .. })
+        Err(ExpressionError::Evaluation { .. })
     ));
 }
 
@@ -235,10 +235,10 @@ fn invalid_version_fails_every_evaluation() {
     let e = DeviceEnv::new("gpu.nvidia.com", &d);
     assert!(e.invalid().is_some());
     assert!(matches!(
-        sel(&["device.driver == 'gpu.nvidia.com'"]).matches(&e),
-        Err(SelectorError::Device { .. })
+        compiled(&["device.driver == 'gpu.nvidia.com'"]).matches(&e),
+        Err(ExpressionError::Device { .. })
     ));
-    assert_eq!(sel(&[]).matches(&e), Ok(true));
+    assert_eq!(compiled(&[]).matches(&e), Ok(true));
 }
 
 #[test]
@@ -252,7 +252,7 @@ fn memo_distinguishes_devices() {
         .map(|d| DeviceEnv::new(&slice.spec.driver, d))
         .collect();
     assert_eq!(envs.len(), 8);
-    let s = sel(&[
+    let s = compiled(&[
         "device.attributes['gpu.nvidia.com'].uuid == 'GPU-00000000-0000-0000-0000-000000000003'",
     ]);
     let hits = envs.iter().filter(|e| s.matches(e) == Ok(true)).count();
@@ -265,7 +265,7 @@ fn memo_distinguishes_devices() {
 fn equal_projections_are_shared_until_no_device_holds_them() {
     let slice = node_slice();
     let devices = slice.spec.devices.as_deref().unwrap_or_default();
-    let reads = sel(&["device.attributes['gpu.nvidia.com'].productName == 'x'"]).reads();
+    let reads = compiled(&["device.attributes['gpu.nvidia.com'].productName == 'x'"]).reads();
     let mut envs = DeviceEnvs::default();
     let projected: Vec<_> = devices
         .iter()
@@ -303,9 +303,9 @@ fn projection_agrees_with_full_device() {
     ];
     let envs = [env(GPU), env(MIG), env(VFIO)];
     for e in exprs {
-        let projected = sel(&[e]);
+        let projected = compiled(&[e]);
         assert!(!projected.footprint.full, "{e} should be projectable");
-        let mut full = sel(&[e]);
+        let mut full = compiled(&[e]);
         full.footprint.full = true;
         for d in &envs {
             let a = projected.matches(d);
@@ -341,9 +341,9 @@ fn bench_match() {
         }
         envs.push(DeviceEnv::new("gpu.nvidia.com", &d));
     }
-    let policy = crate::core::plan::selector::tests::sample_policy_exprs();
+    let policy = crate::core::plan::cel::tests::sample_class_expressions();
     let sets: Vec<_> = (0..20)
-        .map(|_| CompiledSelectors::compile(&policy).expect("compiles"))
+        .map(|_| CompiledExpressions::compile(&policy).expect("compiles"))
         .collect();
     let start = std::time::Instant::now();
     let mut n = 0usize;
@@ -360,11 +360,11 @@ fn bench_match() {
         el,
         el.as_secs_f64() * 1e6 / (20.0 * envs.len() as f64)
     );
-    let named: BTreeMap<String, CompiledSelectors> = (0..20)
+    let named: BTreeMap<String, CompiledExpressions> = (0..20)
         .map(|i| {
             (
                 format!("p{i:02}"),
-                CompiledSelectors::compile(&policy).expect("compiles"),
+                CompiledExpressions::compile(&policy).expect("compiles"),
             )
         })
         .collect();
@@ -380,7 +380,7 @@ fn bench_match() {
         "memoised, device-outer (as Inventory::match_sets): {n} true in {el:?} = {:.3} µs/match",
         el.as_secs_f64() * 1e6 / (20.0 * envs.len() as f64)
     );
-    let full = sel(&[
+    let full = compiled(&[
         "device.attributes['gpu.nvidia.com'].exists(k, k == 'productName') && device.attributes['gpu.nvidia.com'].type == 'gpu'",
     ]);
     let start = std::time::Instant::now();
@@ -416,7 +416,7 @@ fn bench_match() {
 }
 
 #[test]
-fn attribute_names_are_one_shared_copy_for_devices_and_selectors() {
+fn attribute_names_are_one_shared_copy_for_devices_and_expressions() {
     let a = super::reads::shared_name("gpu.nvidia.com");
     let b = super::reads::shared_name(&String::from("gpu.nvidia.com"));
     assert!(Arc::ptr_eq(&a, &b));

@@ -1,6 +1,6 @@
 //! What a plan warns about, for a person and for `plan -f --fail-on-warnings`: the planner's
-//! cluster-wide warnings (overcommitted pools among them), and a selector that does not
-//! compile, which only its policy's condition tells. Pure.
+//! cluster-wide warnings (overcommitted pools among them), and a hardware selector that does
+//! not compile, which only its policy's condition tells. Pure.
 
 use crate::core::plan::Plan;
 use crate::core::plan::conditions::types;

@@ -1,4 +1,5 @@
-//! Events for what a person should know: conflicts, overcommit, quota changes, invalid selectors.
+//! Events for what a person should know: conflicts, overcommit, quota changes, invalid hardware
+//! selectors.
 //! An Event is published on a transition (a finding the live status does not show yet), so a
 //! restart on a converged cluster publishes nothing.
 
@@ -135,7 +136,7 @@ fn team_events(report: &TeamReport, team: &TeamGpuPolicy) -> Vec<Event> {
     events
 }
 
-/// A selector newly found invalid is a warning.
+/// A hardware selector newly found invalid is a warning.
 fn sharing_events(report: &SharingPolicyReport, policy: &GpuSharingPolicy) -> Vec<Event> {
     let conditions = policy.status.as_ref().map(|s| s.conditions.as_slice());
     let is_finding = |c: &DesiredCondition| c.type_ == types::SELECTOR_VALID && !c.status;
@@ -232,7 +233,7 @@ mod tests {
     }
 
     /// A plan in which team `ml` (namespaces `ml-dev`, `ml-train`) conflicts and is entitled
-    /// to 4 devices of `a100`, whose selector is invalid.
+    /// to 4 devices of `a100`, whose hardware selector is invalid.
     fn plan() -> Plan {
         Plan {
             teams: vec![TeamReport {

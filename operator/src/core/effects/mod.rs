@@ -3,7 +3,8 @@
 //! `controller::executor` performs the effects and is the only code that writes.
 //!
 //! Every decision is here, over plain data, so it can be tested without an API server:
-//! [`status_changes`] and [`malformed_statuses`] (which statuses to write), [`event_transitions`]
+//! [`applied_statuses`] (each policy's status as written), [`status_changes`] and
+//! [`malformed_statuses`] (which statuses to write), [`event_transitions`]
 //! and [`Published`] (which Events to publish), [`ReclaimTracker::evictions`] and
 //! [`reclaim::victims`] (which workloads to evict, and when), [`eviction_events`] (what to say
 //! of an eviction's outcome), [`Requeuer`] (which waiting Pods to wake when room appears),
@@ -29,7 +30,10 @@ pub use reclaim::workload::PodView;
 pub use reclaim::{ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, eviction_events};
 pub use refusals::{FailedWrite, Failure, Refusals, RefusedByOwner};
 pub use requeue::{REQUEUE_ANNOTATION, Requeue, Requeuer, WaitingPod, room};
-pub use status::{Malformed, malformed_status, malformed_statuses, status_changes};
+pub use status::{
+    Malformed, PolicyStatuses, applied_statuses, malformed_status, malformed_statuses,
+    status_changes,
+};
 pub use waiting::waiting_events;
 pub use written::WrittenStatuses;
 

@@ -1,5 +1,7 @@
-//! Which statuses to write: only those that differ from the live ones, so a steady state
-//! writes none.
+//! The status of each policy as teamgpu writes it ([`applied_statuses`]), and which of them to
+//! write: only those that differ from the live ones, so a steady state writes none.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -7,40 +9,66 @@ use kube::core::DynamicObject;
 use serde_json::{Value, json};
 
 use super::{Effect, PolicyKind, RefusedByOwner, WrittenStatuses};
-use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
+use crate::api::{GpuSharingPolicy, GpuSharingPolicyStatus, TeamGpuPolicy, TeamGpuPolicyStatus};
 use crate::core::plan::Plan;
 
-/// The status of every policy whose status in `plan`, with what the API server `refused` of its
-/// objects, differs from its live one, unless it was `written` over the version the cache
-/// holds.
-pub fn status_changes(
+/// The status of every policy as teamgpu writes it: the plan's, with the `Applied` condition
+/// of its refused writes. One value for both the status writes and the condition metrics, so
+/// a dashboard says what the status says. By policy name; a policy the plan does not know of
+/// has none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyStatuses {
+    pub sharing: BTreeMap<String, GpuSharingPolicyStatus>,
+    pub teams: BTreeMap<String, TeamGpuPolicyStatus>,
+}
+
+/// The status of each live policy in `sharing` and `teams`: `plan`'s, with what the API server
+/// `refused` of its objects.
+pub fn applied_statuses(
     plan: &Plan,
     sharing: &[GpuSharingPolicy],
     teams: &[TeamGpuPolicy],
     refused: &RefusedByOwner,
-    written: &mut WrittenStatuses,
     now: &Time,
-) -> Vec<Effect> {
-    let mut out = Vec::new();
-    for p in sharing {
+) -> PolicyStatuses {
+    let sharing = sharing.iter().filter_map(|p| {
         let (name, live) = (p.name_any(), p.status.as_ref());
         let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
         let applied = refused.condition(PolicyKind::GpuSharingPolicy, &name, conditions);
-        let status = plan.applied_sharing_status(&name, live, applied, now);
-        out.extend(changed(
-            PolicyKind::GpuSharingPolicy,
-            p,
-            live,
-            status,
-            written,
-        ));
-    }
-    for t in teams {
+        let status = plan.applied_sharing_status(&name, live, applied, now)?;
+        Some((name, status))
+    });
+    let teams = teams.iter().filter_map(|t| {
         let (name, live) = (t.name_any(), t.status.as_ref());
         let conditions = live.map(|s| s.conditions.as_slice()).unwrap_or_default();
         let applied = refused.condition(PolicyKind::TeamGpuPolicy, &name, conditions);
-        let status = plan.applied_team_status(&name, live, applied, now);
-        out.extend(changed(PolicyKind::TeamGpuPolicy, t, live, status, written));
+        let status = plan.applied_team_status(&name, live, applied, now)?;
+        Some((name, status))
+    });
+    PolicyStatuses {
+        sharing: sharing.collect(),
+        teams: teams.collect(),
+    }
+}
+
+/// The write of each status of `statuses` that differs from its live one in `sharing` and
+/// `teams`, unless it was `written` over the version the cache holds.
+pub fn status_changes(
+    statuses: &PolicyStatuses,
+    sharing: &[GpuSharingPolicy],
+    teams: &[TeamGpuPolicy],
+    written: &mut WrittenStatuses,
+) -> Vec<Effect> {
+    let mut out = Vec::new();
+    for p in sharing {
+        let status = statuses.sharing.get(&p.name_any());
+        let kind = PolicyKind::GpuSharingPolicy;
+        out.extend(changed(kind, p, p.status.as_ref(), status, written));
+    }
+    for t in teams {
+        let status = statuses.teams.get(&t.name_any());
+        let kind = PolicyKind::TeamGpuPolicy;
+        out.extend(changed(kind, t, t.status.as_ref(), status, written));
     }
     out
 }
@@ -51,10 +79,10 @@ fn changed<S: PartialEq + serde::Serialize>(
     kind: PolicyKind,
     policy: &impl ResourceExt,
     live: Option<&S>,
-    status: Option<S>,
+    status: Option<&S>,
     written: &mut WrittenStatuses,
 ) -> Option<Effect> {
-    let status = json!(status.filter(|s| live != Some(s))?);
+    let status = json!(status.filter(|s| live != Some(*s))?);
     let name = policy.name_any();
     let version = policy.meta().resource_version.as_deref();
     written
@@ -168,6 +196,17 @@ mod tests {
         .unwrap()
     }
 
+    /// The statuses of [`plan`] at second 200, nothing refused.
+    fn planned(sharing: &[GpuSharingPolicy], teams: &[TeamGpuPolicy]) -> PolicyStatuses {
+        applied_statuses(
+            &plan(),
+            sharing,
+            teams,
+            &RefusedByOwner::default(),
+            &at(200),
+        )
+    }
+
     #[test]
     fn only_statuses_that_differ_from_the_live_ones_are_written() {
         let policy: GpuSharingPolicy = serde_json::from_value(json!({
@@ -176,13 +215,12 @@ mod tests {
         }))
         .unwrap();
         // The team's status is as planned; a team the plan does not know of gets none.
+        let (sharing, teams) = ([policy], [team("ml", 4), team("gone", 1)]);
         let written = status_changes(
-            &plan(),
-            &[policy],
-            &[team("ml", 4), team("gone", 1)],
-            &RefusedByOwner::default(),
+            &planned(&sharing, &teams),
+            &sharing,
+            &teams,
             &mut WrittenStatuses::default(),
-            &at(200),
         );
         assert_eq!(
             written,
@@ -197,13 +235,12 @@ mod tests {
 
     #[test]
     fn a_changed_entitlement_rewrites_the_status_and_keeps_the_transition_time() {
+        let teams = [team("ml", 3)];
         let written = status_changes(
-            &plan(),
+            &planned(&[], &teams),
             &[],
-            &[team("ml", 3)],
-            &RefusedByOwner::default(),
+            &teams,
             &mut WrittenStatuses::default(),
-            &at(200),
         );
         let expected = json!({
             "observedGeneration": 2,

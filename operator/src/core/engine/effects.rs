@@ -6,17 +6,28 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::sync::Arc;
 
 use super::{Engine, Now};
-use crate::core::effects::{self, Effect, ReclaimInput};
+use crate::core::effects::{self, Effect, PolicyStatuses, ReclaimInput, RefusedByOwner};
 use crate::core::plan::Plan;
 use crate::core::plan::usage::ClaimView;
 
 impl Engine {
+    /// The status of each policy as it is written (see [`effects::applied_statuses`]), with
+    /// the refused writes of each policy that it shows.
+    pub(super) fn statuses(&mut self, plan: &Plan, now: Now) -> (PolicyStatuses, RefusedByOwner) {
+        let refused = self.refusals.of_policies(plan);
+        let (sharing, teams) = (&self.state.sharing_policies, &self.state.teams);
+        let time = Time(now.wall);
+        let statuses = effects::applied_statuses(plan, sharing, teams, &refused, &time);
+        (statuses, refused)
+    }
+
     /// What `plan` asks for, in the order it is done: objects (the differ's order), statuses,
     /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions.
     /// `claims`: every claim if a Pod was pending at the start of the pass, else none.
     pub(super) fn effects(
         &mut self,
         plan: &Plan,
+        (statuses, refused): (&PolicyStatuses, &RefusedByOwner),
         now: Now,
         mut claims: Vec<Arc<ClaimView>>,
     ) -> Vec<Effect> {
@@ -27,14 +38,11 @@ impl Engine {
         let mut out: Vec<Effect> = writes.into_iter().map(Effect::Object).collect();
         out.extend(effects::malformed_statuses(&self.malformed, &time));
         // Status from what was applied: the refused writes of each policy.
-        let refused = self.refusals.of_policies(plan);
         out.extend(effects::status_changes(
-            plan,
+            statuses,
             sharing,
             teams,
-            &refused,
             &mut self.written,
-            &time,
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.

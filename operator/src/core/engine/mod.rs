@@ -13,7 +13,8 @@
 //!   for no effect, and its differ, Events and trackers stay as if no pass had acted, so a
 //!   replica that becomes leader writes exactly what differs. Dropping a follower's effects in
 //!   the controller would instead let the requeuer believe it woke templates it did not.
-//! - [`Pass::Planned`] hands the plan out by value, for the metrics: the engine keeps no plan.
+//! - [`Pass::Planned`] hands the plan out by value, with each policy's status as written (its
+//!   conditions are what the metrics report), for the metrics: the engine keeps neither.
 //! - A slice list asked for is remembered ([`Input::SliceListAsked`] for the one asked before
 //!   the engine ran), so a pass during the list waits ([`Pass::AwaitSlices`]) instead of
 //!   starting the list again.
@@ -38,8 +39,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::core::diff::{self, ObjectKey};
 use crate::core::effects::{
-    Effect, EventKey, FailedWrite, Malformed, PolicyKind, Published, ReclaimDefaults,
-    ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
+    Effect, EventKey, FailedWrite, Malformed, PolicyKind, PolicyStatuses, Published,
+    ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
 };
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{self, Plan, admission::Enforcement};
@@ -80,7 +81,7 @@ pub enum Role {
 /// What a pass asks for.
 #[derive(Debug)]
 pub enum Pass {
-    /// List the ResourceSlices again, projected to these reads: a selector reads more of a
+    /// List the ResourceSlices again, projected to these reads: an expression reads more of a
     /// device than the slices taken in keep. Nothing is planned until they come.
     ListSlices(DeviceReads),
     /// A list asked for is not in yet; nothing to do.
@@ -94,6 +95,9 @@ pub enum Pass {
 pub struct Planned {
     /// For the metrics; the engine keeps nothing of it.
     pub plan: Plan,
+    /// Each policy's status as it is written (a follower's with the `Applied` condition its
+    /// live status shows), for the condition metrics.
+    pub statuses: PolicyStatuses,
     /// Objects (in dependency order), statuses, requeues, Events, evictions; none for a
     /// [`Role::Follower`].
     pub effects: Vec<Effect>,
@@ -185,7 +189,7 @@ impl Engine {
             self.planner.claim_views()
         };
         self.refresh_pending(&claims);
-        // Devices are kept only as far as selectors read them: a selector that reads more
+        // Devices are kept only as far as expressions read them: one that reads more
         // (a new policy, a changed class) needs the slices listed again before counting.
         let reads = self.planner.device_reads(&self.state);
         if !self.planner.reads_cover(&reads) {
@@ -196,11 +200,16 @@ impl Engine {
             return Pass::ListSlices(reads);
         }
         let plan = self.planner.plan(&self.state);
+        let (statuses, refused) = self.statuses(&plan, now);
         let effects = match role {
-            Role::Leader => self.effects(&plan, now, claims),
+            Role::Leader => self.effects(&plan, (&statuses, &refused), now, claims),
             Role::Follower => Vec::new(),
         };
-        Pass::Planned(Box::new(Planned { plan, effects }))
+        Pass::Planned(Box::new(Planned {
+            plan,
+            statuses,
+            effects,
+        }))
     }
 
     /// Takes in what the executor did at `wall`: an apply settles its object in the differ, a

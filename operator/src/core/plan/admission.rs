@@ -196,7 +196,7 @@ fn rules() -> MatchResources {
 fn cel_list(items: impl IntoIterator<Item = impl AsRef<str>>) -> String {
     let items: Vec<String> = items
         .into_iter()
-        .map(|c| super::selector::cel_string(c.as_ref()))
+        .map(|c| super::cel::string_literal(c.as_ref()))
         .collect();
     format!("[{}]", items.join(", "))
 }
@@ -221,7 +221,7 @@ pub(super) fn not_the_operator(operator: &str) -> Vec<MatchCondition> {
         name: "not-the-teamgpu-operator".into(),
         expression: format!(
             "request.userInfo.username != {}",
-            super::selector::cel_string(operator)
+            super::cel::string_literal(operator)
         ),
     }]
 }

@@ -1,5 +1,5 @@
-//! Phase 2, capacity: which devices each policy's selectors match, pool by pool (a changed pool
-//! is matched again, the others are not); which matching devices are allocated outside teams;
+//! Phase 2, capacity: which devices each policy's class expressions match, pool by pool (a changed
+//! pool is matched again, the others are not); which matching devices are allocated outside teams;
 //! and which DeviceClasses not teamgpu's can select governed devices.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,10 +13,10 @@ use super::inventory::{self, DeviceId, Inventory, MatchReport, PoolKey};
 use super::objects::is_teamgpu_class;
 use super::policies::CompiledPolicy;
 use super::usage::Usage;
-use crate::dra_cel::CompiledSelectors;
+use crate::dra_cel::CompiledExpressions;
 
 /// Device matching kept between plans: per pool, for the pool's fingerprint and the
-/// selectors' identity; all pools together, for the inventory's version and the selectors.
+/// expressions' identity; all pools together, for the inventory's version and the expressions.
 #[derive(Debug)]
 pub struct Matching {
     pools: Cache<PoolKey, (u64, u64), PoolMatch>,
@@ -24,8 +24,8 @@ pub struct Matching {
 }
 
 /// One pool's [`MatchReport`] as the cache keeps it. Most pools only count devices for a name
-/// or two: those counts are kept by the name's place among the selector sets (which the
-/// selectors' identity in the cache's input pins), not as a map of names; 5,000 pools of
+/// or two: those counts are kept by the name's place among the expression sets (which the
+/// expressions' identity in the cache's input pins), not as a map of names; 5,000 pools of
 /// one-name maps were 3 MiB. A pool with overlaps or evaluation errors keeps its whole report.
 #[derive(Debug)]
 enum PoolMatch {
@@ -93,18 +93,18 @@ impl Matching {
         }
     }
 
-    /// What `sets` (whose identity is `selectors`) match in `inventory`.
+    /// What `sets` (whose identity is `expressions`) match in `inventory`.
     pub fn update(
         &mut self,
         inventory: &Inventory,
-        selectors: u64,
-        sets: &BTreeMap<String, &CompiledSelectors>,
+        expressions: u64,
+        sets: &BTreeMap<String, &CompiledExpressions>,
     ) -> &MatchReport {
         let pools = &mut self.pools;
         let names: Vec<&String> = sets.keys().collect();
-        self.total.get((), (inventory.version(), selectors), |_| {
+        self.total.get((), (inventory.version(), expressions), |_| {
             for (key, pool) in inventory.pools() {
-                pools.get(key.clone(), (pool.fingerprint(), selectors), |_| {
+                pools.get(key.clone(), (pool.fingerprint(), expressions), |_| {
                     PoolMatch::new(inventory::match_pool(pool, sets), &names)
                 });
             }
@@ -140,7 +140,7 @@ impl Matching {
     pub fn pool_counts(
         &self,
         name: &str,
-        sets: &BTreeMap<String, &CompiledSelectors>,
+        sets: &BTreeMap<String, &CompiledExpressions>,
     ) -> Vec<(&PoolKey, u32)> {
         let Some(place) = sets.keys().position(|n| n == name) else {
             return Vec::new();
@@ -163,7 +163,7 @@ impl Default for Matching {
 pub fn used_outside_teams<'u>(
     usage: impl IntoIterator<Item = &'u Usage>,
     inventory: &Inventory,
-    sets: &BTreeMap<String, &CompiledSelectors>,
+    sets: &BTreeMap<String, &CompiledExpressions>,
 ) -> BTreeMap<String, BTreeMap<&'u DeviceId, &'u str>> {
     let mut outside: BTreeMap<String, BTreeMap<&DeviceId, &str>> = BTreeMap::new();
     for allocation in usage.into_iter().flat_map(|u| &u.outside) {
@@ -190,19 +190,19 @@ pub fn used_outside_teams<'u>(
 }
 
 /// Per foreign DeviceClass: whether it selects devices a policy governs, for the identity of
-/// the class, the inventory and the selectors.
+/// the class, the inventory and the policies' expressions.
 pub type Governed = Cache<String, u64, bool>;
 
 /// The DeviceClasses not teamgpu's that can select devices teamgpu governs (with their
 /// extended resource name): those that name a governed driver, or select a device some policy
 /// matches. Evaluating a class against every device is costly: `governed` keeps its answer
-/// until the class, the inventory or a policy's selectors change.
+/// until the class, the inventory or a policy's expressions change.
 pub fn governed_foreign(
     governed: &mut Governed,
     classes: &[DeviceClass],
     policies: &[CompiledPolicy],
     inventory: &Inventory,
-    (sets, selectors): (&BTreeMap<String, &CompiledSelectors>, u64),
+    (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
 ) -> BTreeMap<String, Option<String>> {
     let drivers: BTreeSet<&str> = policies
         .iter()
@@ -229,9 +229,9 @@ pub fn governed_foreign(
         let mut selects_governed = || {
             let mut hasher = std::hash::DefaultHasher::new();
             identity(class, &mut hasher);
-            (inventory.version(), selectors).hash(&mut hasher);
+            (inventory.version(), expressions).hash(&mut hasher);
             *governed.get(name.clone(), hasher.finish(), |_| {
-                inventory::class_selectors(class).is_ok_and(|compiled| {
+                inventory::compile_class(class).is_ok_and(|compiled| {
                     inventory.counted().any(|d| {
                         compiled.matches(d.env()).unwrap_or(false)
                             && sets.values().any(|p| p.matches(d.env()).unwrap_or(false))

@@ -104,7 +104,7 @@ pub fn objects(inputs: &Inputs, kept: &mut Kept) -> DesiredObjects {
     out
 }
 
-/// The DeviceClasses of usable policies, and those kept as they are: of a policy whose
+/// The DeviceClasses of usable policies, and those kept as they are: of a policy whose hardware
 /// selector is invalid or that cannot be read. A typo never takes a class away from running
 /// workloads. Also the owners whose objects are kept: teams that cannot be read.
 fn device_classes(inputs: &Inputs, out: &mut DesiredObjects) {
@@ -112,7 +112,7 @@ fn device_classes(inputs: &Inputs, out: &mut DesiredObjects) {
         match (&policy.compiled, policy.foreign_class) {
             (Ok(_), false) => out.device_classes.push(Arc::new(objects::device_class(
                 policy.policy,
-                &policy.selectors,
+                &policy.expressions,
             ))),
             (Err(_), false) => {
                 out.retained_device_classes

@@ -14,7 +14,7 @@ use crate::core::state::NamespaceInfo;
 
 /// A label selector Kubernetes would reject, so teamgpu does not guess what it means.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SelectorError {
+pub enum LabelSelectorError {
     #[error("matchExpressions[{index}]: operator {operator} needs at least one value")]
     MissingValues { index: usize, operator: String },
     #[error("matchExpressions[{index}]: operator {operator} takes no values")]
@@ -27,10 +27,10 @@ pub enum SelectorError {
 
 /// Whether `selector` matches `labels`, with Kubernetes' semantics
 /// (apimachinery `LabelSelectorAsSelector`): all `matchLabels` and all `matchExpressions` must hold.
-pub fn selector_matches(
+pub fn label_selector_matches(
     selector: &LabelSelector,
     labels: &BTreeMap<String, String>,
-) -> Result<bool, SelectorError> {
+) -> Result<bool, LabelSelectorError> {
     let mut matches = selector
         .match_labels
         .iter()
@@ -42,16 +42,16 @@ pub fn selector_matches(
         let operator = expr.operator.clone();
         let holds = match expr.operator.as_str() {
             "In" | "NotIn" if values.is_empty() => {
-                return Err(SelectorError::MissingValues { index, operator });
+                return Err(LabelSelectorError::MissingValues { index, operator });
             }
             "Exists" | "DoesNotExist" if !values.is_empty() => {
-                return Err(SelectorError::UnexpectedValues { index, operator });
+                return Err(LabelSelectorError::UnexpectedValues { index, operator });
             }
             "In" => value.is_some_and(|v| values.contains(v)),
             "NotIn" => !value.is_some_and(|v| values.contains(v)),
             "Exists" => value.is_some(),
             "DoesNotExist" => value.is_none(),
-            _ => return Err(SelectorError::UnknownOperator { index, operator }),
+            _ => return Err(LabelSelectorError::UnknownOperator { index, operator }),
         };
         matches &= holds;
     }
@@ -65,8 +65,8 @@ pub struct Membership {
     pub namespaces: BTreeMap<String, Vec<String>>,
     /// Team name -> namespace -> the other teams that also claim it.
     pub conflicts: BTreeMap<String, BTreeMap<String, Vec<String>>>,
-    /// Team name -> why its selector could not be used.
-    pub selector_errors: BTreeMap<String, SelectorError>,
+    /// Team name -> why its `namespaceSelector` could not be used.
+    pub label_selector_errors: BTreeMap<String, LabelSelectorError>,
     /// Team name -> namespaces it lists by name that do not exist.
     pub missing: BTreeMap<String, Vec<String>>,
 }
@@ -117,7 +117,7 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
             continue;
         };
         for ns in namespaces {
-            match selector_matches(selector, &ns.labels) {
+            match label_selector_matches(selector, &ns.labels) {
                 Ok(true) => {
                     claims
                         .entry(ns.name.as_str())
@@ -126,7 +126,7 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
                 }
                 Ok(false) => {}
                 Err(error) => {
-                    membership.selector_errors.insert(name.clone(), error);
+                    membership.label_selector_errors.insert(name.clone(), error);
                     break;
                 }
             }
@@ -235,33 +235,36 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            selector_matches(&expr("In", &["gold", "silver"]), &labels),
+            label_selector_matches(&expr("In", &["gold", "silver"]), &labels),
             Ok(true)
         );
         assert_eq!(
-            selector_matches(&expr("NotIn", &["gold"]), &labels),
+            label_selector_matches(&expr("NotIn", &["gold"]), &labels),
             Ok(false)
         );
         assert_eq!(
-            selector_matches(&expr("NotIn", &["gold"]), &BTreeMap::new()),
+            label_selector_matches(&expr("NotIn", &["gold"]), &BTreeMap::new()),
             Ok(true)
         );
-        assert_eq!(selector_matches(&expr("Exists", &[]), &labels), Ok(true));
         assert_eq!(
-            selector_matches(&expr("DoesNotExist", &[]), &labels),
+            label_selector_matches(&expr("Exists", &[]), &labels),
+            Ok(true)
+        );
+        assert_eq!(
+            label_selector_matches(&expr("DoesNotExist", &[]), &labels),
             Ok(false)
         );
         assert!(matches!(
-            selector_matches(&expr("In", &[]), &labels),
-            Err(SelectorError::MissingValues { .. })
+            label_selector_matches(&expr("In", &[]), &labels),
+            Err(LabelSelectorError::MissingValues { .. })
         ));
         assert!(matches!(
-            selector_matches(&expr("Exists", &["x"]), &labels),
-            Err(SelectorError::UnexpectedValues { .. })
+            label_selector_matches(&expr("Exists", &["x"]), &labels),
+            Err(LabelSelectorError::UnexpectedValues { .. })
         ));
         assert!(matches!(
-            selector_matches(&expr("Gt", &["1"]), &labels),
-            Err(SelectorError::UnknownOperator { .. })
+            label_selector_matches(&expr("Gt", &["1"]), &labels),
+            Err(LabelSelectorError::UnknownOperator { .. })
         ));
     }
 }

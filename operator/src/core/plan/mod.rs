@@ -2,15 +2,16 @@
 //! exist and the status of every policy. Pure and deterministic: the same state gives the same
 //! plan, byte for byte. Needs no client.
 //!
-//! Phases, top to bottom in [`Planner::plan`], one module each: policies (selectors compiled) ->
-//! capacity (devices matched, used outside teams, governed classes) -> membership -> shares ->
-//! desired objects -> status. Each phase keeps what it computed in a [`cache::Cache`], so the
-//! rules read without the bookkeeping. What a plan is lives in `types.rs` and, for templates and
-//! quotas, beside their builders in [`objects`].
+//! Phases, top to bottom in [`Planner::plan`], one module each: policies (class expressions
+//! compiled) -> capacity (devices matched, used outside teams, governed classes) -> membership ->
+//! shares -> desired objects -> status. Each phase keeps what it computed in a [`cache::Cache`], so
+//! the rules read without the bookkeeping. What a plan is lives in `types.rs` and, for templates
+//! and quotas, beside their builders in [`objects`].
 
 pub mod admission;
 mod cache;
 mod capacity;
+pub mod cel;
 mod claims;
 pub mod conditions;
 mod desired;
@@ -23,7 +24,6 @@ pub mod pending;
 pub mod placement;
 mod policies;
 pub mod rbac;
-pub mod selector;
 mod shares;
 mod status;
 mod types;
@@ -37,7 +37,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 use crate::api::TeamGpuPolicy;
 use crate::core::state::{ClusterState, Delta};
-use crate::dra_cel::{self, CompiledSelectors};
+use crate::dra_cel::{self, CompiledExpressions};
 use cache::Cache;
 use identity::{identity, name_of};
 use inventory::Inventory;
@@ -54,21 +54,21 @@ pub fn plan(state: &ClusterState) -> Plan {
     planner.plan(state)
 }
 
-/// What the selectors of `state` read of a device: those of every sharing policy and of every
-/// DeviceClass not teamgpu's (which decide what is governed). The slices the planner counts
-/// must keep at least this ([`inventory::SliceView::project`]). Selectors that do not compile
+/// What the class expressions of `state` read of a device: those of every sharing policy and of
+/// every DeviceClass not teamgpu's (which decide what is governed). The slices the planner counts
+/// must keep at least this ([`inventory::SliceView::project`]). Expressions that do not compile
 /// read nothing.
 pub fn device_reads(state: &ClusterState) -> dra_cel::DeviceReads {
     let mut reads = dra_cel::DeviceReads::default();
     for policy in &state.sharing_policies {
-        let selectors = selector::device_class_selectors(&policy.spec);
-        if let Ok(compiled) = CompiledSelectors::compile(&selectors) {
+        let expressions = cel::class_expressions(&policy.spec);
+        if let Ok(compiled) = CompiledExpressions::compile(&expressions) {
             reads.extend(&compiled.reads());
         }
     }
     for class in &state.device_classes {
         if !is_teamgpu_class(&name_of(class))
-            && let Ok(compiled) = inventory::class_selectors(class)
+            && let Ok(compiled) = inventory::compile_class(class)
         {
             reads.extend(&compiled.reads());
         }
@@ -96,7 +96,7 @@ pub struct Planner {
     claims: claims::Claims,
     /// Usage per namespace, for the identity of the claims it was counted from.
     usage: Cache<String, u64, usage::Usage>,
-    selectors: policies::Selectors,
+    classes: policies::CompiledClasses,
     matching: capacity::Matching,
     governed: capacity::Governed,
     shares: shares::Shares,
@@ -112,7 +112,7 @@ impl Planner {
             claims: claims::Claims::default(),
             reads: Cache::new(false),
             usage: Cache::new(false),
-            selectors: Cache::new(false),
+            classes: Cache::new(false),
             matching: capacity::Matching::new(false),
             governed: Cache::new(false),
             shares: Cache::new(false),
@@ -138,7 +138,7 @@ impl Planner {
     /// Brings the device inventory up to date with the cluster's ResourceSlices as projected to
     /// `reads` (see [`device_reads`]), all of them or what changed since the last update;
     /// returns the pools that changed. The plan is only right when `reads` covers what its
-    /// selectors read: see [`Planner::reads_cover`].
+    /// class expressions read: see [`Planner::reads_cover`].
     pub fn update_slice_views(
         &mut self,
         slices: Delta<'_, inventory::SliceView>,
@@ -150,15 +150,15 @@ impl Planner {
         self.inventory.update(slices)
     }
 
-    /// [`device_reads`] of `state`, computed again only when a policy's selectors or a
-    /// DeviceClass changed.
+    /// [`device_reads`] of `state`, computed again only when a policy's hardware selector
+    /// or a DeviceClass changed.
     pub fn device_reads(&mut self, state: &ClusterState) -> dra_cel::DeviceReads {
         let mut parts: Vec<u64> = state
             .sharing_policies
             .iter()
             .map(|p| {
                 let mut hasher = std::hash::DefaultHasher::new();
-                (name_of(p), selector::device_class_selectors(&p.spec)).hash(&mut hasher);
+                (name_of(p), cel::class_expressions(&p.spec)).hash(&mut hasher);
                 hasher.finish()
             })
             .chain(state.device_classes.iter().map(|c| {
@@ -176,7 +176,7 @@ impl Planner {
             .clone()
     }
 
-    /// Whether the slices of the last update hold every attribute `state`'s selectors read.
+    /// Whether the slices of the last update hold every attribute `state`'s class expressions read.
     pub fn reads_cover(&self, reads: &dra_cel::DeviceReads) -> bool {
         self.slice_reads.as_ref().is_some_and(|r| r.covers(reads))
     }
@@ -239,17 +239,16 @@ impl Planner {
             .map(|c| (name_of(c), c))
             .collect();
 
-        // 1. Policies, their selectors compiled.
-        let policies =
-            policies::compile(&mut self.selectors, &state.sharing_policies, &live_classes);
-        let sets = policies::selector_sets(&self.selectors);
-        let selectors = policies::selectors_identity(&policies);
+        // 1. Policies, their class expressions compiled.
+        let policies = policies::compile(&mut self.classes, &state.sharing_policies, &live_classes);
+        let sets = policies::expression_sets(&self.classes);
+        let expressions = policies::expressions_identity(&policies);
 
-        // 2. Capacity: what each policy matches (matching again only the pools that changed,
-        // all of them when a selector changed), what of it is used outside teams, and which
+        // 2. Capacity: what each policy matches (matching again only the pools that changed, all of
+        // them when a policy's expressions changed), what of it is used outside teams, and which
         // other classes select governed devices.
         let inventory = &self.inventory;
-        self.matching.update(inventory, selectors, &sets);
+        self.matching.update(inventory, expressions, &sets);
         let matches = self.matching.total();
         for pool in inventory.incomplete_pools() {
             out.warnings.push(format!(
@@ -270,7 +269,7 @@ impl Planner {
             &state.device_classes,
             &policies,
             inventory,
-            (&sets, selectors),
+            (&sets, expressions),
         );
 
         // 3. Membership: which namespaces belong to which team.

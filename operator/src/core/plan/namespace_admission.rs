@@ -9,9 +9,9 @@
 //! `spec.namespaces` are not decided by labels and need no check.
 //!
 //! The policy takes every TeamGpuPolicy as params (its binding selects them all), so it is
-//! evaluated once per team for a namespace written, and stays the same object when teams come,
-//! go or change. Compiling every team's selector and members into the policy instead cost the
-//! API server 1.3 s and the controller manager (which type-checks policies) 4.4 s of CPU for
+//! evaluated once per team for a namespace written, and stays the same object when teams come, go
+//! or change. Compiling every team's `namespaceSelector` and members into the policy instead cost
+//! the API server 1.3 s and the controller manager (which type-checks policies) 4.4 s of CPU for
 //! each write of it at 100 teams (Kubernetes 1.36.2).
 //!
 //! The exemption label ([`EXEMPT_LABEL`](super::admission::EXEMPT_LABEL)) may be set or changed
@@ -26,7 +26,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::admission::{EXEMPT_LABEL, Enforcement, meta, not_the_operator, validation};
-use super::selector::cel_string;
+use super::cel::string_literal;
 use crate::api::GROUP;
 
 pub const MEMBERSHIP_POLICY_NAME: &str = "teamgpu-namespace-membership";
@@ -36,11 +36,11 @@ pub const EXEMPTION_POLICY_NAME: &str = "teamgpu-namespace-exemption";
 /// kubeadm's `admin.conf`.
 pub const DEFAULT_ADMIN_GROUPS: [&str; 2] = ["system:masters", "kubeadm:cluster-admins"];
 
-/// Whether `params.spec.namespaceSelector` (a TeamGpuPolicy's) matches the label map `labels`,
-/// as CEL, with Kubernetes' semantics. As in the planner's membership, a selector Kubernetes
+/// Whether `params.spec.namespaceSelector` (a TeamGpuPolicy's) matches the label map `labels`, as
+/// CEL, with Kubernetes' semantics. As in the planner's membership, a label selector Kubernetes
 /// would reject (`In` or `NotIn` without values, `Exists` or `DoesNotExist` with values, another
 /// operator) matches nothing, and so do no selector and an empty one.
-fn params_selector_matches(labels: &str) -> String {
+fn namespace_selector_matches(labels: &str) -> String {
     let s = "params.spec.namespaceSelector";
     let no_values = "(!has(e.values) || size(e.values) == 0)";
     format!(
@@ -82,7 +82,7 @@ fn namespace_writes() -> MatchResources {
 fn not_an_admin(admin_groups: &[String], operator: &str) -> Vec<MatchCondition> {
     let admins = admin_groups
         .iter()
-        .map(|g| cel_string(g))
+        .map(|g| string_literal(g))
         .collect::<Vec<_>>()
         .join(", ");
     let mut conditions = not_the_operator(operator);
@@ -118,11 +118,11 @@ pub fn membership_policy(admin_groups: &[String], operator: &str) -> ValidatingA
     variables.extend([
         Variable {
             name: "inTeamAfter".into(),
-            expression: params_selector_matches("variables.newLabels"),
+            expression: namespace_selector_matches("variables.newLabels"),
         },
         Variable {
             name: "inTeamBefore".into(),
-            expression: params_selector_matches("variables.oldLabels"),
+            expression: namespace_selector_matches("variables.oldLabels"),
         },
         Variable {
             name: "member".into(),
@@ -182,7 +182,7 @@ pub fn membership_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicy
 /// The exemption policy: only `admin_groups` (and the operator) set or change the exemption
 /// label.
 pub fn exemption_policy(admin_groups: &[String], operator: &str) -> ValidatingAdmissionPolicy {
-    let exempt = cel_string(EXEMPT_LABEL);
+    let exempt = string_literal(EXEMPT_LABEL);
     let (new, old) = ("variables.newLabels", "variables.oldLabels");
     ValidatingAdmissionPolicy {
         metadata: meta(EXEMPTION_POLICY_NAME),

@@ -1,5 +1,5 @@
-//! Phase 1, the sharing policies: sorted by name, their selectors compiled (once per change of
-//! a policy's expressions), and whether a DeviceClass of their name is someone else's.
+//! Phase 1, the sharing policies: sorted by name, their class expressions compiled (once per
+//! change of a policy's expressions), and whether a DeviceClass of their name is someone else's.
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
@@ -7,22 +7,22 @@ use std::hash::BuildHasher;
 use k8s_openapi::api::resource::v1::DeviceClass;
 
 use super::cache::Cache;
+use super::cel;
 use super::identity::name_of;
 use super::objects::{device_class_name, is_managed};
-use super::selector;
 use crate::api::GpuSharingPolicy;
-use crate::dra_cel::{CompiledSelectors, SelectorError};
+use crate::dra_cel::{CompiledExpressions, ExpressionError};
 
-/// Compiled selectors by policy name, kept until the policy's expressions change.
-pub type Selectors = Cache<String, Vec<String>, Result<CompiledSelectors, SelectorError>>;
+/// Compiled class expressions by policy name, kept until the policy's expressions change.
+pub type CompiledClasses = Cache<String, Vec<String>, Result<CompiledExpressions, ExpressionError>>;
 
-/// A sharing policy with its selectors, once validated.
+/// A sharing policy with its class expressions, once validated.
 pub struct CompiledPolicy<'a> {
     pub policy: &'a GpuSharingPolicy,
     pub name: String,
-    pub selectors: Vec<String>,
-    /// `Ok` when every selector compiles (the compiled form is in [`Selectors`]).
-    pub compiled: Result<(), SelectorError>,
+    pub expressions: Vec<String>,
+    /// `Ok` when every expression compiles (the compiled form is in [`CompiledClasses`]).
+    pub compiled: Result<(), ExpressionError>,
     /// A live DeviceClass of this name that teamgpu does not manage.
     pub foreign_class: bool,
 }
@@ -34,9 +34,9 @@ impl CompiledPolicy<'_> {
     }
 }
 
-/// The policies sorted by name, with their selectors compiled into `selectors`.
+/// The policies sorted by name, with their class expressions compiled into `classes`.
 pub fn compile<'a>(
-    selectors: &mut Selectors,
+    classes: &mut CompiledClasses,
     policies: &'a [GpuSharingPolicy],
     live_classes: &BTreeMap<String, &DeviceClass>,
 ) -> Vec<CompiledPolicy<'a>> {
@@ -46,10 +46,10 @@ pub fn compile<'a>(
         .into_iter()
         .map(|policy| {
             let name = name_of(policy);
-            let expressions = selector::device_class_selectors(&policy.spec);
-            let compiled = selectors
+            let expressions = cel::class_expressions(&policy.spec);
+            let compiled = classes
                 .get(name.clone(), expressions.clone(), |e| {
-                    CompiledSelectors::compile(e)
+                    CompiledExpressions::compile(e)
                 })
                 .as_ref()
                 .map(drop)
@@ -60,30 +60,30 @@ pub fn compile<'a>(
             CompiledPolicy {
                 policy,
                 name,
-                selectors: expressions,
+                expressions,
                 compiled,
                 foreign_class,
             }
         })
         .collect();
-    selectors.sweep();
+    classes.sweep();
     compiled
 }
 
-/// The compiled selectors of every policy whose selectors compile, by policy name.
-pub fn selector_sets(selectors: &Selectors) -> BTreeMap<String, &CompiledSelectors> {
-    selectors
+/// The compiled class expressions of every policy whose expressions compile, by policy name.
+pub fn expression_sets(classes: &CompiledClasses) -> BTreeMap<String, &CompiledExpressions> {
+    classes
         .values()
         .filter_map(|(name, compiled)| Some((name.clone(), compiled.as_ref().ok()?)))
         .collect()
 }
 
-/// The identity of every compiled policy's selectors: what matching devices depends on.
-pub fn selectors_identity(policies: &[CompiledPolicy]) -> u64 {
+/// The identity of every compiled policy's class expressions: what matching devices depends on.
+pub fn expressions_identity(policies: &[CompiledPolicy]) -> u64 {
     let matched_for: BTreeMap<&str, &[String]> = policies
         .iter()
         .filter(|p| p.compiled.is_ok())
-        .map(|p| (p.name.as_str(), p.selectors.as_slice()))
+        .map(|p| (p.name.as_str(), p.expressions.as_slice()))
         .collect();
     std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(&matched_for)
 }

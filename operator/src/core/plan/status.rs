@@ -227,8 +227,8 @@ pub fn team_report(
     quotas.sort_by(|a, b| a.sharing_policy.cmp(&b.sharing_policy));
 
     let mut conds = team_findings(membership.conflicts.get(&name), &scaled, &unknown);
-    let selector_error = membership.selector_errors.get(&name);
-    let (ready, reason, message) = match selector_error {
+    let label_selector_error = membership.label_selector_errors.get(&name);
+    let (ready, reason, message) = match label_selector_error {
         Some(e) => (
             false,
             "InvalidNamespaceSelector",
@@ -341,8 +341,8 @@ fn team_findings(
     conds
 }
 
-/// What a policy whose selectors compile matches: devices found, devices used outside teams,
-/// overlap with other policies.
+/// What a policy whose class expressions compile matches: devices found, devices used outside
+/// teams, overlap with other policies.
 fn device_conditions(
     policy: &CompiledPolicy,
     capacity: u32,

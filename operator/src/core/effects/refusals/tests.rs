@@ -2,7 +2,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::*;
-use crate::core::effects::{Effect, Published, WrittenStatuses, status_changes};
+use crate::core::effects::{Effect, Published, WrittenStatuses, applied_statuses, status_changes};
 use crate::core::plan::{SharingPolicyReport, TeamReport};
 
 fn at(secs: i64) -> Timestamp {
@@ -32,6 +32,17 @@ fn failed(key: &ObjectKey, failure: Failure, message: &str) -> FailedWrite {
 
 fn refused(key: &ObjectKey, message: &str) -> FailedWrite {
     failed(key, Failure::Refused, message)
+}
+
+/// The status writes of `teams` (no sharing policy) as applied at `now`.
+fn status_writes(
+    plan: &Plan,
+    teams: &[TeamGpuPolicy],
+    refused: &RefusedByOwner,
+    now: &Time,
+) -> Vec<Effect> {
+    let statuses = applied_statuses(plan, &[], teams, refused, now);
+    status_changes(&statuses, &[], teams, &mut WrittenStatuses::default())
 }
 
 /// Teams `ml` (namespace `ml-dev`, Ready) and `cv` (`cv-dev`), and the sharing policy `a100`
@@ -219,12 +230,10 @@ fn a_refused_quota_makes_its_team_not_ready_until_it_is_written_and_the_status_s
     let now = Time(at(500));
     let mut refusals = Refusals::default();
     refusals.record(&[refused(&quota("ml-dev"), DENIED)], [], at(400));
-    let written = status_changes(
+    let written = status_writes(
         &plan(),
-        &[],
         std::slice::from_ref(&live),
         &refusals.of_policies(&plan()),
-        &mut WrittenStatuses::default(),
         &now,
     );
     let applied = format!(
@@ -254,23 +263,19 @@ fn a_refused_quota_makes_its_team_not_ready_until_it_is_written_and_the_status_s
     assert_eq!(status["conditions"], refused_conditions);
     // Written: the next pass, later, writes nothing while nothing new is refused.
     let shown = team("ml", Some(refused_conditions));
-    let again = status_changes(
+    let again = status_writes(
         &plan(),
-        &[],
         std::slice::from_ref(&shown),
         &refusals.of_policies(&plan()),
-        &mut WrittenStatuses::default(),
         &Time(at(600)),
     );
     assert_eq!(again, []);
     // The quota is written: Ready again, and the Applied condition is gone.
     refusals.record(&[], [&quota("ml-dev")], at(700));
-    let cleared = status_changes(
+    let cleared = status_writes(
         &plan(),
-        &[],
         &[shown],
         &refusals.of_policies(&plan()),
-        &mut WrittenStatuses::default(),
         &Time(at(800)),
     );
     let [Effect::Status { status, .. }] = cleared.as_slice() else {
@@ -308,12 +313,10 @@ fn a_restarted_operator_keeps_the_live_applied_condition_until_it_has_written() 
     let mut refusals = Refusals::default();
     let changes = |refusals: &mut Refusals| {
         let by_owner = refusals.of_policies(&plan());
-        status_changes(
+        status_writes(
             &plan(),
-            &[],
             std::slice::from_ref(&live),
             &by_owner,
-            &mut WrittenStatuses::default(),
             &Time(at(50)),
         )
     };

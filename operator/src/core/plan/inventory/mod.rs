@@ -1,4 +1,4 @@
-//! The devices published in ResourceSlices, and which policies' selectors match them.
+//! The devices published in ResourceSlices, and which policies' class expressions match them.
 //!
 //! Pools follow the Kubernetes allocator (`GatherPools`/`addSlice`/`poolIsInvalid` in
 //! `staging/src/k8s.io/dynamic-resource-allocation/structured/internal/*/pools_*.go`): a pool is
@@ -27,7 +27,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
 use crate::core::state::Delta;
-use crate::dra_cel::{CompiledSelectors, DeviceEnv, DeviceEnvs, DeviceReads, SelectorError};
+use crate::dra_cel::{CompiledExpressions, DeviceEnv, DeviceEnvs, DeviceReads, ExpressionError};
 
 /// A device's identity (`<driver>/<pool>/<device>` in allocation results).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -114,7 +114,7 @@ impl<'a> InventoryDevice<'a> {
 }
 
 /// What the inventory keeps of a ResourceSlice: its pool, node and generation, and per device
-/// its name, whether a taint keeps it from claims, and its CEL input reduced to what selectors
+/// its name, whether a taint keeps it from claims, and its CEL input reduced to what expressions
 /// read ([`DeviceReads`]), shared between devices with equal input. A slice of 8 GPUs of one
 /// model is a few hundred bytes instead of tens of KiB.
 #[derive(Debug, Clone)]
@@ -139,7 +139,7 @@ struct SliceDevice {
 }
 
 impl SliceView {
-    /// `slice` reduced to what the inventory and selectors reading `reads` need.
+    /// `slice` reduced to what the inventory and expressions reading `reads` need.
     pub fn project(slice: &ResourceSlice, reads: &DeviceReads, envs: &mut DeviceEnvs) -> Self {
         let mut hasher = std::hash::DefaultHasher::new();
         super::identity(slice, &mut hasher);
@@ -260,17 +260,17 @@ pub struct Inventory {
     version: u64,
 }
 
-/// Errors of one selector set, in device order.
+/// Errors of one expression set, in device order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvaluationErrors {
     pub devices: u32,
     /// The first few failures.
-    pub first: Vec<(DeviceId, SelectorError)>,
+    pub first: Vec<(DeviceId, ExpressionError)>,
 }
 
 const ERRORS_KEPT: usize = 5;
 
-/// How many counted devices each named selector set matches.
+/// How many counted devices each named expression set matches.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MatchReport {
     /// Every name, with 0 when nothing matches.
@@ -428,8 +428,8 @@ impl Inventory {
             .map(|(k, _)| k)
     }
 
-    /// Matches every counted device against every named selector set.
-    pub fn match_sets<S: Borrow<CompiledSelectors>>(
+    /// Matches every counted device against every named expression set.
+    pub fn match_sets<S: Borrow<CompiledExpressions>>(
         &self,
         sets: &BTreeMap<String, S>,
     ) -> MatchReport {
@@ -442,25 +442,25 @@ impl Inventory {
         }
         report
     }
-    /// Whether `selectors` matches any device of the inventory, counted or not (a class describes
+    /// Whether `expressions` match any device of the inventory, counted or not (a class describes
     /// hardware; a tainted device or a pool being republished does not change that). Devices on
     /// which evaluation fails do not match.
-    pub fn any_device_matches(&self, selectors: &CompiledSelectors) -> bool {
+    pub fn any_device_matches(&self, expressions: &CompiledExpressions) -> bool {
         self.devices()
-            .any(|d| selectors.matches(d.env()) == Ok(true))
+            .any(|d| expressions.matches(d.env()) == Ok(true))
     }
 
     /// [`Self::any_device_matches`] for a DeviceClass, e.g. to decide whether a foreign class
     /// hands out devices a policy governs.
-    pub fn any_device_matches_class(&self, class: &DeviceClass) -> Result<bool, SelectorError> {
-        Ok(self.any_device_matches(&class_selectors(class)?))
+    pub fn any_device_matches_class(&self, class: &DeviceClass) -> Result<bool, ExpressionError> {
+        Ok(self.any_device_matches(&compile_class(class)?))
     }
 }
 
-/// One pool's devices against every named selector set. Only the names that match a device are
+/// One pool's devices against every named expression set. Only the names that match a device are
 /// counted: a pool's report is kept per pool, and 5,000 pools of 20 mostly-zero counts would be
 /// megabytes ([`Inventory::match_sets`] and [`MatchReport::merge`] give every name).
-pub fn match_pool<S: Borrow<CompiledSelectors>>(
+pub fn match_pool<S: Borrow<CompiledExpressions>>(
     pool: &Pool,
     sets: &BTreeMap<String, S>,
 ) -> MatchReport {
@@ -556,15 +556,16 @@ fn clamp_index(i: usize) -> u32 {
     u32::try_from(i).unwrap_or(u32::MAX)
 }
 
-/// The compiled selectors of a DeviceClass. A selector without `cel` is of a type this version
-/// does not know; the allocator cannot evaluate it either, so it is reported as invalid.
-pub fn class_selectors(class: &DeviceClass) -> Result<CompiledSelectors, SelectorError> {
+/// The compiled expressions of a DeviceClass's `selectors`. A selector without `cel` is of a
+/// type this version does not know; the allocator cannot evaluate it either, so it is reported
+/// as invalid.
+pub fn compile_class(class: &DeviceClass) -> Result<CompiledExpressions, ExpressionError> {
     let mut exprs = Vec::new();
     for (index, s) in class.spec.selectors.iter().flatten().enumerate() {
         match &s.cel {
             Some(cel) => exprs.push(cel.expression.clone()),
             None => {
-                return Err(SelectorError::Invalid {
+                return Err(ExpressionError::Invalid {
                     index,
                     expression: String::new(),
                     message: "unsupported selector type (no cel)".to_owned(),
@@ -572,7 +573,7 @@ pub fn class_selectors(class: &DeviceClass) -> Result<CompiledSelectors, Selecto
             }
         }
     }
-    CompiledSelectors::compile(&exprs)
+    CompiledExpressions::compile(&exprs)
 }
 
 #[cfg(test)]

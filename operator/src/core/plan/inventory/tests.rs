@@ -1,7 +1,7 @@
 use super::*;
 use crate::api::{DeviceSelector, DeviceType};
-use crate::core::plan::selector::device_class_selectors;
-use crate::core::plan::selector::tests::spec;
+use crate::core::plan::cel::class_expressions;
+use crate::core::plan::cel::tests::spec;
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint};
 
 fn fixture(rel: &str) -> String {
@@ -23,13 +23,13 @@ fn classes() -> Vec<DeviceClass> {
         .collect()
 }
 
-fn sets(policies: &[(&str, DeviceSelector)]) -> BTreeMap<String, CompiledSelectors> {
+fn sets(policies: &[(&str, DeviceSelector)]) -> BTreeMap<String, CompiledExpressions> {
     policies
         .iter()
         .map(|(n, s)| {
             (
                 n.to_string(),
-                CompiledSelectors::compile(&device_class_selectors(&spec(s.clone())))
+                CompiledExpressions::compile(&class_expressions(&spec(s.clone())))
                     .expect("compiles"),
             )
         })
@@ -47,16 +47,16 @@ fn entry_slice(rel: &str, pool: &str) -> ResourceSlice {
 }
 
 #[test]
-fn a_projected_slice_keeps_what_selectors_read_and_shares_one_env_per_model() {
+fn a_projected_slice_keeps_what_expressions_read_and_shares_one_env_per_model() {
     let slice = node_slice();
-    let product = CompiledSelectors::compile(&[
+    let product = CompiledExpressions::compile(&[
         "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-PCIE-40GB'".into(),
     ])
     .unwrap();
     let mut envs = DeviceEnvs::default();
     let view = SliceView::project(&slice, &product.reads(), &mut envs);
     assert_eq!(view.device_count(), 8);
-    // The 8 GPUs differ only in attributes no selector reads (uuid, index, ...).
+    // The 8 GPUs differ only in attributes no expression reads (uuid, index, ...).
     assert_eq!(envs.len(), 1);
     let env = &view.devices[0].env;
     assert!(env.attribute("gpu.nvidia.com", "productName").is_some());
@@ -161,8 +161,10 @@ fn evaluation_errors_are_reported_per_name() {
     // quickstart gpu-test6: `index` is no longer published, so this errors on every GPU.
     s.insert(
         "index".into(),
-        CompiledSelectors::compile(&["device.attributes['gpu.nvidia.com'].index == 0".to_owned()])
-            .expect("compiles"),
+        CompiledExpressions::compile(
+            &["device.attributes['gpu.nvidia.com'].index == 0".to_owned()],
+        )
+        .expect("compiles"),
     );
     let r = inv.match_sets(&s);
     assert_eq!(r.counts["ok"], 8);

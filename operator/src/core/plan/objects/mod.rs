@@ -108,9 +108,10 @@ pub(crate) fn managed_labels(owner: &str) -> BTreeMap<String, String> {
     .into()
 }
 
-/// The DeviceClass of a sharing policy: its CEL selectors and the driver configuration of its
-/// sharing strategy.
-pub fn device_class(policy: &GpuSharingPolicy, selectors: &[String]) -> DeviceClass {
+/// The DeviceClass of a sharing policy: its class expressions (one `spec.selectors` entry each,
+/// Kubernetes' `DeviceSelector`, not the policy's) and the driver configuration of its sharing
+/// strategy.
+pub fn device_class(policy: &GpuSharingPolicy, expressions: &[String]) -> DeviceClass {
     let name = policy.metadata.name.clone().unwrap_or_default();
     let config = sharing_config(policy).map(|parameters| {
         vec![DeviceClassConfiguration {
@@ -124,7 +125,7 @@ pub fn device_class(policy: &GpuSharingPolicy, selectors: &[String]) -> DeviceCl
         metadata: owned_meta(policy, device_class_name(&name), None),
         spec: DeviceClassSpec {
             selectors: Some(
-                selectors
+                expressions
                     .iter()
                     .map(|expression| DeviceSelector {
                         cel: Some(CELDeviceSelector {

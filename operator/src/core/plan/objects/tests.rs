@@ -74,7 +74,7 @@ fn a_quota_is_applied_in_its_namespace_with_the_hash_of_its_spec() {
 }
 
 #[test]
-fn device_class_carries_selectors_owner_and_sharing_config() {
+fn device_class_carries_its_expressions_owner_and_sharing_config() {
     let class = device_class(&policy(SharingStrategy::TimeSlicing), &["true".into()]);
     assert_eq!(class.metadata.name.as_deref(), Some("a100.teamgpu.io"));
     let labels = class.metadata.labels.as_ref().unwrap();

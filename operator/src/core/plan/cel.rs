@@ -1,4 +1,7 @@
-//! A `GpuSharingPolicy` selector as DRA CEL selector expressions (`DeviceClass.spec.selectors`).
+//! The CEL that the plan writes: a GpuSharingPolicy's hardware selector (`spec.selector`) as the
+//! expressions of its DeviceClass ([`class_expressions`], each one a `DeviceClass.spec.selectors`
+//! entry), and CEL string literals ([`string_literal`], also for the admission policies).
+//! `crate::dra_cel` evaluates such expressions.
 //!
 //! One expression per criterion; Kubernetes ANDs a DeviceClass's selectors and evaluates them in
 //! order, stopping at the first false one (`selectorsMatch` in
@@ -23,7 +26,7 @@ use crate::api::{AttributeMatch, DEFAULT_DRIVER, DeviceType, GpuSharingPolicySpe
 /// Single-quoted; `\` and `'` are escaped, and every character outside printable ASCII is
 /// written as a `\u`/`\U` escape, so no input can end the literal or add code. `"` is left as is
 /// (valid inside single quotes everywhere; cel-rust 0.13 would keep the backslash of `\"`).
-pub fn cel_string(s: &str) -> String {
+pub fn string_literal(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('\'');
     for c in s.chars() {
@@ -39,11 +42,11 @@ pub fn cel_string(s: &str) -> String {
     out
 }
 
-/// The DeviceClass selector expressions of a policy, in evaluation order.
-pub fn device_class_selectors(spec: &GpuSharingPolicySpec) -> Vec<String> {
+/// The DeviceClass expressions of a policy's hardware selector, in evaluation order.
+pub fn class_expressions(spec: &GpuSharingPolicySpec) -> Vec<String> {
     let driver = spec.driver.as_str();
-    let sel = &spec.selector;
-    let dom = cel_string(driver);
+    let hardware = &spec.selector;
+    let dom = string_literal(driver);
     let attr = |name: &str| format!("device.attributes[{dom}].{name}");
     let guarded = |name: &str, test: String| format!("has({}) && {test}", attr(name));
     let mut out = vec![format!("device.driver == {dom}")];
@@ -51,7 +54,7 @@ pub fn device_class_selectors(spec: &GpuSharingPolicySpec) -> Vec<String> {
     let type_test = format!(
         "{} == {}",
         attr("type"),
-        cel_string(sel.device_type.as_str())
+        string_literal(hardware.device_type.as_str())
     );
     out.push(if driver == DEFAULT_DRIVER {
         type_test
@@ -59,22 +62,22 @@ pub fn device_class_selectors(spec: &GpuSharingPolicySpec) -> Vec<String> {
         guarded("type", type_test)
     });
 
-    if !sel.product_names.is_empty() {
+    if !hardware.product_names.is_empty() {
         out.push(guarded(
             "productName",
-            any_of(&attr("productName"), &sel.product_names),
+            any_of(&attr("productName"), &hardware.product_names),
         ));
     }
-    if !sel.architectures.is_empty() {
+    if !hardware.architectures.is_empty() {
         out.push(guarded(
             "architecture",
-            any_of(&attr("architecture"), &sel.architectures),
+            any_of(&attr("architecture"), &hardware.architectures),
         ));
     }
-    if let Some(min) = &sel.min_memory {
+    if let Some(min) = &hardware.min_memory {
         // VFIO devices publish their memory as `addressableMemory`
         // (device-entry-vfio.from-docs.yaml); gpu and mig devices as `memory`.
-        let name = if sel.device_type == DeviceType::Vfio {
+        let name = if hardware.device_type == DeviceType::Vfio {
             "addressableMemory"
         } else {
             "memory"
@@ -82,18 +85,18 @@ pub fn device_class_selectors(spec: &GpuSharingPolicySpec) -> Vec<String> {
         let cap = format!("device.capacity[{dom}].{name}");
         out.push(format!(
             "has({cap}) && {cap}.compareTo(quantity({})) >= 0",
-            cel_string(min)
+            string_literal(min)
         ));
     }
-    if !sel.mig_profiles.is_empty() {
+    if !hardware.mig_profiles.is_empty() {
         out.push(guarded(
             "profile",
-            any_of(&attr("profile"), &sel.mig_profiles),
+            any_of(&attr("profile"), &hardware.mig_profiles),
         ));
     }
-    if let Some(min) = &sel.min_compute_capability {
+    if let Some(min) = &hardware.min_compute_capability {
         // A `version` attribute (`cudaComputeCapability: {version: 8.0.0}`), compared as semver.
-        let v = cel_string(&normalize_version(min));
+        let v = string_literal(&normalize_version(min));
         out.push(guarded(
             "cudaComputeCapability",
             format!(
@@ -102,20 +105,20 @@ pub fn device_class_selectors(spec: &GpuSharingPolicySpec) -> Vec<String> {
             ),
         ));
     }
-    for m in &sel.attributes {
+    for m in &hardware.attributes {
         if let Some(e) = attribute_match(driver, m) {
             out.push(e);
         }
     }
-    out.extend(sel.cel.iter().cloned());
+    out.extend(hardware.cel.iter().cloned());
     out
 }
 
 fn any_of(lhs: &str, values: &[String]) -> String {
     match values {
-        [one] => format!("{lhs} == {}", cel_string(one)),
+        [one] => format!("{lhs} == {}", string_literal(one)),
         many => {
-            let list: Vec<String> = many.iter().map(|v| cel_string(v)).collect();
+            let list: Vec<String> = many.iter().map(|v| string_literal(v)).collect();
             format!("{lhs} in [{}]", list.join(", "))
         }
     }
@@ -140,10 +143,10 @@ fn normalize_version(v: &str) -> String {
 /// `name == value` for one extra attribute; `None` when no value is set (the CRD requires one).
 fn attribute_match(driver: &str, m: &AttributeMatch) -> Option<String> {
     let (domain, id) = crate::dra_cel::parse_qualified_name(&m.name, driver);
-    let map = format!("device.attributes[{}]", cel_string(domain));
-    let value = format!("{map}[{}]", cel_string(id));
+    let map = format!("device.attributes[{}]", string_literal(domain));
+    let value = format!("{map}[{}]", string_literal(id));
     let test = if let Some(s) = &m.string {
-        format!("{value} == {}", cel_string(s))
+        format!("{value} == {}", string_literal(s))
     } else if let Some(i) = m.int {
         format!("{value} == {}", int_literal(i))
     } else if let Some(b) = m.bool {
@@ -151,12 +154,12 @@ fn attribute_match(driver: &str, m: &AttributeMatch) -> Option<String> {
     } else if let Some(v) = &m.version {
         format!(
             "{value}.compareTo(semver({})) == 0",
-            cel_string(&normalize_version(v))
+            string_literal(&normalize_version(v))
         )
     } else {
         return None;
     };
-    Some(format!("{} in {map} && {test}", cel_string(id)))
+    Some(format!("{} in {map} && {test}", string_literal(id)))
 }
 
 fn int_literal(i: i64) -> String {
@@ -171,7 +174,7 @@ fn int_literal(i: i64) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::api::{ClaimTemplates, DeviceSelector, Sharing};
-    use crate::dra_cel::{CompiledSelectors, DeviceEnv, check_expression};
+    use crate::dra_cel::{CompiledExpressions, DeviceEnv, check_expression};
     use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceClass, ResourceSlice};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
@@ -180,18 +183,18 @@ pub(crate) mod tests {
         crate::dra_cel::tests::fixture(rel)
     }
 
-    pub(crate) fn spec(selector: DeviceSelector) -> GpuSharingPolicySpec {
+    pub(crate) fn spec(hardware: DeviceSelector) -> GpuSharingPolicySpec {
         GpuSharingPolicySpec {
             driver: DEFAULT_DRIVER.to_owned(),
-            selector,
+            selector: hardware,
             sharing: Sharing::default(),
             claim_templates: ClaimTemplates::default(),
         }
     }
 
     /// A realistic policy: A100s with >= 40Gi, Ampere, compute capability >= 8.0.
-    pub(crate) fn sample_policy_exprs() -> Vec<String> {
-        device_class_selectors(&spec(DeviceSelector {
+    pub(crate) fn sample_class_expressions() -> Vec<String> {
+        class_expressions(&spec(DeviceSelector {
             product_names: vec![
                 "NVIDIA A100-PCIE-40GB".into(),
                 "NVIDIA A100-SXM4-80GB".into(),
@@ -230,7 +233,7 @@ pub(crate) mod tests {
     }
 
     fn count(exprs: &[String], devices: &[DeviceEnv]) -> usize {
-        let s = CompiledSelectors::compile(exprs).expect("compiles");
+        let s = CompiledExpressions::compile(exprs).expect("compiles");
         devices
             .iter()
             .filter(|d| s.matches(d).expect("no evaluation error"))
@@ -239,7 +242,7 @@ pub(crate) mod tests {
 
     #[test]
     fn default_policy_is_the_nvidia_gpu_class() {
-        let exprs = device_class_selectors(&spec(DeviceSelector::default()));
+        let exprs = class_expressions(&spec(DeviceSelector::default()));
         assert_eq!(
             exprs,
             [
@@ -279,45 +282,45 @@ pub(crate) mod tests {
     #[test]
     fn the_8gpu_node_has_eight_a100_40gb_and_no_80gb() {
         let devices = node_devices();
-        assert_eq!(count(&sample_policy_exprs(), &devices), 8);
-        let sel = |s: DeviceSelector| count(&device_class_selectors(&spec(s)), &devices);
+        assert_eq!(count(&sample_class_expressions(), &devices), 8);
+        let matching = |s: DeviceSelector| count(&class_expressions(&spec(s)), &devices);
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 min_memory: Some("80Gi".into()),
                 ..Default::default()
             }),
             0
         );
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 product_names: vec!["NVIDIA A100-SXM4-80GB".into()],
                 ..Default::default()
             }),
             0
         );
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 architectures: vec!["Hopper".into(), "Ampere".into()],
                 ..Default::default()
             }),
             8
         );
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 min_compute_capability: Some("9.0".into()),
                 ..Default::default()
             }),
             0
         );
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 min_compute_capability: Some("8.0".into()),
                 ..Default::default()
             }),
             8
         );
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 device_type: DeviceType::Mig,
                 ..Default::default()
             }),
@@ -331,14 +334,14 @@ pub(crate) mod tests {
             version: None,
         };
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 attributes: vec![pci("0000:65:00.0")],
                 ..Default::default()
             }),
             1
         );
         assert_eq!(
-            sel(DeviceSelector {
+            matching(DeviceSelector {
                 cel: vec!["device.attributes['gpu.nvidia.com'].uuid.endsWith('7')".into()],
                 ..Default::default()
             }),
@@ -351,7 +354,7 @@ pub(crate) mod tests {
         let mig = [entry(
             "nvidia-dra-driver-gpu/resourceslice/device-entry-mig.from-docs.yaml",
         )];
-        let c = |s: DeviceSelector, d: &[DeviceEnv]| count(&device_class_selectors(&spec(s)), d);
+        let c = |s: DeviceSelector, d: &[DeviceEnv]| count(&class_expressions(&spec(s)), d);
         let m = |p: &[&str]| DeviceSelector {
             device_type: DeviceType::Mig,
             mig_profiles: p.iter().map(|s| s.to_string()).collect(),
@@ -391,7 +394,7 @@ pub(crate) mod tests {
         let vfio = [entry(
             "nvidia-dra-driver-gpu/resourceslice/device-entry-vfio.from-docs.yaml",
         )];
-        let c = |s: DeviceSelector, d: &[DeviceEnv]| count(&device_class_selectors(&spec(s)), d);
+        let c = |s: DeviceSelector, d: &[DeviceEnv]| count(&class_expressions(&spec(s)), d);
         let v = DeviceSelector {
             device_type: DeviceType::Vfio,
             ..Default::default()
@@ -489,7 +492,7 @@ pub(crate) mod tests {
         };
         let c = |a: Vec<AttributeMatch>| {
             count(
-                &device_class_selectors(&spec(DeviceSelector {
+                &class_expressions(&spec(DeviceSelector {
                     attributes: a,
                     ..Default::default()
                 })),
@@ -515,7 +518,7 @@ pub(crate) mod tests {
 
     #[test]
     fn every_generated_expression_compiles() {
-        for e in sample_policy_exprs() {
+        for e in sample_class_expressions() {
             assert_eq!(check_expression(&e), Ok(()), "{e}");
         }
     }
@@ -524,7 +527,7 @@ pub(crate) mod tests {
     fn custom_driver_guards_type() {
         let mut s = spec(DeviceSelector::default());
         s.driver = "dra.example.com".into();
-        let exprs = device_class_selectors(&s);
+        let exprs = class_expressions(&s);
         assert_eq!(
             exprs[1],
             "has(device.attributes['dra.example.com'].type) && device.attributes['dra.example.com'].type == 'gpu'"
@@ -536,7 +539,7 @@ pub(crate) mod tests {
         };
         let env = DeviceEnv::new("dra.example.com", &d);
         assert_eq!(
-            CompiledSelectors::compile(&exprs)
+            CompiledExpressions::compile(&exprs)
                 .expect("compiles")
                 .matches(&env),
             Ok(false)
@@ -564,16 +567,16 @@ pub(crate) mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
         #[test]
-        fn cel_string_round_trips(s in any::<String>(), other in any::<String>(), specials in "['\"\\\\\n\r\t\u{0}\u{7f}\u{2028}é😀]{0,8}") {
+        fn string_literals_round_trip(s in any::<String>(), other in any::<String>(), specials in "['\"\\\\\n\r\t\u{0}\u{7f}\u{2028}é😀]{0,8}") {
             for s in [s.clone(), specials.clone(), format!("{specials}{s}")] {
-                let expr = format!("device.attributes['gpu.nvidia.com'].productName == {}", cel_string(&s));
-                let sel = CompiledSelectors::compile(&[expr]).expect("a literal always compiles");
-                prop_assert_eq!(sel.matches(&string_device(&s)), Ok(true));
+                let expr = format!("device.attributes['gpu.nvidia.com'].productName == {}", string_literal(&s));
+                let compiled = CompiledExpressions::compile(&[expr]).expect("a literal always compiles");
+                prop_assert_eq!(compiled.matches(&string_device(&s)), Ok(true));
                 if other != s {
-                    prop_assert_eq!(sel.matches(&string_device(&other)), Ok(false));
+                    prop_assert_eq!(compiled.matches(&string_device(&other)), Ok(false));
                 }
                 let longer = format!("{s}x");
-                prop_assert_eq!(sel.matches(&string_device(&longer)), Ok(false));
+                prop_assert_eq!(compiled.matches(&string_device(&longer)), Ok(false));
             }
         }
     }

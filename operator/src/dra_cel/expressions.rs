@@ -1,4 +1,4 @@
-//! [`CompiledSelectors`]: a list of selector expressions that must all be true, evaluated with
+//! [`CompiledExpressions`]: a list of expressions that must all be true, evaluated with
 //! kube-cel on a device, or answered from a memo keyed by the few values the list reads.
 
 use std::collections::HashMap;
@@ -9,13 +9,13 @@ use kube_cel::cel::parser::Expression;
 use kube_cel::cel::{ExecutionError, Value};
 use rustc_hash::{FxBuildHasher, FxHasher};
 
-use super::SelectorError;
+use super::ExpressionError;
 use super::compile::compile_one;
 use super::context::root_context;
 use super::device::{AttrValue, DeviceEnv, LeafValue};
 use super::reads::{DeviceReads, Footprint, Leaf};
 
-/// Entries kept per [`CompiledSelectors`] memo before it stops remembering new devices.
+/// Entries kept per [`CompiledExpressions`] memo before it stops remembering new devices.
 const MEMO_CAPACITY: usize = 16 * 1024;
 
 #[derive(Debug)]
@@ -24,20 +24,20 @@ struct CompiledExpr {
     expr: Expression,
 }
 
-type Memo = HashMap<u64, Vec<(Vec<LeafKey>, Result<bool, SelectorError>)>, FxBuildHasher>;
+type Memo = HashMap<u64, Vec<(Vec<LeafKey>, Result<bool, ExpressionError>)>, FxBuildHasher>;
 
-/// A list of selector expressions that must all be true (DeviceClass or request selectors).
+/// A list of expressions that must all be true (a DeviceClass's or a request's `selectors`).
 #[derive(Debug)]
-pub struct CompiledSelectors {
+pub struct CompiledExpressions {
     exprs: Vec<CompiledExpr>,
     pub(super) footprint: Footprint,
     leaves: Vec<Leaf>,
     memo: Mutex<Memo>,
 }
 
-impl CompiledSelectors {
+impl CompiledExpressions {
     /// Compiles `expressions`; the first invalid one is reported with its index.
-    pub fn compile(expressions: &[String]) -> Result<Self, SelectorError> {
+    pub fn compile(expressions: &[String]) -> Result<Self, ExpressionError> {
         let mut exprs = Vec::with_capacity(expressions.len());
         let mut footprint = Footprint::default();
         for (index, source) in expressions.iter().enumerate() {
@@ -57,7 +57,7 @@ impl CompiledSelectors {
         })
     }
 
-    /// What these selectors read of a device.
+    /// What these expressions read of a device.
     pub fn reads(&self) -> DeviceReads {
         DeviceReads::of(&self.footprint)
     }
@@ -65,7 +65,7 @@ impl CompiledSelectors {
     /// Whether every expression is true for `device`, evaluated in order like the Kubernetes
     /// allocator does (`selectorsMatch`): the first false stops with false, the first error
     /// stops with that error. An empty list matches every device.
-    pub fn matches(&self, device: &DeviceEnv) -> Result<bool, SelectorError> {
+    pub fn matches(&self, device: &DeviceEnv) -> Result<bool, ExpressionError> {
         if let Some(e) = device.invalid()
             && !self.exprs.is_empty()
         {
@@ -111,14 +111,14 @@ impl CompiledSelectors {
     }
 
     /// Every expression evaluated with kube-cel on `device`, as far as it reads it.
-    pub(super) fn evaluate(&self, device: &DeviceEnv) -> Result<bool, SelectorError> {
+    pub(super) fn evaluate(&self, device: &DeviceEnv) -> Result<bool, ExpressionError> {
         if self.exprs.is_empty() {
             return Ok(true);
         }
         let mut scope = root_context().new_inner_scope();
         scope.add_variable_from_value("device", device.to_cel(&self.footprint));
         for (index, e) in self.exprs.iter().enumerate() {
-            let err = |message: String| SelectorError::Evaluation {
+            let err = |message: String| ExpressionError::Evaluation {
                 index,
                 expression: e.source.clone(),
                 message,
