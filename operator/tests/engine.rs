@@ -17,6 +17,7 @@ use server::{Server, Watch};
 use teamgpu::core::diff::Kind;
 use teamgpu::core::effects::{Effect, ReclaimDefaults};
 use teamgpu::core::engine::{Engine, Now, Pass, Role, Settings};
+use teamgpu::core::plan::Plan;
 use teamgpu::core::plan::admission::Enforcement;
 
 fn engine() -> Engine {
@@ -61,6 +62,17 @@ fn pass_and_settle(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Ef
     let done = server.perform(&effects);
     engine.settle(done, now.wall);
     effects
+}
+
+/// The example's cluster and an engine that converged it at second 0 (and found nothing to do
+/// at second 1).
+fn converged() -> (Instant, Server, Engine) {
+    let start = Instant::now();
+    let mut server = Server::example();
+    let mut engine = engine();
+    pass_and_settle(&mut engine, &mut server, at(start, 0));
+    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+    (start, server, engine)
 }
 
 fn count(effects: &[Effect], what: fn(&Effect) -> bool) -> usize {
@@ -131,11 +143,7 @@ fn a_restart_over_a_converged_cluster_gets_no_effect() {
 
 #[test]
 fn a_raised_guarantee_writes_quotas_and_statuses_and_nothing_else() {
-    let start = Instant::now();
-    let mut server = Server::example();
-    let mut engine = engine();
-    pass_and_settle(&mut engine, &mut server, at(start, 0));
-    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+    let (start, mut server, mut engine) = converged();
 
     // data-science is guaranteed none of a100-80gb and may borrow up to 8: a guarantee of 8
     // gives its namespace's quota all 8, and takes them from the others' shares.
@@ -144,12 +152,7 @@ fn a_raised_guarantee_writes_quotas_and_statuses_and_nothing_else() {
         spec["quotas"][0]["guaranteed"] = json!(8);
     });
     let effects = pass_and_settle(&mut engine, &mut server, at(start, 2));
-    let objects: Vec<String> = (effects.iter())
-        .filter_map(|e| match e {
-            Effect::Object(w) => Some(w.key().to_string()),
-            _ => None,
-        })
-        .collect();
+    let objects = objects(&effects);
     assert!(
         objects.contains(&"resourcequota data-science/teamgpu".to_owned()),
         "{objects:?}"
@@ -176,6 +179,16 @@ fn a_raised_guarantee_writes_quotas_and_statuses_and_nothing_else() {
     assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 3)), []);
 }
 
+/// The objects written among `effects`, as `kind namespace/name`.
+fn objects(effects: &[Effect]) -> Vec<String> {
+    (effects.iter())
+        .filter_map(|e| match e {
+            Effect::Object(w) => Some(w.key().to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The statuses among `effects`, by policy name.
 fn statuses(effects: &[Effect]) -> Vec<&str> {
     (effects.iter())
@@ -198,11 +211,7 @@ fn changes_but_the_policies(server: &mut Server) -> Vec<teamgpu::core::engine::I
 
 #[test]
 fn a_status_is_written_once_though_the_next_pass_comes_before_its_watch_event() {
-    let start = Instant::now();
-    let mut server = Server::example();
-    let mut engine = engine();
-    pass_and_settle(&mut engine, &mut server, at(start, 0));
-    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+    let (start, mut server, mut engine) = converged();
 
     server.edit_team("data-science", |spec| {
         spec["quotas"][0]["guaranteed"] = json!(8)
@@ -228,11 +237,7 @@ fn a_status_is_written_once_though_the_next_pass_comes_before_its_watch_event() 
 
 #[test]
 fn a_status_whose_write_failed_is_written_again() {
-    let start = Instant::now();
-    let mut server = Server::example();
-    let mut engine = engine();
-    pass_and_settle(&mut engine, &mut server, at(start, 0));
-    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+    let (start, mut server, mut engine) = converged();
 
     server.edit_team("data-science", |spec| {
         spec["quotas"][0]["guaranteed"] = json!(8)
@@ -249,6 +254,40 @@ fn a_status_whose_write_failed_is_written_again() {
     }
     let again = pass(&mut engine, &mut server, at(start, 3));
     assert!(statuses(&again).contains(&"data-science"), "{again:?}");
+}
+
+/// The plan of one pass over what changed on `server`, its effects performed and settled.
+fn planned(engine: &mut Engine, server: &mut Server, now: Now) -> std::sync::Arc<Plan> {
+    for input in server.changes() {
+        engine.take_in(input);
+    }
+    let Pass::Planned(planned) = engine.pass(now, Role::Leader) else {
+        panic!("the slices are listed")
+    };
+    engine.settle(server.perform(&planned.effects), now.wall);
+    planned.plan
+}
+
+#[test]
+fn teamgpus_own_writes_coming_back_are_compared_with_the_kept_plan_not_planned_again() {
+    let (start, mut server, mut engine) = converged();
+    let converged = planned(&mut engine, &mut server, at(start, 1));
+    // The statuses and objects written come back: the same plan, no effect.
+    server.touch(Watch::Teams);
+    server.touch(Watch::SharingPolicies);
+    server.touch(Watch::Owned(Kind::ResourceQuota));
+    let echo = planned(&mut engine, &mut server, at(start, 2));
+    assert!(std::sync::Arc::ptr_eq(&converged, &echo), "planned again");
+    // A quota edited by hand is still repaired from the kept plan.
+    server.edit_owned_quota("data-science", |hard| hard.clear());
+    let repair = pass_and_settle(&mut engine, &mut server, at(start, 3));
+    assert_eq!(objects(&repair), ["resourcequota data-science/teamgpu"]);
+    // A team's spec is the planner's: planned again.
+    server.edit_team("data-science", |spec| {
+        spec["quotas"][0]["guaranteed"] = json!(8)
+    });
+    let raised = planned(&mut engine, &mut server, at(start, 4));
+    assert!(!std::sync::Arc::ptr_eq(&converged, &raised), "not planned");
 }
 
 /// One change to the cluster, or a pass of the kept engine (effects performed and settled).

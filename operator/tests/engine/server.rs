@@ -116,6 +116,26 @@ impl Server {
         }
     }
 
+    /// Edits the hard of teamgpu's quota in `namespace`, as a person with kubectl would.
+    pub fn edit_owned_quota(
+        &mut self,
+        namespace: &str,
+        edit: impl FnOnce(&mut serde_json::Map<String, Value>),
+    ) {
+        let key = ObjectKey {
+            kind: Kind::ResourceQuota,
+            namespace: Some(namespace.to_owned()),
+            name: "teamgpu".into(),
+        };
+        let mut quota = self.owned[&key].clone();
+        if let Some(hard) = quota.data["spec"]["hard"].as_object_mut() {
+            edit(hard);
+        }
+        self.stamp(&mut quota.metadata);
+        self.owned.insert(key, quota);
+        self.changed.insert(Watch::Owned(Kind::ResourceQuota));
+    }
+
     pub fn label_namespace(&mut self, name: &str, labels: BTreeMap<String, String>) {
         self.namespaces.insert(name.to_owned(), labels);
         self.changed.insert(Watch::Namespaces);

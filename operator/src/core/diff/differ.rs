@@ -235,6 +235,16 @@ impl Differ {
     /// The writes that make the live objects equal to `objects` (see [`super::writes`]).
     pub fn writes(&mut self, objects: &DesiredObjects) -> Vec<Write> {
         self.update_desired(objects);
+        self.writes_of_dirty(objects)
+    }
+
+    /// [`Differ::writes`] for the `objects` of the last call: only the objects whose live
+    /// side changed since are compared, without going over every desired object.
+    pub fn writes_again(&mut self, objects: &DesiredObjects) -> Vec<Write> {
+        self.writes_of_dirty(objects)
+    }
+
+    fn writes_of_dirty(&mut self, objects: &DesiredObjects) -> Vec<Write> {
         for name in self
             .retained
             .symmetric_difference(&objects.retained_device_classes)

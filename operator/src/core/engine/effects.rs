@@ -24,14 +24,20 @@ impl Engine {
     /// What `plan` asks for, in the order it is done: objects (the differ's order), statuses,
     /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions.
     /// `claims`: every claim if a Pod was pending at the start of the pass, else none.
+    /// `seen`: the differ compared this plan's objects already (an earlier pass's plan).
     pub(super) fn effects(
         &mut self,
         plan: &Plan,
+        seen: bool,
         (statuses, refused): (&PolicyStatuses, &RefusedByOwner),
         now: Now,
         mut claims: Vec<Arc<ClaimView>>,
     ) -> Vec<Effect> {
-        let writes = self.differ.writes(&plan.objects);
+        let writes = if seen {
+            self.differ.writes_again(&plan.objects)
+        } else {
+            self.differ.writes(&plan.objects)
+        };
         tracing::debug!(writes = writes.len(), "compared");
         let time = Time(now.wall);
         let (sharing, teams) = (&self.state.sharing_policies, &self.state.teams);

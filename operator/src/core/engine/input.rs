@@ -53,16 +53,51 @@ pub enum Input {
 }
 
 /// The custom resources teamgpu reads, each with its [`PolicyKind`].
-pub trait Policy: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned {
+pub trait Policy:
+    kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + Clone + PartialEq
+{
     const KIND: PolicyKind;
+
+    /// The policy as the planner reads it: without its status and the metadata every write
+    /// changes, so that teamgpu's own status writes coming back plan nothing again.
+    fn as_planned(&self) -> Self;
+}
+
+/// [`Policy::as_planned`] of the metadata.
+fn planned_meta(meta: &mut kube::api::ObjectMeta) {
+    meta.resource_version = None;
+    meta.managed_fields = None;
 }
 
 impl Policy for GpuSharingPolicy {
     const KIND: PolicyKind = PolicyKind::GpuSharingPolicy;
+
+    fn as_planned(&self) -> Self {
+        let mut policy = self.clone();
+        policy.status = None;
+        planned_meta(&mut policy.metadata);
+        policy
+    }
 }
 
 impl Policy for TeamGpuPolicy {
     const KIND: PolicyKind = PolicyKind::TeamGpuPolicy;
+
+    fn as_planned(&self) -> Self {
+        let mut policy = self.clone();
+        policy.status = None;
+        planned_meta(&mut policy.metadata);
+        policy
+    }
+}
+
+/// Whether the planner reads the same in `new` as in `old` (see [`Policy::as_planned`]).
+fn same_for_planning<K: Policy>(old: &[K], new: &[K]) -> bool {
+    old.len() == new.len()
+        && old
+            .iter()
+            .zip(new)
+            .all(|(a, b)| a.as_planned() == b.as_planned())
 }
 
 /// Every policy of `objects` not being deleted, read into its type, and the ones that do not
@@ -90,16 +125,31 @@ pub fn parse_policies<K: Policy>(objects: &[Arc<DynamicObject>]) -> (Vec<K>, Vec
 
 impl Engine {
     /// Takes in one cache. Slices and claims go to the planner (one call each), owned objects
-    /// to the differ; the rest is the planner's input.
+    /// to the differ; the rest is the planner's input. Whatever the planner reads that
+    /// changed has the next pass plan again; the rest (owned objects, running Pods, policies
+    /// whose status alone changed) is compared with the kept plan.
     pub fn take_in(&mut self, input: Input) {
+        let replan = !matches!(
+            input,
+            Input::Owned { .. }
+                | Input::Pods(_)
+                | Input::SliceListAsked(_)
+                | Input::SharingPolicies(_)
+                | Input::Teams(_)
+        );
+        self.replan |= replan;
         match input {
             Input::SharingPolicies(objects) => {
                 let (policies, unreadable) = self.policies(&objects);
+                self.replan |= !same_for_planning(&self.state.sharing_policies, &policies)
+                    || self.state.unreadable_sharing_policies != unreadable;
                 self.state.sharing_policies = policies;
                 self.state.unreadable_sharing_policies = unreadable;
             }
             Input::Teams(objects) => {
                 let (teams, unreadable) = self.policies(&objects);
+                self.replan |= !same_for_planning(&self.state.teams, &teams)
+                    || self.state.unreadable_teams != unreadable;
                 self.state.teams = teams;
                 self.state.unreadable_teams = unreadable;
             }

@@ -13,8 +13,12 @@
 //!   for no effect, and its differ, Events and trackers stay as if no pass had acted, so a
 //!   replica that becomes leader writes exactly what differs. Dropping a follower's effects in
 //!   the controller would instead let the requeuer believe it woke templates it did not.
-//! - [`Pass::Planned`] hands the plan out by value, with each policy's status as written (its
-//!   conditions are what the metrics report), for the metrics: the engine keeps neither.
+//! - [`Pass::Planned`] hands the plan out, with each policy's status as written (its
+//!   conditions are what the metrics report), for the metrics. The engine keeps the plan:
+//!   a pass whose inputs the planner does not read (teamgpu's own writes coming back: owned
+//!   objects, the policies' statuses) compares the live objects and statuses with it instead
+//!   of planning again. At 10,000 namespaces planning is most of a pass, and every write's
+//!   echo would cost one.
 //! - A slice list asked for is remembered ([`Input::SliceListAsked`] for the one asked before
 //!   the engine ran), so a pass during the list waits ([`Pass::AwaitSlices`]) instead of
 //!   starting the list again.
@@ -93,8 +97,8 @@ pub enum Pass {
 /// A plan and its effects, in the order they are to be performed.
 #[derive(Debug)]
 pub struct Planned {
-    /// For the metrics; the engine keeps nothing of it.
-    pub plan: Plan,
+    /// For the metrics.
+    pub plan: Arc<Plan>,
     /// Each policy's status as it is written (a follower's with the `Applied` condition its
     /// live status shows), for the condition metrics.
     pub statuses: PolicyStatuses,
@@ -148,6 +152,11 @@ pub struct Engine {
     waiting: Vec<WaitingPod>,
     /// What the slices were last asked to be listed with.
     slices_asked: Option<DeviceReads>,
+    /// The last plan, while nothing the planner reads has changed since (`replan` false).
+    plan: Option<Arc<Plan>>,
+    replan: bool,
+    /// The differ has compared the kept plan's objects (a follower's passes do not compare).
+    differ_has_plan: bool,
 }
 
 impl Engine {
@@ -173,6 +182,9 @@ impl Engine {
             pods: Vec::new(),
             waiting: Vec::new(),
             slices_asked: None,
+            plan: None,
+            replan: true,
+            differ_has_plan: false,
         }
     }
 
@@ -199,10 +211,23 @@ impl Engine {
             self.slices_asked = Some(reads.clone());
             return Pass::ListSlices(reads);
         }
-        let plan = self.planner.plan(&self.state);
+        // Pending demand is the planner's input, read from the Pods and claims just now.
+        let replan = self.replan || !self.pending_pods.is_empty();
+        let plan = match self.plan.take() {
+            Some(kept) if !replan => kept,
+            _ => {
+                self.differ_has_plan = false;
+                Arc::new(self.planner.plan(&self.state))
+            }
+        };
+        self.replan = false;
+        self.plan = Some(plan.clone());
         let (statuses, refused) = self.statuses(&plan, now);
         let effects = match role {
-            Role::Leader => self.effects(&plan, (&statuses, &refused), now, claims),
+            Role::Leader => {
+                let seen = std::mem::replace(&mut self.differ_has_plan, true);
+                self.effects(&plan, seen, (&statuses, &refused), now, claims)
+            }
             Role::Follower => Vec::new(),
         };
         Pass::Planned(Box::new(Planned {
@@ -235,6 +260,7 @@ impl Engine {
     /// what a watch missed is repaired).
     pub fn resync(&mut self) {
         self.differ.compare_all();
+        self.replan = true;
     }
 
     /// When a pass must run though nothing changes: a reclaim's grace period ends or a
