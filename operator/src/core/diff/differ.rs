@@ -166,10 +166,10 @@ impl DesiredObject {
 fn forget<V>(
     map: &mut HashMap<ObjectKey, V>,
     dirty: &mut BTreeSet<ObjectKey>,
-    keep: impl Fn(&ObjectKey) -> bool,
+    keep: impl Fn(&ObjectKey, &V) -> bool,
 ) {
-    map.retain(|key, _| {
-        let kept = keep(key);
+    map.retain(|key, value| {
+        let kept = keep(key, value);
         if !kept {
             dirty.insert(key.clone());
         }
@@ -185,7 +185,11 @@ fn forget<V>(
 /// watch caches, not copied. Gives the same writes as [`super::writes`] on the same input.
 #[derive(Debug, Default)]
 pub struct Differ {
-    desired: HashMap<ObjectKey, DesiredObject>,
+    /// Each desired object, with the [`Differ::round`] of the last plan that had it.
+    desired: HashMap<ObjectKey, (DesiredObject, bool)>,
+    /// Flips with every plan taken in, so that what a plan no longer has is found without a
+    /// second table of the keys it has.
+    round: bool,
     live: HashMap<ObjectKey, LiveEntry>,
     retained: BTreeSet<String>,
     retained_owners: BTreeSet<String>,
@@ -220,7 +224,7 @@ impl Differ {
             }
             seen.insert(key);
         }
-        forget(&mut self.live, &mut self.dirty, |key| {
+        forget(&mut self.live, &mut self.dirty, |key, _| {
             key.kind != kind || seen.contains(key)
         });
     }
@@ -265,7 +269,7 @@ impl Differ {
         // A new table, not a cleared one: a first converge's 10,000 applies would keep theirs.
         self.applying = HashMap::new();
         for key in std::mem::take(&mut self.dirty) {
-            let desired = match self.desired.get(&key).map(DesiredObject::to_json) {
+            let desired = match self.desired.get(&key).map(|(o, _)| o.to_json()) {
                 Some(Some(value)) => Some(value),
                 // Wanted but not serializable (a bug, never seen): neither applied nor deleted.
                 Some(None) => {
@@ -300,7 +304,7 @@ impl Differ {
                 &self.retained,
                 &self.retained_owners,
             );
-            let desired_object = self.desired.get(&key);
+            let desired_object = self.desired.get(&key).map(|(o, _)| o);
             let write = write.map(|needs| {
                 needs.write(key.clone(), || match desired_object {
                     Some(object) => Payload(PayloadOf::Object(object.clone()), desired_fingerprint),
@@ -363,20 +367,26 @@ impl Differ {
         }
     }
 
+    /// Takes in a plan's objects: one lookup each (this runs over every object of every plan).
     fn update_desired(&mut self, objects: &DesiredObjects) {
-        let mut seen = HashSet::with_capacity(self.desired.len());
+        self.round = !self.round;
+        let round = self.round;
         for (kind, object) in DesiredObject::all(objects) {
             let key = object.key(kind);
-            let same = self
-                .desired
-                .get(&key)
-                .is_some_and(|known| object.same_as(known));
-            if !same {
-                self.dirty.insert(key.clone());
+            match self.desired.get_mut(&key) {
+                Some((known, seen)) => {
+                    *seen = round;
+                    if !object.same_as(known) {
+                        *known = object;
+                        self.dirty.insert(key);
+                    }
+                }
+                None => {
+                    self.dirty.insert(key.clone());
+                    self.desired.insert(key, (object, round));
+                }
             }
-            self.desired.insert(key.clone(), object);
-            seen.insert(key);
         }
-        forget(&mut self.desired, &mut self.dirty, |key| seen.contains(key));
+        forget(&mut self.desired, &mut self.dirty, |_, (_, seen)| *seen == round);
     }
 }
