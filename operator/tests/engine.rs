@@ -3,6 +3,8 @@
 //! for the API server (`engine/server.rs`) that stores what teamgpu applies with the server's
 //! defaults, as the operator's watches would bring it back. Plain tests: no runtime, no clock.
 
+#[path = "engine/in_flight.rs"]
+mod in_flight;
 #[path = "engine/server.rs"]
 mod server;
 
@@ -16,7 +18,7 @@ use serde_json::json;
 use server::{Server, Watch};
 use teamgpu::core::diff::Kind;
 use teamgpu::core::effects::{Effect, ReclaimDefaults};
-use teamgpu::core::engine::{Engine, Now, Pass, Role, Settings};
+use teamgpu::core::engine::{Done, Engine, Now, Pass, Planned, Role, Settings};
 use teamgpu::core::plan::admission::Enforcement;
 
 fn engine() -> Engine {
@@ -41,7 +43,7 @@ fn at(start: Instant, seconds: u64) -> Now {
 }
 
 /// One pass of `engine` over what changed on `server`, listing the slices again when it asks.
-fn pass(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
+fn planned(engine: &mut Engine, server: &mut Server, now: Now) -> Planned {
     for _ in 0..3 {
         for input in server.changes() {
             engine.take_in(input);
@@ -49,17 +51,34 @@ fn pass(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
         match engine.pass(now, Role::Leader) {
             Pass::ListSlices(reads) => server.list_slices(reads),
             Pass::AwaitSlices => panic!("the list asked for was brought: nothing to wait for"),
-            Pass::Planned(planned) => return planned.effects,
+            Pass::Planned(planned) => return *planned,
         }
     }
     panic!("the slices were listed with what the engine asked, and it asked again");
 }
 
+/// The effects of a pass that nobody performs (yet).
+fn pass(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
+    planned(engine, server, now).effects
+}
+
+/// The server performs `planned`'s effects, and the engine settles them.
+fn perform_and_settle(engine: &mut Engine, server: &mut Server, planned: Planned, now: Now) {
+    let done = server.perform(&planned.effects);
+    engine.settle(
+        Done {
+            batch: planned.batch,
+            ..done
+        },
+        now.wall,
+    );
+}
+
 /// A pass whose effects the server performs and the engine settles.
 fn pass_and_settle(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
-    let effects = pass(engine, server, now);
-    let done = server.perform(&effects);
-    engine.settle(done, now.wall);
+    let planned = planned(engine, server, now);
+    let effects = planned.effects.clone();
+    perform_and_settle(engine, server, planned, now);
     effects
 }
 
@@ -248,22 +267,7 @@ fn add_claim(server: &mut Server, namespace: usize, node: usize, devices: u32, a
         return;
     };
     let slice = &server.slices[&node];
-    // (pool, device) of every allocated device.
-    let taken: Vec<(String, String)> = (server.claims.values())
-        .flat_map(|c| {
-            json!(c)["status"]["allocation"]["devices"]["results"]
-                .clone()
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .map(|r| {
-            (
-                r["pool"].as_str().unwrap_or_default().to_owned(),
-                r["device"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
+    let taken = server.allocated_devices();
     let pool = slice.spec.pool.name.clone();
     let free: Vec<String> = (slice.spec.devices.iter().flatten())
         .map(|d| d.name.clone())

@@ -1,5 +1,6 @@
-//! The only code that writes: performs a pass's [`Effect`]s, the same way for every kind. Only
-//! the leader writes; each request has a timeout; each failure is logged with its object,
+//! The only code that writes: performs a pass's [`Effect`]s, the same way for every kind, in a
+//! task of its own fed through a bounded channel, so that planning goes on while it writes
+//! ([`Executor::spawn`]). Only the leader writes; each request has a timeout; each failure is logged with its object,
 //! counted, and backed off per object (exponential, with jitter), so one object the API server
 //! refuses never holds up the others or hammers the server. Needs a client.
 
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::runtime::events::Reporter;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 mod error;
 mod requests;
@@ -29,6 +30,10 @@ const WRITE_CONCURRENCY: usize = 16;
 
 /// How long one write may take before it counts as failed (and is retried with backoff).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long after its retry was due a failure is forgotten if not tried again: twice the
+/// longest backoff, for the batches queued meanwhile.
+const FORGOTTEN_AFTER: Duration = Duration::from_secs(120);
 
 /// Per-object retry state for failed writes.
 #[derive(Debug, Default)]
@@ -63,10 +68,12 @@ impl Backoff {
         self.failures.remove(id);
     }
 
-    /// Forgets the objects whose retry was due at `started` (the start of a run that tried
-    /// every object due) but that were not tried again: they are no longer wanted.
-    fn forget_due(&mut self, started: Instant) {
-        self.failures.retain(|_, (_, at)| *at > started);
+    /// Forgets the objects whose retry was due long before `now` and that were not tried
+    /// again: they are no longer wanted. Not those just due: a batch planned while an object's
+    /// failed write was still on its way does not have it, and the next one will.
+    fn forget_stale(&mut self, now: Instant) {
+        self.failures
+            .retain(|_, (_, at)| *at + FORGOTTEN_AFTER > now);
     }
 
     /// When the next object is due for a retry, after `now`: a retry already due is taken by
@@ -78,6 +85,21 @@ impl Backoff {
             .filter(|at| *at > now)
             .min()
     }
+}
+
+/// A pass's effects, for the executor's task.
+#[derive(Debug)]
+pub struct Batch {
+    /// [`crate::core::engine::Planned::batch`].
+    pub number: u64,
+    pub effects: Vec<Effect>,
+}
+
+/// What the executor's task did of a batch, and when its next failed write is due again.
+#[derive(Debug)]
+pub struct Ran {
+    pub done: Done,
+    pub next_retry: Option<Instant>,
 }
 
 /// What one effect did.
@@ -225,24 +247,43 @@ impl Executor {
         }
     }
 
-    pub fn is_leader(&self) -> bool {
-        *self.leader.borrow()
-    }
-
-    /// When the next failed write is due for a retry.
-    pub fn next_retry(&self) -> Option<Instant> {
-        self.backoff.next_retry(Instant::now())
+    /// Runs as a task of its own, off the planning path: performs the batches it is sent one
+    /// after another, in the order the passes handed them out, and answers what each did.
+    /// One batch waits at most: a pass waits for room before it plans
+    /// ([`mpsc::Sender::reserve_owned`]), so that what waits is never staler than one batch,
+    /// and passes come no faster than the executor takes their batches. The task ends when the sender is dropped.
+    pub fn spawn(
+        mut self,
+    ) -> (
+        mpsc::Sender<Batch>,
+        mpsc::UnboundedReceiver<Ran>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (batches, mut to_run) = mpsc::channel::<Batch>(1);
+        // Unbounded, yet at most one answer per batch, and the loop takes them between passes:
+        // a pass that waits for room must never hold up the answers.
+        let (answers, ran) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Some(Batch { number, effects }) = to_run.recv().await {
+                let mut done = self.run(effects).await;
+                done.batch = number;
+                let next_retry = self.backoff.next_retry(Instant::now());
+                if answers.send(Ran { done, next_retry }).is_err() {
+                    break;
+                }
+            }
+        });
+        (batches, ran, task)
     }
 
     /// Performs `effects` in their order, skipping those still backing off, and stops starting
     /// them at once when this replica loses the lease. An eviction's outcome is then told by
     /// the Events [`eviction_events`] gives.
-    pub async fn run(&mut self, effects: Vec<Effect>) -> Done {
-        let started = Instant::now();
+    async fn run(&mut self, effects: Vec<Effect>) -> Done {
         let mut done = Done::default();
         let follow_ups = self.run_phases(effects, &mut done).await;
         self.run_phases(follow_ups, &mut done).await;
-        self.backoff.forget_due(started);
+        self.backoff.forget_stale(Instant::now());
         done
     }
 
@@ -257,7 +298,7 @@ impl Executor {
         // Each effect is moved, never copied, and settled as soon as its request ends: a first
         // converge's 10,000 applies are held once.
         for lanes in steps(ready) {
-            if !self.is_leader() {
+            if !*self.leader.borrow() {
                 break;
             }
             let lanes = lanes
@@ -382,6 +423,8 @@ impl Executor {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::requests::Rotating;
     use super::*;
     use crate::core::diff::ObjectKey;
@@ -412,21 +455,22 @@ mod tests {
     }
 
     #[test]
-    fn a_retry_that_was_due_but_not_tried_is_forgotten() {
+    fn a_retry_due_long_ago_but_not_tried_is_forgotten_and_one_just_due_is_kept() {
         let mut backoff = Backoff::default();
         let t0 = Instant::now();
         backoff.failed("gone", t0);
-        backoff.failed("failing", t0 + Duration::from_secs(1));
-        let later = t0 + Duration::from_secs(1);
+        backoff.failed("due", t0 + Duration::from_secs(119));
+        backoff.failed("failing", t0 + Duration::from_secs(121));
+        let later = t0 + Duration::from_secs(121);
         // A retry due is not a reason to wake: waking for it would make the loop spin.
         assert!(backoff.next_retry(later).unwrap() > later);
-        backoff.forget_due(later);
-        assert!(
-            !backoff.ready("failing", later),
-            "tried in that run, still backing off"
-        );
+        backoff.forget_stale(later);
         assert!(backoff.ready("gone", later));
-        assert_eq!(backoff.failures.len(), 1);
+        assert!(backoff.ready("due", later));
+        assert!(!backoff.ready("failing", later), "still backing off");
+        // "due" keeps its count: its next failure waits longer than a first one.
+        let ids: BTreeSet<&str> = backoff.failures.keys().map(String::as_str).collect();
+        assert_eq!(ids, BTreeSet::from(["due", "failing"]));
     }
 
     #[test]

@@ -8,6 +8,13 @@
 //! take_in(Input)*  ->  pass(Now, Role) -> Pass  ->  (executor)  ->  settle(Done)
 //! ```
 //!
+//! The executor runs off the planning path: passes go on while a batch is performed, and its
+//! [`Done`] may come after several of them. A write in flight is not asked for again unless
+//! what it writes changed (the differ compares an object again only when a side changes; the
+//! other effects are held back in [`in_flight`]); one that did not happen comes back once its
+//! batch settles. A settle asks for no pass: a write that failed is due again when the
+//! executor's backoff ends, a refused eviction at [`Engine::next_wake`].
+//!
 //! Choices, against the sketch of the issue:
 //! - `pass` takes the [`Role`]: a follower plans (its caches and planner stay warm) but asks
 //!   for no effect, and its differ, Events and trackers stay as if no pass had acted, so a
@@ -26,10 +33,12 @@
 //! [`Differ`]: crate::core::diff::Differ
 
 mod effects;
+mod in_flight;
 mod input;
 #[cfg(test)]
 mod tests;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -95,13 +104,18 @@ pub struct Planned {
     /// For the metrics; the engine keeps nothing of it.
     pub plan: Plan,
     /// Objects (in dependency order), statuses, requeues, Events, evictions; none for a
-    /// [`Role::Follower`].
+    /// [`Role::Follower`]. None is still in flight with the same content.
     pub effects: Vec<Effect>,
+    /// The batch the effects are: its [`Done`] names it.
+    pub batch: u64,
 }
 
-/// What the executor did of a pass's effects that the engine must know.
+/// What the executor did of a batch of effects that the engine must know. Every effect of it
+/// has ended: it succeeded, failed, or was not tried (backing off, or the lease lost).
 #[derive(Debug, Default)]
 pub struct Done {
+    /// The [`Planned::batch`] performed.
+    pub batch: u64,
     /// Applies that succeeded, with the resourceVersion the server answered.
     pub applied: Vec<(ObjectKey, Option<String>)>,
     /// Events published.
@@ -140,6 +154,8 @@ pub struct Engine {
     waiting: Vec<WaitingPod>,
     /// What the slices were last asked to be listed with.
     slices_asked: Option<DeviceReads>,
+    /// Effects handed out whose batch has not settled.
+    in_flight: in_flight::InFlight,
 }
 
 impl Engine {
@@ -164,6 +180,7 @@ impl Engine {
             pods: Vec::new(),
             waiting: Vec::new(),
             slices_asked: None,
+            in_flight: in_flight::InFlight::default(),
         }
     }
 
@@ -191,22 +208,37 @@ impl Engine {
             return Pass::ListSlices(reads);
         }
         let plan = self.planner.plan(&self.state);
-        let effects = match role {
-            Role::Leader => self.effects(&plan, now, claims),
-            Role::Follower => Vec::new(),
+        let (batch, effects) = match role {
+            Role::Leader => {
+                let effects = self.effects(&plan, now, claims);
+                self.in_flight.hand_out(effects)
+            }
+            Role::Follower => (0, Vec::new()),
         };
-        Pass::Planned(Box::new(Planned { plan, effects }))
+        Pass::Planned(Box::new(Planned {
+            plan,
+            effects,
+            batch,
+        }))
     }
 
-    /// Takes in what the executor did at `wall`: an apply settles its object in the differ, a
-    /// published Event is not published again, a refused eviction is tried again later, a
-    /// refused write shows on its policy.
+    /// Takes in what the executor did of a batch at `wall`: its effects are no longer in
+    /// flight, an object write that did not happen is compared again, an apply settles its
+    /// object in the differ, a published Event is not published again, a refused eviction is
+    /// tried again later, a refused write shows on its policy.
     pub fn settle(&mut self, done: Done, wall: Timestamp) {
         // Refusals: a failed write counts, a written object ends its row.
         let written = done.applied.iter().map(|(key, _)| key).chain(&done.deleted);
         self.refusals.record(&done.failed, written, wall);
-        for (key, version) in done.applied {
-            self.differ.applied(&key, version.as_deref());
+        let mut applied: HashMap<ObjectKey, Option<String>> = done.applied.into_iter().collect();
+        let deleted: HashSet<ObjectKey> = done.deleted.into_iter().collect();
+        // Only the objects whose last write was this batch's: a later one decides the others.
+        for key in self.in_flight.settle(done.batch) {
+            match applied.remove(&key) {
+                Some(version) => self.differ.applied(&key, version.as_deref()),
+                None if deleted.contains(&key) => {}
+                None => self.differ.unwritten(&key),
+            }
         }
         for key in done.published {
             self.published.record(key);
