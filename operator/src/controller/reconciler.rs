@@ -165,7 +165,6 @@ impl Reconciler {
     }
 
     pub(super) async fn reconcile(&mut self) {
-        let started = Instant::now();
         let labels = metrics::ControllerLabels {
             controller: "teamgpu",
         };
@@ -174,6 +173,8 @@ impl Reconciler {
         let Ok(room) = self.batches.clone().reserve_owned().await else {
             return;
         };
+        // The pass's own time: planning, not the wait for room nor the writes.
+        let started = Instant::now();
         self.metrics.reconciles.get_or_create(&labels).inc();
         // What the executor finished meanwhile is no longer in flight.
         while let Ok(ran) = self.ran.try_recv() {
