@@ -40,11 +40,35 @@ const FORGOTTEN_AFTER: Duration = Duration::from_secs(120);
 pub struct Backoff {
     failures: HashMap<String, (u32, Instant)>,
     jitter: RandomState,
+    /// The earliest retry of a write that the run under way failed or skipped.
+    owed: Option<Instant>,
 }
 
 impl Backoff {
-    fn ready(&self, id: &str, now: Instant) -> bool {
-        self.failures.get(id).is_none_or(|(_, at)| now >= *at)
+    /// Whether `id` may be tried at `now`; if not, its retry is owed a pass.
+    fn ready(&mut self, id: &str, now: Instant) -> bool {
+        match self.failures.get(id) {
+            Some((_, at)) if now < *at => {
+                let at = *at;
+                self.owe(at);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    fn owe(&mut self, at: Instant) {
+        self.owed = Some(self.owed.map_or(at, |owed| owed.min(at)));
+    }
+
+    /// When a pass must come for a retry, after a run: the earliest retry of what the run failed
+    /// or skipped, even one due already (the batch planned meanwhile does not have it, and the
+    /// next one must), else the next retry due after `now`.
+    fn next_pass(&mut self, now: Instant) -> Option<Instant> {
+        [self.owed.take(), self.next_retry(now)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// How long `id` waits after its `attempts`-th failure in a row: a base of 0.4 s doubling
@@ -62,6 +86,7 @@ impl Backoff {
         let attempts = self.failures.get(id).map_or(0, |(n, _)| *n) + 1;
         let at = now + self.delay(id, attempts);
         self.failures.insert(id.to_owned(), (attempts, at));
+        self.owe(at);
     }
 
     fn succeeded(&mut self, id: &str) {
@@ -76,9 +101,9 @@ impl Backoff {
             .retain(|_, (_, at)| *at + FORGOTTEN_AFTER > now);
     }
 
-    /// When the next object is due for a retry, after `now`: a retry already due is taken by
-    /// the next run, and waking for it again would make the loop spin.
-    pub fn next_retry(&self, now: Instant) -> Option<Instant> {
+    /// When the next object is due for a retry, after `now`: waking for one due already, that
+    /// no run owes, would make the loop spin.
+    fn next_retry(&self, now: Instant) -> Option<Instant> {
         self.failures
             .values()
             .map(|(_, at)| *at)
@@ -267,7 +292,7 @@ impl Executor {
             while let Some(Batch { number, effects }) = to_run.recv().await {
                 let mut done = self.run(effects).await;
                 done.batch = number;
-                let next_retry = self.backoff.next_retry(Instant::now());
+                let next_retry = self.backoff.next_pass(Instant::now());
                 if answers.send(Ran { done, next_retry }).is_err() {
                     break;
                 }
@@ -452,6 +477,24 @@ mod tests {
         backoff.succeeded("q");
         assert!(backoff.ready("q", t0));
         assert_eq!(backoff.next_retry(t0), None);
+    }
+
+    #[test]
+    fn a_run_owes_a_pass_to_what_it_failed_or_skipped_even_once_due() {
+        let mut backoff = Backoff::default();
+        let t0 = Instant::now();
+        backoff.failed("failed", t0);
+        let due = backoff.failures["failed"].1;
+        // Long after, the run is over: the failed write is due, and still owed a pass.
+        let later = t0 + Duration::from_secs(5);
+        assert_eq!(backoff.next_pass(later), Some(due));
+        // Once told, not again (a pass came for it).
+        assert_eq!(backoff.next_pass(later), None);
+        // A skipped write (still backing off) is owed its retry.
+        backoff.failed("failed", later);
+        backoff.owed = None;
+        assert!(!backoff.ready("failed", later));
+        assert_eq!(backoff.next_pass(later), Some(backoff.failures["failed"].1));
     }
 
     #[test]
