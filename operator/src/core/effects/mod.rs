@@ -35,7 +35,7 @@ pub use status::{
     status_changes,
 };
 pub use waiting::waiting_events;
-pub use written::WrittenStatuses;
+pub use written::{WrittenStatus, WrittenStatuses};
 
 /// One thing to do to the cluster.
 #[derive(Clone, Debug, PartialEq)]
