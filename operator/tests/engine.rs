@@ -3,8 +3,6 @@
 //! for the API server (`engine/server.rs`) that stores what teamgpu applies with the server's
 //! defaults, as the operator's watches would bring it back. Plain tests: no runtime, no clock.
 
-#[path = "engine/in_flight.rs"]
-mod in_flight;
 #[path = "engine/server.rs"]
 mod server;
 
@@ -18,7 +16,7 @@ use serde_json::json;
 use server::{Server, Watch};
 use teamgpu::core::diff::Kind;
 use teamgpu::core::effects::{Effect, ReclaimDefaults};
-use teamgpu::core::engine::{Done, Engine, Now, Pass, Planned, Role, Settings};
+use teamgpu::core::engine::{Engine, Now, Pass, Role, Settings};
 use teamgpu::core::plan::Plan;
 use teamgpu::core::plan::admission::Enforcement;
 
@@ -44,7 +42,7 @@ fn at(start: Instant, seconds: u64) -> Now {
 }
 
 /// One pass of `engine` over what changed on `server`, listing the slices again when it asks.
-fn planned(engine: &mut Engine, server: &mut Server, now: Now) -> Planned {
+fn pass(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
     for _ in 0..3 {
         for input in server.changes() {
             engine.take_in(input);
@@ -52,34 +50,17 @@ fn planned(engine: &mut Engine, server: &mut Server, now: Now) -> Planned {
         match engine.pass(now, Role::Leader) {
             Pass::ListSlices(reads) => server.list_slices(reads),
             Pass::AwaitSlices => panic!("the list asked for was brought: nothing to wait for"),
-            Pass::Planned(planned) => return *planned,
+            Pass::Planned(planned) => return planned.effects,
         }
     }
     panic!("the slices were listed with what the engine asked, and it asked again");
 }
 
-/// The effects of a pass that nobody performs (yet).
-fn pass(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
-    planned(engine, server, now).effects
-}
-
-/// The server performs `planned`'s effects, and the engine settles them.
-fn perform_and_settle(engine: &mut Engine, server: &mut Server, planned: Planned, now: Now) {
-    let done = server.perform(&planned.effects);
-    engine.settle(
-        Done {
-            batch: planned.batch,
-            ..done
-        },
-        now.wall,
-    );
-}
-
 /// A pass whose effects the server performs and the engine settles.
 fn pass_and_settle(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
-    let planned = planned(engine, server, now);
-    let effects = planned.effects.clone();
-    perform_and_settle(engine, server, planned, now);
+    let effects = pass(engine, server, now);
+    let done = server.perform(&effects);
+    engine.settle(done, now.wall);
     effects
 }
 
@@ -249,7 +230,7 @@ fn a_status_is_written_once_though_the_next_pass_comes_before_its_watch_event() 
         Vec::<&str>::new(),
         "the statuses written are not written again"
     );
-    perform_and_settle(&mut engine, &mut server, *planned, at(start, 3));
+    engine.settle(server.perform(&planned.effects), at(start, 3).wall);
     // They come back: nothing to write either.
     assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 4)), []);
 }
@@ -261,14 +242,13 @@ fn a_status_whose_write_failed_is_written_again() {
     server.edit_team("data-science", |spec| {
         spec["quotas"][0]["guaranteed"] = json!(8)
     });
-    let mut raised = planned(&mut engine, &mut server, at(start, 2));
-    assert!(
-        statuses(&raised.effects).contains(&"data-science"),
-        "{raised:?}"
-    );
-    // The statuses failed: the objects were written, they were not.
-    raised.effects.retain(|e| matches!(e, Effect::Object(_)));
-    perform_and_settle(&mut engine, &mut server, raised, at(start, 2));
+    let raised = pass(&mut engine, &mut server, at(start, 2));
+    assert!(statuses(&raised).contains(&"data-science"), "{raised:?}");
+    // The executor got no answer for the statuses: the objects were written, they were not.
+    let objects: Vec<Effect> = (raised.into_iter())
+        .filter(|e| matches!(e, Effect::Object(_)))
+        .collect();
+    engine.settle(server.perform(&objects), at(start, 2).wall);
     for input in changes_but_the_policies(&mut server) {
         engine.take_in(input);
     }
@@ -277,22 +257,26 @@ fn a_status_whose_write_failed_is_written_again() {
 }
 
 /// The plan of one pass over what changed on `server`, its effects performed and settled.
-fn plan_of_pass(engine: &mut Engine, server: &mut Server, now: Now) -> std::sync::Arc<Plan> {
-    let planned = planned(engine, server, now);
-    let plan = planned.plan.clone();
-    perform_and_settle(engine, server, planned, now);
-    plan
+fn planned(engine: &mut Engine, server: &mut Server, now: Now) -> std::sync::Arc<Plan> {
+    for input in server.changes() {
+        engine.take_in(input);
+    }
+    let Pass::Planned(planned) = engine.pass(now, Role::Leader) else {
+        panic!("the slices are listed")
+    };
+    engine.settle(server.perform(&planned.effects), now.wall);
+    planned.plan
 }
 
 #[test]
 fn teamgpus_own_writes_coming_back_are_compared_with_the_kept_plan_not_planned_again() {
     let (start, mut server, mut engine) = converged();
-    let converged = plan_of_pass(&mut engine, &mut server, at(start, 1));
+    let converged = planned(&mut engine, &mut server, at(start, 1));
     // The statuses and objects written come back: the same plan, no effect.
     server.touch(Watch::Teams);
     server.touch(Watch::SharingPolicies);
     server.touch(Watch::Owned(Kind::ResourceQuota));
-    let echo = plan_of_pass(&mut engine, &mut server, at(start, 2));
+    let echo = planned(&mut engine, &mut server, at(start, 2));
     assert!(std::sync::Arc::ptr_eq(&converged, &echo), "planned again");
     // A quota edited by hand is still repaired from the kept plan.
     server.edit_owned_quota("data-science", |hard| hard.clear());
@@ -302,7 +286,7 @@ fn teamgpus_own_writes_coming_back_are_compared_with_the_kept_plan_not_planned_a
     server.edit_team("data-science", |spec| {
         spec["quotas"][0]["guaranteed"] = json!(8)
     });
-    let raised = plan_of_pass(&mut engine, &mut server, at(start, 4));
+    let raised = planned(&mut engine, &mut server, at(start, 4));
     assert!(!std::sync::Arc::ptr_eq(&converged, &raised), "not planned");
 }
 
@@ -378,7 +362,22 @@ fn add_claim(server: &mut Server, namespace: usize, node: usize, devices: u32, a
         return;
     };
     let slice = &server.slices[&node];
-    let taken = server.allocated_devices();
+    // (pool, device) of every allocated device.
+    let taken: Vec<(String, String)> = (server.claims.values())
+        .flat_map(|c| {
+            json!(c)["status"]["allocation"]["devices"]["results"]
+                .clone()
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|r| {
+            (
+                r["pool"].as_str().unwrap_or_default().to_owned(),
+                r["device"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
     let pool = slice.spec.pool.name.clone();
     let free: Vec<String> = (slice.spec.devices.iter().flatten())
         .map(|d| d.name.clone())

@@ -104,7 +104,7 @@ impl Default for Metrics {
         let reconcile_seconds = registered(
             r,
             "reconcile_duration_seconds",
-            "Duration of a reconcile pass (its planning; the writes are the executor's)",
+            "Duration of a reconcile pass",
             Family::<ControllerLabels, Histogram>::new_with_constructor(histogram),
         );
         let build_info = registered(

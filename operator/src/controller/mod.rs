@@ -1,10 +1,10 @@
 //! `teamgpu run`: observe -> plan -> diff -> execute. Only this module touches the API.
 //!
 //! One reconciler, woken by watch events (debounced), takes in only the caches that changed,
-//! plans with the kept [`Planner`] (which recomputes only what changed inputs feed) and queues
+//! plans with the kept [`Planner`] (which recomputes only what changed inputs feed) and hands
 //! what the kept [`Differ`] finds different, with the statuses, Events and evictions of
-//! [`crate::core::effects`], for the executor, the only code that writes, in a task of its own
-//! so that planning goes on during a long converge. A steady state makes no write. Only the leader writes; every replica keeps warm caches. See docs/operator.md.
+//! [`crate::core::effects`], to the executor, the only code that writes. A steady state makes
+//! no write. Only the leader writes; every replica keeps warm caches. See docs/operator.md.
 //!
 //! [`Planner`]: crate::core::plan::Planner
 //! [`Differ`]: crate::core::diff::Differ
@@ -123,8 +123,6 @@ pub enum Error {
     NotSynced,
     #[error("the API server does not say who this operator is (anonymous access?)")]
     Anonymous,
-    #[error("the executor's task stopped (a bug): nothing could be written")]
-    ExecutorStopped,
 }
 
 /// The user name this operator writes as (a SelfSubjectReview, which every authenticated user
@@ -264,23 +262,17 @@ pub async fn run(
         &config,
         stores,
         metrics.clone(),
-        (executor, leader.clone()),
+        executor,
         wake.changes.clone(),
         operator_user,
     );
-    let executor_stopped = tokio::select! {
-        () = reconcile_loop(reconciler, &config, &notify, leader, &metrics, &progress) => true,
-        () = shutdown => {
-            tracing::info!("shutting down");
-            false
-        }
-    };
+    tokio::select! {
+        () = reconcile_loop(reconciler, &config, &notify, leader, &metrics, &progress) => {}
+        () = shutdown => tracing::info!("shutting down"),
+    }
     watches.shutdown().await;
     if let Some(lease) = lease {
         lease.release().await;
-    }
-    if executor_stopped {
-        return Err(Error::ExecutorStopped);
     }
     Ok(())
 }
@@ -372,8 +364,7 @@ async fn elect_leader(
 }
 
 /// Passes, each after a debounced watch event, a change of leadership, a retry or reclaim
-/// that is due, or the resync interval; between them, what the executor did is settled.
-/// Returns only if the executor's task stopped.
+/// that is due, or the resync interval. Never returns.
 async fn reconcile_loop(
     mut reconciler: Reconciler,
     config: &Config,
@@ -386,16 +377,14 @@ async fn reconcile_loop(
     let mut next_resync = Instant::now() + config.resync;
     let mut last_pass: Option<Instant> = None;
     loop {
-        let wake_at = reconciler
-            .next_wake()
-            .map_or(next_resync, |at| at.min(next_resync));
+        let wake_at = [
+            reconciler.executor.next_retry(),
+            reconciler.engine.next_wake(),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(next_resync, Instant::min);
         tokio::select! {
-            // What the executor did is settled, and makes no pass (see `Reconciler::settle`).
-            ran = reconciler.ran.recv() => {
-                let Some(ran) = ran else { return };
-                reconciler.settle(ran);
-                continue;
-            }
             () = notify.notified() => {
                 tokio::time::sleep_until(pass_due(Instant::now(), last_pass, config.debounce).into()).await;
             }

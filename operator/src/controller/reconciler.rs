@@ -1,16 +1,13 @@
 //! One pass, as I/O around the [`Engine`]: read the caches whose watch changed into
-//! [`Input`]s, run the engine's pass and queue its effects for the executor, whose task does
-//! the writes while passes go on; what it did is settled as it comes back. Nothing here
-//! decides.
+//! [`Input`]s, run the engine's pass, hand its effects to the executor and settle what the
+//! executor did. Nothing here decides.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::jiff::Timestamp;
-use tokio::sync::{mpsc, watch};
 
-use super::AbortOnDrop;
-use super::executor::{Batch, Executor, Ran};
+use super::executor::Executor;
 use super::metrics::{self, Metrics};
 use super::observe::{self, Stores, Watch};
 use super::{Config, resident_mib};
@@ -22,15 +19,8 @@ use crate::core::engine::{Engine, Input, Now, Pass, Planned, Role, Settings};
 pub(super) struct Reconciler {
     stores: Stores,
     metrics: Arc<Metrics>,
-    /// Whether this replica holds the lease.
-    leader: watch::Receiver<bool>,
-    /// To the executor's task, which does every write.
-    batches: mpsc::Sender<Batch>,
-    /// What the executor did of each batch.
-    pub(super) ran: mpsc::UnboundedReceiver<Ran>,
-    _executor: AbortOnDrop<()>,
-    /// The earliest retry of a failed write the executor named, until a pass runs after it.
-    next_retry: Option<Instant>,
+    /// Does every write.
+    pub(super) executor: Executor,
     /// Which watches saw events since the last pass.
     changes: Arc<observe::Changes>,
     pub(super) engine: Engine,
@@ -46,7 +36,7 @@ impl Reconciler {
         config: &Config,
         stores: Stores,
         metrics: Arc<Metrics>,
-        (executor, leader): (Executor, watch::Receiver<bool>),
+        executor: Executor,
         changes: Arc<observe::Changes>,
         operator_user: String,
     ) -> Self {
@@ -64,37 +54,13 @@ impl Reconciler {
         if let Some(reads) = stores.slice_reads.borrow().as_deref() {
             engine.take_in(Input::SliceListAsked(reads.clone()));
         }
-        let (batches, ran, task) = executor.spawn();
         Self {
             stores,
             metrics,
-            leader,
-            batches,
-            ran,
-            _executor: AbortOnDrop(task),
-            next_retry: None,
+            executor,
             changes,
             engine,
         }
-    }
-
-    /// Takes in what the executor did of a batch. It wakes no pass: an own write's watch event
-    /// does, and so does a failed write's retry or a refused eviction's, at [`Self::next_wake`].
-    pub(super) fn settle(&mut self, ran: Ran) {
-        self.next_retry = [self.next_retry, ran.next_retry]
-            .into_iter()
-            .flatten()
-            .min();
-        self.engine.settle(ran.done, Timestamp::now());
-    }
-
-    /// When a pass must run though nothing changes: a retry of a failed write (the batch that
-    /// performs it is planned by that pass), or the engine's wake-ups.
-    pub(super) fn next_wake(&self) -> Option<Instant> {
-        [self.next_retry, self.engine.next_wake()]
-            .into_iter()
-            .flatten()
-            .min()
     }
 
     /// Hands the engine every cache whose watch saw an event since the last pass.
@@ -165,30 +131,18 @@ impl Reconciler {
     }
 
     pub(super) async fn reconcile(&mut self) {
+        let started = Instant::now();
         let labels = metrics::ControllerLabels {
             controller: "teamgpu",
         };
-        // Room for this pass's batch first: the pass then plans on what the watches hold once
-        // the executor has taken the batch before (none if its task stopped).
-        let Ok(room) = self.batches.clone().reserve_owned().await else {
-            return;
-        };
-        // The pass's own time: planning, not the wait for room nor the writes.
-        let started = Instant::now();
         self.metrics.reconciles.get_or_create(&labels).inc();
-        // What the executor finished meanwhile is no longer in flight.
-        while let Ok(ran) = self.ran.try_recv() {
-            self.settle(ran);
-        }
         self.take_in_changes();
         let taken_in = started.elapsed();
         let now = Now {
             instant: Instant::now(),
             wall: Timestamp::now(),
         };
-        // This pass hands out what is due by now.
-        self.next_retry = self.next_retry.filter(|at| *at > now.instant);
-        let role = if *self.leader.borrow() {
+        let role = if self.executor.is_leader() {
             Role::Leader
         } else {
             Role::Follower
@@ -206,7 +160,6 @@ impl Reconciler {
                     plan,
                     statuses,
                     effects,
-                    batch,
                 } = *planned;
                 self.metrics.observe(&plan, &statuses);
                 drop((plan, statuses));
@@ -215,11 +168,9 @@ impl Reconciler {
                     resident_mib = resident_mib(),
                     "planned"
                 );
-                if !effects.is_empty() {
-                    room.send(Batch {
-                        number: batch,
-                        effects,
-                    });
+                if role == Role::Leader {
+                    let done = self.executor.run(effects).await;
+                    self.engine.settle(done, Timestamp::now());
                 }
             }
         }
@@ -227,8 +178,7 @@ impl Reconciler {
             .reconcile_seconds
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
-        // Where a pass's time goes: reading the caches, then planning (the writes are the
-        // executor's task's).
+        // Where a pass's time goes: reading the caches, planning, then the writes.
         tracing::debug!(
             seconds = started.elapsed().as_secs_f64(),
             take_in_ms = taken_in.as_millis(),

@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use teamgpu::core::diff::{Kind, LiveObject, ObjectKey, Write};
-use teamgpu::core::effects::{Effect, PodView, PolicyKind, WrittenStatus};
+use teamgpu::core::effects::{Effect, PolicyKind};
 use teamgpu::core::engine::{Done, Input};
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::objects::is_managed;
@@ -29,8 +29,6 @@ pub enum Watch {
     Slices,
     Claims,
     PendingPods,
-    /// Pods not done yet, as reclaim reads them.
-    Pods,
     Owned(Kind),
 }
 
@@ -44,8 +42,6 @@ pub struct Server {
     pub slices: BTreeMap<String, ResourceSlice>,
     pub claims: BTreeMap<(String, String), ResourceClaim>,
     pub pending_pods: BTreeMap<(String, String), Pod>,
-    /// Pods that run (and are not done).
-    pub pods: BTreeMap<(String, String), Pod>,
     /// Every object teamgpu owns but DeviceClasses.
     pub owned: BTreeMap<ObjectKey, DynamicObject>,
     /// What the slices are projected to, as the operator's slice watch does.
@@ -179,45 +175,14 @@ impl Server {
         self.changed.insert(Watch::Claims);
     }
 
-    pub fn put_pending_pod(&mut self, pod: Pod) {
-        let (key, pod) = self.stamped(pod);
-        self.pending_pods.insert(key, pod);
-        self.changed.insert(Watch::PendingPods);
-    }
-
-    /// `pod` with a new resourceVersion, and its (namespace, name).
-    fn stamped(&mut self, mut pod: Pod) -> ((String, String), Pod) {
+    pub fn put_pending_pod(&mut self, mut pod: Pod) {
         self.stamp(&mut pod.metadata);
         let key = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        (key, pod)
-    }
-
-    /// (pool, device) of every allocated device.
-    pub fn allocated_devices(&self) -> Vec<(String, String)> {
-        (self.claims.values())
-            .flat_map(|c| {
-                json!(c)["status"]["allocation"]["devices"]["results"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-            })
-            .map(|r| {
-                (
-                    r["pool"].as_str().unwrap_or_default().to_owned(),
-                    r["device"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect()
-    }
-
-    /// A Pod that runs.
-    pub fn put_pod(&mut self, pod: Pod) {
-        let (key, pod) = self.stamped(pod);
-        self.pods.insert(key, pod);
-        self.changed.insert(Watch::Pods);
+        self.pending_pods.insert(key, pod);
+        self.changed.insert(Watch::PendingPods);
     }
 
     /// A watch saw an event that changed nothing teamgpu reads (a resync of the cache, a
@@ -244,7 +209,6 @@ impl Server {
             Watch::Slices,
             Watch::Claims,
             Watch::PendingPods,
-            Watch::Pods,
         ]
         .into_iter()
         .chain(owned.map(Watch::Owned))
@@ -299,11 +263,6 @@ impl Server {
             Watch::PendingPods => {
                 Input::PendingPods(self.pending_pods.values().cloned().map(Arc::new).collect())
             }
-            Watch::Pods => Input::Pods(
-                (self.pods.values())
-                    .map(|p| Arc::new(PodView::project(p, &mut self.names)))
-                    .collect(),
-            ),
             Watch::Owned(kind) => Input::Owned {
                 kind,
                 objects: (self.owned.iter())
@@ -328,13 +287,10 @@ impl Server {
                     self.apply(key, object.to_value());
                     done.applied.push((key.clone(), None));
                 }
-                Effect::Object(Write::Delete { key }) => {
-                    self.delete(key);
-                    done.deleted.push(key.clone());
-                }
+                Effect::Object(Write::Delete { key }) => self.delete(key),
                 Effect::Status { kind, name, status } => {
                     self.write_status(*kind, name, status);
-                    done.statuses.push(WrittenStatus::of(*kind, name, status));
+                    done.statuses.push((*kind, name.clone()));
                 }
                 Effect::Event(event) => done.published.push(event.key()),
                 Effect::Requeue(r) => {
@@ -358,24 +314,9 @@ impl Server {
                             .insert(Watch::Owned(Kind::ResourceClaimTemplate));
                     }
                 }
-                // The Pods go, and with them the claims made for them (the resourceclaim
-                // controller deletes a template's claims with their Pod).
                 Effect::Evict(e) => {
                     for pod in &e.pods {
                         self.pending_pods.remove(pod);
-                        if self.pods.remove(pod).is_some() {
-                            self.changed.insert(Watch::Pods);
-                        }
-                        let before = self.claims.len();
-                        self.claims.retain(|(namespace, _), claim| {
-                            let reserved = (claim.status.iter())
-                                .flat_map(|s| s.reserved_for.iter().flatten())
-                                .any(|r| r.name == pod.1);
-                            !(*namespace == pod.0 && reserved)
-                        });
-                        if self.claims.len() != before {
-                            self.changed.insert(Watch::Claims);
-                        }
                     }
                 }
             }

@@ -1,25 +1,24 @@
-//! The only code that writes: performs a pass's [`Effect`]s, the same way for every kind, in a
-//! task of its own fed through a bounded channel, so that planning goes on while it writes
-//! ([`Executor::spawn`]). Only the leader writes; each request has a timeout; each failure is logged with its object,
+//! The only code that writes: performs a pass's [`Effect`]s, the same way for every kind. Only
+//! the leader writes; each request has a timeout; each failure is logged with its object,
 //! counted, and backed off per object (exponential, with jitter), so one object the API server
 //! refuses never holds up the others or hammers the server. Needs a client.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::runtime::events::Reporter;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-mod backoff;
 mod error;
 mod requests;
 
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
 use crate::core::diff::{Kind, OwnWrites, Write};
-use crate::core::effects::{Effect, Eviction, FailedWrite, WrittenStatus, eviction_events};
+use crate::core::effects::{Effect, Eviction, FailedWrite, eviction_events};
 use crate::core::engine::Done;
-use backoff::Backoff;
 pub use error::WriteError;
 use requests::Requests;
 
@@ -31,19 +30,54 @@ const WRITE_CONCURRENCY: usize = 16;
 /// How long one write may take before it counts as failed (and is retried with backoff).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A pass's effects, for the executor's task.
-#[derive(Debug)]
-pub struct Batch {
-    /// [`crate::core::engine::Planned::batch`].
-    pub number: u64,
-    pub effects: Vec<Effect>,
+/// Per-object retry state for failed writes.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: HashMap<String, (u32, Instant)>,
+    jitter: RandomState,
 }
 
-/// What the executor's task did of a batch, and when its next failed write is due again.
-#[derive(Debug)]
-pub struct Ran {
-    pub done: Done,
-    pub next_retry: Option<Instant>,
+impl Backoff {
+    fn ready(&self, id: &str, now: Instant) -> bool {
+        self.failures.get(id).is_none_or(|(_, at)| now >= *at)
+    }
+
+    /// How long `id` waits after its `attempts`-th failure in a row: a base of 0.4 s doubling
+    /// up to 51.2 s, less up to half of it as jitter (a hash of the id and attempt with this
+    /// process's random seed), so that objects that failed together are not retried together.
+    fn delay(&self, id: &str, attempts: u32) -> Duration {
+        let base = Duration::from_millis(200)
+            .saturating_mul(1 << attempts.min(8))
+            .min(Duration::from_secs(60));
+        let jitter_ms = self.jitter.hash_one((id, attempts)) % (base.as_millis() as u64 / 2 + 1);
+        base / 2 + Duration::from_millis(jitter_ms)
+    }
+
+    fn failed(&mut self, id: &str, now: Instant) {
+        let attempts = self.failures.get(id).map_or(0, |(n, _)| *n) + 1;
+        let at = now + self.delay(id, attempts);
+        self.failures.insert(id.to_owned(), (attempts, at));
+    }
+
+    fn succeeded(&mut self, id: &str) {
+        self.failures.remove(id);
+    }
+
+    /// Forgets the objects whose retry was due at `started` (the start of a run that tried
+    /// every object due) but that were not tried again: they are no longer wanted.
+    fn forget_due(&mut self, started: Instant) {
+        self.failures.retain(|_, (_, at)| *at > started);
+    }
+
+    /// When the next object is due for a retry, after `now`: a retry already due is taken by
+    /// the next run, and waking for it again would make the loop spin.
+    pub fn next_retry(&self, now: Instant) -> Option<Instant> {
+        self.failures
+            .values()
+            .map(|(_, at)| *at)
+            .filter(|at| *at > now)
+            .min()
+    }
 }
 
 /// What one effect did.
@@ -191,43 +225,24 @@ impl Executor {
         }
     }
 
-    /// Runs as a task of its own, off the planning path: performs the batches it is sent one
-    /// after another, in the order the passes handed them out, and answers what each did.
-    /// One batch waits at most: a pass waits for room before it plans
-    /// ([`mpsc::Sender::reserve_owned`]), so that what waits is never staler than one batch,
-    /// and passes come no faster than the executor takes their batches. The task ends when the sender is dropped.
-    pub fn spawn(
-        mut self,
-    ) -> (
-        mpsc::Sender<Batch>,
-        mpsc::UnboundedReceiver<Ran>,
-        tokio::task::JoinHandle<()>,
-    ) {
-        let (batches, mut to_run) = mpsc::channel::<Batch>(1);
-        // Unbounded, yet at most one answer per batch, and the loop takes them between passes:
-        // a pass that waits for room must never hold up the answers.
-        let (answers, ran) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            while let Some(Batch { number, effects }) = to_run.recv().await {
-                let mut done = self.run(effects).await;
-                done.batch = number;
-                let next_retry = self.backoff.next_pass(Instant::now());
-                if answers.send(Ran { done, next_retry }).is_err() {
-                    break;
-                }
-            }
-        });
-        (batches, ran, task)
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// When the next failed write is due for a retry.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.backoff.next_retry(Instant::now())
     }
 
     /// Performs `effects` in their order, skipping those still backing off, and stops starting
     /// them at once when this replica loses the lease. An eviction's outcome is then told by
     /// the Events [`eviction_events`] gives.
-    async fn run(&mut self, effects: Vec<Effect>) -> Done {
+    pub async fn run(&mut self, effects: Vec<Effect>) -> Done {
+        let started = Instant::now();
         let mut done = Done::default();
         let follow_ups = self.run_phases(effects, &mut done).await;
         self.run_phases(follow_ups, &mut done).await;
-        self.backoff.forget_stale(Instant::now());
+        self.backoff.forget_due(started);
         done
     }
 
@@ -242,7 +257,7 @@ impl Executor {
         // Each effect is moved, never copied, and settled as soon as its request ends: a first
         // converge's 10,000 applies are held once.
         for lanes in steps(ready) {
-            if !*self.leader.borrow() {
+            if !self.is_leader() {
                 break;
             }
             let lanes = lanes
@@ -319,9 +334,9 @@ impl Executor {
                 });
             }
             (Effect::Event(event), Ok(_)) => done.published.push(event.key()),
-            (Effect::Status { kind, name, status }, Ok(_)) => {
+            (Effect::Status { kind, name, .. }, Ok(_)) => {
                 tracing::debug!(object = %id, action = effect.verb(), "wrote");
-                done.statuses.push(WrittenStatus::of(*kind, name, status));
+                done.statuses.push((*kind, name.clone()));
             }
             (_, Ok(_)) => tracing::debug!(object = %id, action = effect.verb(), "wrote"),
             (_, Err(error)) => {
@@ -375,6 +390,48 @@ mod tests {
     use super::*;
     use crate::core::diff::ObjectKey;
     use crate::core::effects::PolicyKind;
+
+    #[test]
+    fn a_failing_object_waits_longer_each_time_and_a_success_clears_it() {
+        let mut backoff = Backoff::default();
+        let t0 = Instant::now();
+        assert!(backoff.ready("q", t0));
+        backoff.failed("q", t0);
+        // First failure: 0.4 s, half of it jitter: due between 0.2 s and 0.4 s.
+        assert!(!backoff.ready("q", t0 + Duration::from_millis(199)));
+        assert!(backoff.ready("q", t0 + Duration::from_millis(401)));
+        assert!(backoff.ready("other", t0));
+        for _ in 0..20 {
+            backoff.failed("q", t0);
+        }
+        // Capped: due between 25.6 s and 51.2 s.
+        let due = backoff.next_retry(t0).unwrap() - t0;
+        assert!(
+            due >= Duration::from_millis(25_600) && due <= Duration::from_millis(51_200),
+            "{due:?}"
+        );
+        backoff.succeeded("q");
+        assert!(backoff.ready("q", t0));
+        assert_eq!(backoff.next_retry(t0), None);
+    }
+
+    #[test]
+    fn a_retry_that_was_due_but_not_tried_is_forgotten() {
+        let mut backoff = Backoff::default();
+        let t0 = Instant::now();
+        backoff.failed("gone", t0);
+        backoff.failed("failing", t0 + Duration::from_secs(1));
+        let later = t0 + Duration::from_secs(1);
+        // A retry due is not a reason to wake: waking for it would make the loop spin.
+        assert!(backoff.next_retry(later).unwrap() > later);
+        backoff.forget_due(later);
+        assert!(
+            !backoff.ready("failing", later),
+            "tried in that run, still backing off"
+        );
+        assert!(backoff.ready("gone", later));
+        assert_eq!(backoff.failures.len(), 1);
+    }
 
     #[test]
     fn the_event_recorder_is_replaced_after_its_share_of_events() {

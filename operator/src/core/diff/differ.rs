@@ -178,12 +178,11 @@ fn forget<V>(
 }
 
 /// [`super::writes`] kept between passes, so that a pass costs what changed, not what exists: an
-/// object is compared again only when one of its sides changed or a write it asked for did not
-/// happen, and only then turned into JSON. A desired object is unchanged when the planner hands
+/// object is compared again only when one of its sides changed or its last comparison asked for
+/// a write, and only then turned into JSON. A desired object is unchanged when the planner hands
 /// out the same one, or one with equal metadata (which carries the hash of the spec); a live
 /// object when its resourceVersion is the same. Both sides are shared with the planner and the
-/// watch caches, not copied. Gives the same writes as [`super::writes`] on the same input, once
-/// the writes it asked for ended (a write not done is asked for again).
+/// watch caches, not copied. Gives the same writes as [`super::writes`] on the same input.
 #[derive(Debug, Default)]
 pub struct Differ {
     /// Each desired object, with the [`Differ::round`] of the last plan that had it.
@@ -194,12 +193,11 @@ pub struct Differ {
     live: HashMap<ObjectKey, LiveEntry>,
     retained: BTreeSet<String>,
     retained_owners: BTreeSet<String>,
-    /// Objects to compare at the next [`Differ::writes`]: a side changed, or a write asked for
-    /// did not happen ([`Differ::unwritten`]). A write asked for is not asked for again while
-    /// neither side changes: the executor may still be performing it.
+    /// Objects to compare at the next [`Differ::writes`]: a side changed, or the last
+    /// comparison asked for a write.
     dirty: BTreeSet<ObjectKey>,
-    /// The live resourceVersion each apply not answered yet was decided on, and the
-    /// fingerprint of what it applies (see [`Differ::applied`]).
+    /// The live resourceVersion each apply asked for by the last [`Differ::writes`] was decided
+    /// on, and the fingerprint of what it applies (see [`Differ::applied`]).
     applying: HashMap<ObjectKey, (String, u64)>,
 }
 
@@ -268,6 +266,8 @@ impl Differ {
             self.retained_owners.clone_from(&objects.retained_owners);
         }
         let mut out = Vec::new();
+        // A new table, not a cleared one: a first converge's 10,000 applies would keep theirs.
+        self.applying = HashMap::new();
         for key in std::mem::take(&mut self.dirty) {
             let desired = match self.desired.get(&key).map(|(o, _)| o.to_json()) {
                 Some(Some(value)) => Some(value),
@@ -314,15 +314,15 @@ impl Differ {
             });
             match (write, live) {
                 (Some(write), live) => {
-                    self.applying.remove(&key);
                     if let (Write::Apply { .. }, Some(version), Some(f)) = (
                         &write,
                         live.and_then(|l| l.object.resource_version().map(str::to_owned)),
                         desired_fingerprint,
                     ) {
-                        self.applying.insert(key, (version, f));
+                        self.applying.insert(key.clone(), (version, f));
                     }
                     out.push(write);
+                    self.dirty.insert(key);
                 }
                 // Settled: what was found is remembered, the content is no longer needed.
                 (None, Some(entry)) if desired_fingerprint.is_some() => {
@@ -335,41 +335,21 @@ impl Differ {
         in_safe_order(out)
     }
 
-    /// An apply of `key` succeeded and the server answered with `resource_version` (none for a
-    /// recreate). The same version the apply was decided on means the server already stored
-    /// what teamgpu manages, and whatever the comparison saw (a field the server normalises,
-    /// say) is no difference: the object is settled until one of its sides changes, instead of
-    /// being applied again and again. A new version is compared when the watch brings it.
+    /// An apply of `key` succeeded and the server answered with `resource_version`. The same
+    /// version the apply was decided on means the server already stored what teamgpu manages,
+    /// and whatever the comparison saw (a field the server normalises, say) is no difference:
+    /// the object is settled until one of its sides changes, instead of being applied again
+    /// and again. A new version is compared again when the watch brings it.
     pub fn applied(&mut self, key: &ObjectKey, resource_version: Option<&str>) {
-        let Some((known, desired)) = self.applying.remove(key) else {
+        let Some((known, desired)) = self.applying.get(key) else {
             return;
         };
-        self.shrink_applying();
-        if resource_version != Some(known.as_str()) {
-            return;
-        }
-        // Unless the watch brought another version meanwhile: that one is compared.
-        if let Some(entry) = self.live.get_mut(key)
-            && entry.object.resource_version() == Some(known.as_str())
-        {
-            entry.holds = Some(desired);
-            entry.object.compared();
-        }
-    }
-
-    /// A write of `key` that [`Differ::writes`] asked for did not happen (it failed, or was not
-    /// tried): it is compared again at the next [`Differ::writes`].
-    pub fn unwritten(&mut self, key: &ObjectKey) {
-        if self.applying.remove(key).is_some() {
-            self.shrink_applying();
-        }
-        self.dirty.insert(key.clone());
-    }
-
-    /// A first converge's 10,000 answers are not kept in the table's capacity.
-    fn shrink_applying(&mut self) {
-        if self.applying.is_empty() {
-            self.applying = HashMap::new();
+        if resource_version == Some(known.as_str()) {
+            self.dirty.remove(key);
+            if let Some(entry) = self.live.get_mut(key) {
+                entry.holds = Some(*desired);
+                entry.object.compared();
+            }
         }
     }
 
@@ -407,8 +387,6 @@ impl Differ {
                 }
             }
         }
-        forget(&mut self.desired, &mut self.dirty, |_, (_, seen)| {
-            *seen == round
-        });
+        forget(&mut self.desired, &mut self.dirty, |_, (_, seen)| *seen == round);
     }
 }

@@ -35,7 +35,7 @@ pub use status::{
     status_changes,
 };
 pub use waiting::waiting_events;
-pub use written::{WrittenStatus, WrittenStatuses};
+pub use written::WrittenStatuses;
 
 /// One thing to do to the cluster.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,13 +8,6 @@
 //! take_in(Input)*  ->  pass(Now, Role) -> Pass  ->  (executor)  ->  settle(Done)
 //! ```
 //!
-//! The executor runs off the planning path: passes go on while a batch is performed, and its
-//! [`Done`] may come after several of them. A write in flight is not asked for again unless
-//! what it writes changed (the differ compares an object again only when a side changes; the
-//! other effects are held back in [`in_flight`]); one that did not happen comes back once its
-//! batch settles. A settle asks for no pass: a write that failed is due again when the
-//! executor's backoff ends, a refused eviction at [`Engine::next_wake`].
-//!
 //! Choices, against the sketch of the issue:
 //! - `pass` takes the [`Role`]: a follower plans (its caches and planner stay warm) but asks
 //!   for no effect, and its differ, Events and trackers stay as if no pass had acted, so a
@@ -38,12 +31,10 @@
 //! [`Differ`]: crate::core::diff::Differ
 
 mod effects;
-mod in_flight;
 mod input;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,8 +43,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::core::diff::{self, ObjectKey};
 use crate::core::effects::{
-    Effect, EventKey, FailedWrite, Malformed, PolicyStatuses, Published, ReclaimDefaults,
-    ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatus, WrittenStatuses,
+    Effect, EventKey, FailedWrite, Malformed, PolicyKind, PolicyStatuses, Published,
+    ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
 };
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{self, Plan, admission::Enforcement};
@@ -112,18 +103,13 @@ pub struct Planned {
     /// live status shows), for the condition metrics.
     pub statuses: PolicyStatuses,
     /// Objects (in dependency order), statuses, requeues, Events, evictions; none for a
-    /// [`Role::Follower`]. None is still in flight with the same content.
+    /// [`Role::Follower`].
     pub effects: Vec<Effect>,
-    /// The batch the effects are: its [`Done`] names it.
-    pub batch: u64,
 }
 
-/// What the executor did of a batch of effects that the engine must know. Every effect of it
-/// has ended: it succeeded, failed, or was not tried (backing off, or the lease lost).
+/// What the executor did of a pass's effects that the engine must know.
 #[derive(Debug, Default)]
 pub struct Done {
-    /// The [`Planned::batch`] performed.
-    pub batch: u64,
     /// Applies that succeeded, with the resourceVersion the server answered.
     pub applied: Vec<(ObjectKey, Option<String>)>,
     /// Events published.
@@ -135,7 +121,7 @@ pub struct Done {
     /// Writes of objects that failed, refused or not: status tells of the refused ones.
     pub failed: Vec<FailedWrite>,
     /// Statuses written.
-    pub statuses: Vec<WrittenStatus>,
+    pub statuses: Vec<(PolicyKind, String)>,
 }
 
 /// One pass's decisions, kept between passes (see the module doc).
@@ -171,8 +157,6 @@ pub struct Engine {
     replan: bool,
     /// The differ has compared the kept plan's objects (a follower's passes do not compare).
     differ_has_plan: bool,
-    /// Effects handed out whose batch has not settled.
-    in_flight: in_flight::InFlight,
 }
 
 impl Engine {
@@ -201,7 +185,6 @@ impl Engine {
             plan: None,
             replan: true,
             differ_has_plan: false,
-            in_flight: in_flight::InFlight::default(),
         }
     }
 
@@ -240,39 +223,29 @@ impl Engine {
         self.replan = false;
         self.plan = Some(plan.clone());
         let (statuses, refused) = self.statuses(&plan, now);
-        let (batch, effects) = match role {
+        let effects = match role {
             Role::Leader => {
                 let seen = std::mem::replace(&mut self.differ_has_plan, true);
-                let effects = self.effects(&plan, seen, (&statuses, &refused), now, claims);
-                self.in_flight.hand_out(effects)
+                self.effects(&plan, seen, (&statuses, &refused), now, claims)
             }
-            Role::Follower => (0, Vec::new()),
+            Role::Follower => Vec::new(),
         };
         Pass::Planned(Box::new(Planned {
             plan,
             statuses,
             effects,
-            batch,
         }))
     }
 
-    /// Takes in what the executor did of a batch at `wall`: its effects are no longer in
-    /// flight, an object write that did not happen is compared again, an apply settles its
-    /// object in the differ, a published Event is not published again, a refused eviction is
-    /// tried again later, a refused write shows on its policy.
+    /// Takes in what the executor did at `wall`: an apply settles its object in the differ, a
+    /// published Event is not published again, a refused eviction is tried again later, a
+    /// refused write shows on its policy.
     pub fn settle(&mut self, done: Done, wall: Timestamp) {
         // Refusals: a failed write counts, a written object ends its row.
         let written = done.applied.iter().map(|(key, _)| key).chain(&done.deleted);
         self.refusals.record(&done.failed, written, wall);
-        let mut applied: HashMap<ObjectKey, Option<String>> = done.applied.into_iter().collect();
-        let deleted: HashSet<ObjectKey> = done.deleted.into_iter().collect();
-        // Only the objects whose last write was this batch's: a later one decides the others.
-        for key in self.in_flight.settle(done.batch) {
-            match applied.remove(&key) {
-                Some(version) => self.differ.applied(&key, version.as_deref()),
-                None if deleted.contains(&key) => {}
-                None => self.differ.unwritten(&key),
-            }
+        for (key, version) in done.applied {
+            self.differ.applied(&key, version.as_deref());
         }
         self.written.settle(&done.statuses);
         for key in done.published {
