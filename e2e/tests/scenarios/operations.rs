@@ -334,13 +334,22 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
             .and_then(|v| v.parse::<u64>().ok())
             .expect("teamgpu_reconciles_total")
     };
-    let passes_before = reconciles().await;
+    // The watches are cluster-wide and the scenarios share the control plane: another world's
+    // namespaces created meanwhile wake passes here too. A window of three is idle, unless the
+    // operator wakes itself (a settled batch, a retry), which it then does in every window.
     let idle = Duration::from_secs(3);
-    tokio::time::sleep(idle).await;
-    let idle_passes = reconciles().await - passes_before;
+    let mut idle_passes = Vec::new();
+    for _ in 0..3 {
+        let passes_before = reconciles().await;
+        tokio::time::sleep(idle).await;
+        idle_passes.push(reconciles().await - passes_before);
+        if idle_passes.last() <= Some(&2) {
+            break;
+        }
+    }
     assert!(
-        idle_passes <= 2,
-        "an idle operator makes no passes; it made {idle_passes} in {idle:?}"
+        idle_passes.last() <= Some(&2),
+        "an idle operator makes no passes; it made {idle_passes:?} in windows of {idle:?}"
     );
     let now = requests.snapshot();
     let idle_writes = stored_writes(&requests) - converged;
