@@ -387,6 +387,8 @@ impl Differ {
                 }
             }
         }
-        forget(&mut self.desired, &mut self.dirty, |_, (_, seen)| *seen == round);
+        forget(&mut self.desired, &mut self.dirty, |_, (_, seen)| {
+            *seen == round
+        });
     }
 }
