@@ -413,6 +413,74 @@ async fn a_pod_that_waited_a_minute_is_bound_within_seconds_of_room_appearing() 
     eprintln!("bound {bound:?} after the room appeared, having waited {waited:?}");
 }
 
+/// A team is deleted while its Pod holds a device. Its namespace now belongs to no team, so
+/// admission refuses new claims for teamgpu's classes there; but the Pod's claim must still go
+/// when the Pod does. Found by the replay's tear-down: the resourceclaim controller takes its
+/// `delete-protection` finalizer off with an update, which teamgpu's policy for namespaces
+/// outside every team refused, so the claim and its namespace stayed for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claims_of_a_deleted_team_go_with_their_pods() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let team = (world.team("leaving", json!({"guaranteed": 2, "limit": 2}), json!({}))).await;
+    world.create_pod(&team, pod("worker", POLICY, None)).await;
+    world.holds(&team, 1, CONVERGE).await;
+    Api::<TeamGpuPolicy>::all(world.client.clone())
+        .delete("leaving", &DeleteParams::default())
+        .await
+        .unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(world.client.clone(), &team);
+    let new_claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "another"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": format!("{POLICY}.teamgpu.io")}}]}}}))
+    .unwrap();
+    eventually(
+        "admission treats the namespace as outside every team",
+        CONVERGE,
+        || async {
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            match claims.create(&dry_run, &new_claim).await {
+                Err(kube::Error::Api(s)) if s.message.contains("belongs to no TeamGpuPolicy") => {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    Api::<Pod>::namespaced(world.client.clone(), &team)
+        .delete("worker", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the Pod's claim is gone",
+        Duration::from_secs(30),
+        || async {
+            let left = claims
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            match left.items.as_slice() {
+                [] => Ok(()),
+                items => Err(format!(
+                    "{:?}",
+                    items
+                        .iter()
+                        .map(|c| (c.name_any(), c.finalizers().to_vec()))
+                        .collect::<Vec<_>>()
+                )),
+            }
+        },
+    )
+    .await;
+}
+
 /// Issue 22's fragmentation: a borrower's 1-GPU Pods are spread over four 8-GPU nodes, 6 on
 /// each, so the pool has 8 free devices (2 per node) and the owner's 8-GPU claim fits no node.
 /// Counting, nothing would be short; reclaim evicts the 6 Pods of one node (the low-priority

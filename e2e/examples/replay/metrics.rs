@@ -67,6 +67,23 @@ pub struct Figures {
     pub unneeded_evictions: usize,
     /// Devices allocated per team at every sample (for the chart).
     pub held: Vec<Vec<u32>>,
+    /// Where the utilization below the ideal went.
+    pub idle_while_wanted: IdleWhileWanted,
+}
+
+/// Device-seconds that were idle while submitted Pods wanted more than their teams held, by
+/// what stood between them: the gap between utilization and the ideal, taken apart. Each
+/// idle device-second is counted once, in this order.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IdleWhileWanted {
+    /// Wanted within the team's quota hard (and limit) at the time, yet not allocated: no node
+    /// had room for the Pod (an 8-GPU Pod needs a whole node), or its Pod, claim or binding
+    /// was still on the way.
+    pub placement: f64,
+    /// Within the team's limit but above its quota hard at the time: not lent (yet).
+    pub quota: f64,
+    /// Above the team's limit in this configuration.
+    pub limit: f64,
 }
 
 impl Figures {
@@ -102,6 +119,8 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         teams[*team].evictions += 1;
     }
     let (job_wait, job_completion, jobs_unfinished) = job_times(setting, timeline);
+    let hards = hard_series(setting, timeline, samples);
+    let idle_while_wanted = idle_while_wanted(setting, &held, &demand, &hards);
     Figures {
         end: setting.end,
         utilization,
@@ -124,6 +143,7 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         unneeded_evictions: evictions.iter().filter(|(_, e)| !e.needed).count(),
         teams,
         held,
+        idle_while_wanted,
     }
 }
 
@@ -196,6 +216,58 @@ fn demand_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<
         }
     }
     step_series(setting.teams.len(), samples, changes)
+}
+
+/// Each team's quota hard over time, as the server reported it (`u32::MAX` where the team
+/// has no quota, and before its first report).
+fn hard_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<Vec<u32>> {
+    let mut series = vec![vec![u32::MAX; samples]; setting.teams.len()];
+    for (namespace, reports) in &timeline.quotas {
+        let Some(&team) = setting.team_of.get(namespace) else {
+            continue;
+        };
+        for (n, report) in reports.iter().enumerate() {
+            let until = reports
+                .get(n + 1)
+                .map_or(samples, |next| sample_of(next.at, samples));
+            for hard in &mut series[team][sample_of(report.at, samples)..until] {
+                *hard = report.hard;
+            }
+        }
+    }
+    series
+}
+
+/// Idle device-seconds while demand went unheld, split as [`IdleWhileWanted`] says.
+fn idle_while_wanted(
+    setting: &Setting,
+    held: &[Vec<u32>],
+    demand: &[Vec<u32>],
+    hards: &[Vec<u32>],
+) -> IdleWhileWanted {
+    let samples = held.first().map_or(0, Vec::len);
+    let mut out = IdleWhileWanted::default();
+    for i in 0..samples {
+        let (mut placement, mut quota, mut limit) = (0u32, 0u32, 0u32);
+        for t in 0..setting.teams.len() {
+            let (want, have, hard, cap) =
+                (demand[t][i], held[t][i], hards[t][i], setting.limits[t]);
+            placement += want.min(hard).min(cap).saturating_sub(have);
+            quota += want.min(cap).saturating_sub(hard.max(have));
+            limit += want.saturating_sub(cap.max(have));
+        }
+        let mut idle = CAPACITY.saturating_sub(held.iter().map(|h| h[i]).sum());
+        for (lost, wanted) in [
+            (&mut out.placement, placement),
+            (&mut out.quota, quota),
+            (&mut out.limit, limit),
+        ] {
+            let counted = idle.min(wanted);
+            *lost += f64::from(counted) * STEP;
+            idle -= counted;
+        }
+    }
+    out
 }
 
 fn team_figures(setting: &Setting, held: &[Vec<u32>], demand: &[Vec<u32>]) -> Vec<TeamFigures> {
@@ -436,6 +508,34 @@ pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_devices_are_blamed_on_placement_then_quota_then_limit() {
+        // 128 devices; team 0 holds 100 of the 126 it wants (hard 110, limit 120), team 1
+        // holds 0 of the 4 it wants (hard 0, limit 4). Idle: 28. Placement: 10 (team 0);
+        // quota: 10 (team 0) + 4 (team 1); limit: 6 (team 0), of which only 4 are still idle.
+        let teams = crate::workload::teams();
+        let setting = Setting {
+            teams: &teams[..2],
+            limits: vec![120, 4],
+            team_of: HashMap::new(),
+            jobs: &[],
+            submitted: HashMap::new(),
+            end: STEP,
+        };
+        let lost = idle_while_wanted(
+            &setting,
+            &[vec![100], vec![0]],
+            &[vec![126], vec![4]],
+            &[vec![110], vec![0]],
+        );
+        let expected = IdleWhileWanted {
+            placement: 10.0 * STEP,
+            quota: 14.0 * STEP,
+            limit: 4.0 * STEP,
+        };
+        assert_eq!(lost, expected);
+    }
 
     #[test]
     fn water_fills_by_weight_above_the_floors_up_to_the_caps() {

@@ -108,6 +108,20 @@ fn rows(results: &[(Configuration, Figures)]) -> Vec<Row> {
             ),
         ),
         row(
+            "idle while wanted, % of capacity-seconds: within quota / above quota / above limit",
+            &|f| {
+                let share = |v: f64| 100.0 * v / (f64::from(CAPACITY) * f.end).max(1.0);
+                let lost = f.idle_while_wanted;
+                format!(
+                    "{:.1}% / {:.1}% / {:.1}%",
+                    share(lost.placement),
+                    share(lost.quota),
+                    share(lost.limit)
+                )
+            },
+            String::new(),
+        ),
+        row(
             "guarantee shortfall after grace, GPU·s (of guaranteed)",
             &|f| format!("{:.0} ({:.2}%)", f.shortfall(), 100.0 * shortfall_share(f)),
             target("≤ 1%", borrowing.map(|a| shortfall_share(a) <= 0.01)),

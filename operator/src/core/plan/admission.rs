@@ -169,17 +169,21 @@ fn governed_variables(governed: &GovernedClasses) -> Vec<Variable> {
 fn rules() -> MatchResources {
     MatchResources {
         resource_rules: Some(vec![
+            // Creation only: a claim's and a template's spec cannot change after it, and an
+            // update is metadata, such as the resourceclaim controller taking its finalizer off
+            // a claim being deleted. Judged against a namespace that has left its team since,
+            // that update would be refused and the claim never go.
             NamedRuleWithOperations {
                 api_groups: Some(vec!["resource.k8s.io".into()]),
                 api_versions: Some(vec!["*".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                operations: Some(vec!["CREATE".into()]),
                 resources: Some(vec![
                     "resourceclaims".into(),
                     "resourceclaimtemplates".into(),
                 ]),
                 ..NamedRuleWithOperations::default()
             },
-            // A Pod's resources cannot change after creation.
+            // Nor can a Pod's resources.
             NamedRuleWithOperations {
                 api_groups: Some(vec![String::new()]),
                 api_versions: Some(vec!["v1".into()]),
