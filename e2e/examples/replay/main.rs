@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! TEAMGPU_E2E_ASSETS=/path/to/bin cargo run --release -p teamgpu-e2e --example replay -- \
-//!     [--seed N] [--svg PATH]
+//!     [--seed N] [--svg PATH] [--only abc]
 //! ```
 //!
 //! The cluster: 16 nodes of 8 GPUs (the NVIDIA DRA driver's slices), six teams with a
@@ -51,6 +51,8 @@ const SETTLE: Duration = Duration::from_secs(2);
 struct Options {
     seed: u64,
     svg: PathBuf,
+    /// The configurations to replay, by letter (all by default).
+    only: Vec<Configuration>,
 }
 
 impl Options {
@@ -58,6 +60,7 @@ impl Options {
         let mut options = Options {
             seed: 22,
             svg: teamgpu_e2e::fixtures::repo_root().join("target/replay.svg"),
+            only: Configuration::ALL.to_vec(),
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -65,15 +68,28 @@ impl Options {
             match arg.as_str() {
                 "--seed" => options.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
                 "--svg" => options.svg = PathBuf::from(value()?),
+                "--only" => options.only = configurations(&value()?)?,
                 other => {
                     return Err(format!(
-                        "unknown argument {other}; use [--seed N] [--svg PATH]"
+                        "unknown argument {other}; use [--seed N] [--svg PATH] [--only abc]"
                     ));
                 }
             }
         }
         Ok(options)
     }
+}
+
+/// The configurations named by their letters, in the order of [`Configuration::ALL`].
+fn configurations(letters: &str) -> Result<Vec<Configuration>, String> {
+    if let Some(unknown) = letters.chars().find(|c| !"abc".contains(*c)) {
+        return Err(format!(
+            "--only: {unknown:?} is none of the configurations a, b, c"
+        ));
+    }
+    Ok((Configuration::ALL.into_iter())
+        .filter(|c| letters.contains(c.letter()))
+        .collect())
 }
 
 /// What every configuration's replay shares.
@@ -108,7 +124,7 @@ async fn main() -> ExitCode {
         }
     };
     let mut results = Vec::new();
-    for config in Configuration::ALL {
+    for config in options.only {
         println!("replaying ({}) {} ...", config.letter(), config.title());
         let started = Instant::now();
         match replay(&bench, config).await {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::observe::{Seconds, Timeline};
+use crate::observe::{QuotaSample, Seconds, Timeline};
 use crate::workload::{CAPACITY, GRACE_SECONDS, Job, Team};
 
 /// Sampling step of the time integrals.
@@ -82,6 +82,9 @@ pub struct IdleWhileWanted {
     pub placement: f64,
     /// Within the team's limit but above its quota hard at the time: not lent (yet).
     pub quota: f64,
+    /// Of `quota`, the idle devices a lending limit kept for their team: its guarantee it
+    /// neither held nor charged a claim for, beyond what it lends.
+    pub kept_unlent: f64,
     /// Above the team's limit in this configuration.
     pub limit: f64,
 }
@@ -119,8 +122,9 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         teams[*team].evictions += 1;
     }
     let (job_wait, job_completion, jobs_unfinished) = job_times(setting, timeline);
-    let hards = hard_series(setting, timeline, samples);
-    let idle_while_wanted = idle_while_wanted(setting, &held, &demand, &hards);
+    let hards = quota_series(setting, timeline, samples, |q| q.hard);
+    let charged = quota_series(setting, timeline, samples, |q| q.used);
+    let idle_while_wanted = idle_while_wanted(setting, &held, &demand, &hards, &charged);
     Figures {
         end: setting.end,
         utilization,
@@ -218,9 +222,14 @@ fn demand_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<
     step_series(setting.teams.len(), samples, changes)
 }
 
-/// Each team's quota hard over time, as the server reported it (`u32::MAX` where the team
-/// has no quota, and before its first report).
-fn hard_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<Vec<u32>> {
+/// Each team's quota hard or used (`field`) over time, as the server reported it (`u32::MAX`
+/// where the team has no quota, and before its first report).
+fn quota_series(
+    setting: &Setting,
+    timeline: &Timeline,
+    samples: usize,
+    field: fn(&QuotaSample) -> u32,
+) -> Vec<Vec<u32>> {
     let mut series = vec![vec![u32::MAX; samples]; setting.teams.len()];
     for (namespace, reports) in &timeline.quotas {
         let Some(&team) = setting.team_of.get(namespace) else {
@@ -231,19 +240,21 @@ fn hard_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<Ve
                 .get(n + 1)
                 .map_or(samples, |next| sample_of(next.at, samples));
             for hard in &mut series[team][sample_of(report.at, samples)..until] {
-                *hard = report.hard;
+                *hard = field(report);
             }
         }
     }
     series
 }
 
-/// Idle device-seconds while demand went unheld, split as [`IdleWhileWanted`] says.
+/// Idle device-seconds while demand went unheld, split as [`IdleWhileWanted`] says
+/// (`charged`: the quotas' used).
 fn idle_while_wanted(
     setting: &Setting,
     held: &[Vec<u32>],
     demand: &[Vec<u32>],
     hards: &[Vec<u32>],
+    charged: &[Vec<u32>],
 ) -> IdleWhileWanted {
     let samples = held.first().map_or(0, Vec::len);
     let mut out = IdleWhileWanted::default();
@@ -257,6 +268,16 @@ fn idle_while_wanted(
             limit += want.saturating_sub(cap.max(have));
         }
         let mut idle = CAPACITY.saturating_sub(held.iter().map(|h| h[i]).sum());
+        let kept: u32 = (0..setting.teams.len())
+            .filter(|&t| hards[t][i] != u32::MAX)
+            .filter_map(|t| {
+                let unused =
+                    (setting.teams[t].guaranteed).saturating_sub(charged[t][i].max(held[t][i]));
+                Some(unused.saturating_sub(setting.teams[t].lending_limit?))
+            })
+            .sum();
+        let above_quota = quota.min(idle.saturating_sub(placement));
+        out.kept_unlent += f64::from(above_quota.min(kept)) * STEP;
         for (lost, wanted) in [
             (&mut out.placement, placement),
             (&mut out.quota, quota),
@@ -510,14 +531,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn idle_devices_are_blamed_on_placement_then_quota_then_limit() {
+    fn idle_devices_are_counted_within_quota_then_above_quota_then_above_limit() {
         // 128 devices; team 0 holds 100 of the 126 it wants (hard 110, limit 120), team 1
-        // holds 0 of the 4 it wants (hard 0, limit 4). Idle: 28. Placement: 10 (team 0);
-        // quota: 10 (team 0) + 4 (team 1); limit: 6 (team 0), of which only 4 are still idle.
-        let teams = crate::workload::teams();
+        // holds 0 of the 4 it wants (hard 0, limit 4), team 2 wants nothing and may lend 6 of
+        // its 16 guaranteed. Idle: 28. Within quota: 10 (team 0); above quota: 10 (team 0) +
+        // 4 (team 1), of which 10 are team 2's kept ones; above limit: 6 (team 0), of which
+        // only 4 are still idle.
+        let mut teams = crate::workload::teams()[..3].to_vec();
+        teams[2].guaranteed = 16;
+        teams[2].lending_limit = Some(6);
         let setting = Setting {
-            teams: &teams[..2],
-            limits: vec![120, 4],
+            teams: &teams,
+            limits: vec![120, 4, 16],
             team_of: HashMap::new(),
             jobs: &[],
             submitted: HashMap::new(),
@@ -525,13 +550,15 @@ mod tests {
         };
         let lost = idle_while_wanted(
             &setting,
-            &[vec![100], vec![0]],
-            &[vec![126], vec![4]],
-            &[vec![110], vec![0]],
+            &[vec![100], vec![0], vec![0]],
+            &[vec![126], vec![4], vec![0]],
+            &[vec![110], vec![0], vec![16]],
+            &[vec![110], vec![0], vec![0]],
         );
         let expected = IdleWhileWanted {
             placement: 10.0 * STEP,
             quota: 14.0 * STEP,
+            kept_unlent: 10.0 * STEP,
             limit: 4.0 * STEP,
         };
         assert_eq!(lost, expected);

@@ -108,14 +108,15 @@ fn rows(results: &[(Configuration, Figures)]) -> Vec<Row> {
             ),
         ),
         row(
-            "idle while wanted, % of capacity-seconds: within quota / above quota / above limit",
+            "idle while wanted, % of capacity-seconds: within quota / above quota (of it kept by a lending limit) / above limit",
             &|f| {
                 let share = |v: f64| 100.0 * v / (f64::from(CAPACITY) * f.end).max(1.0);
                 let lost = f.idle_while_wanted;
                 format!(
-                    "{:.1}% / {:.1}% / {:.1}%",
+                    "{:.1}% / {:.1}% ({:.1}%) / {:.1}%",
                     share(lost.placement),
                     share(lost.quota),
+                    share(lost.kept_unlent),
                     share(lost.limit)
                 )
             },
