@@ -52,6 +52,62 @@ kill -s KILL -- "-$2" 2>/dev/null
 rm -rf -- "$3"
 "#;
 
+/// How kube-scheduler scores the nodes that fit a Pod.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NodeScoring {
+    /// Its defaults: `NodeResourcesFit` with `LeastAllocated`, which spreads Pods over nodes.
+    #[default]
+    Default,
+    /// A profile that packs: `NodeResourcesFit` with `MostAllocated` on cpu and no
+    /// `NodeResourcesBalancedAllocation`. kube-scheduler 1.36 does not score DRA devices, so on
+    /// nodes whose CPUs go with their GPUs, Pods that request cpu in proportion are packed onto
+    /// the nodes already in use, and whole nodes stay free for large claims.
+    MostAllocatedCpu,
+}
+
+/// The scoring of the control plane [`shared`] starts; set before it starts.
+static SCORING: OnceLock<NodeScoring> = OnceLock::new();
+
+/// Makes the control plane that [`shared`] starts score nodes with `scoring`. Call it before
+/// the first [`shared`] (or [`crate::cluster::TestCluster::start`]); an error once another
+/// scoring was chosen or the control plane started with its default.
+pub fn use_node_scoring(scoring: NodeScoring) -> Result<(), String> {
+    let chosen = *SCORING.get_or_init(|| scoring);
+    if chosen == scoring {
+        Ok(())
+    } else {
+        Err(format!(
+            "the control plane already scores nodes with {chosen:?}"
+        ))
+    }
+}
+
+/// The kube-scheduler configuration of [`NodeScoring::MostAllocatedCpu`], with the client
+/// settings that its flags give otherwise (a `--config` file overrides them).
+const PACKING_SCHEDULER: &str = r#"apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: DIR/scheduler.kubeconfig
+  qps: 500
+  burst: 1000
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: default-scheduler
+  plugins:
+    score:
+      disabled:
+      - name: NodeResourcesBalancedAllocation
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+        resources:
+        - name: cpu
+          weight: 1
+"#;
+
 /// Why the control plane could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlPlaneError {
@@ -111,7 +167,8 @@ pub fn shared() -> Result<&'static ControlPlane, String> {
                     "{ASSETS_ENV} is not set: set it to a directory with etcd, kube-apiserver, kube-controller-manager, kube-scheduler of Kubernetes 1.34+"
                 )
             })?;
-            ControlPlane::start(&assets).map_err(|error| error.to_string())
+            let scoring = *SCORING.get_or_init(NodeScoring::default);
+            ControlPlane::start_with(&assets, scoring).map_err(|error| error.to_string())
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -122,6 +179,14 @@ impl ControlPlane {
     /// controller-manager works. Blocks the thread (with a tokio runtime of its own), so call it
     /// from a plain thread or `spawn_blocking`.
     pub fn start(assets: &Path) -> Result<ControlPlane, ControlPlaneError> {
+        Self::start_with(assets, NodeScoring::Default)
+    }
+
+    /// [`ControlPlane::start`], with kube-scheduler scoring nodes by `scoring`.
+    pub fn start_with(
+        assets: &Path,
+        scoring: NodeScoring,
+    ) -> Result<ControlPlane, ControlPlaneError> {
         if let Some(program) = COMPONENTS.into_iter().find(|p| !assets.join(p).is_file()) {
             return Err(ControlPlaneError::MissingAsset(
                 assets.to_path_buf(),
@@ -131,16 +196,16 @@ impl ControlPlane {
         // Free ports are bound and released before a component binds them, so another process
         // may take one in between: then try again with fresh ones.
         for _ in 1..3 {
-            match Self::start_once(assets) {
+            match Self::start_once(assets, scoring) {
                 Err(ControlPlaneError::NotReady(message))
                     if message.contains("address already in use") => {}
                 result => return result,
             }
         }
-        Self::start_once(assets)
+        Self::start_once(assets, scoring)
     }
 
-    fn start_once(assets: &Path) -> Result<ControlPlane, ControlPlaneError> {
+    fn start_once(assets: &Path, scoring: NodeScoring) -> Result<ControlPlane, ControlPlaneError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         // All bound at once, so that none is handed out twice.
         let listeners = (0..5)
@@ -240,11 +305,22 @@ impl ControlPlane {
                 common("kcm")
             ),
         )?;
-        plane.spawn(
-            assets,
-            "kube-scheduler",
-            &format!("{} --secure-port={scheduler}", common("scheduler")),
-        )?;
+        let scheduler_args = match scoring {
+            NodeScoring::Default => format!("{} --secure-port={scheduler}", common("scheduler")),
+            NodeScoring::MostAllocatedCpu => {
+                let file = plane.dir.join("scheduler.yaml");
+                let dir = plane.dir.display().to_string();
+                fs::write(&file, PACKING_SCHEDULER.replace("DIR", &dir))?;
+                format!(
+                    "--config={} --authentication-kubeconfig=DIR/scheduler.kubeconfig \
+                     --authorization-kubeconfig=DIR/scheduler.kubeconfig \
+                     --authentication-skip-lookup=true --client-ca-file=DIR/ca.crt \
+                     --bind-address=127.0.0.1 --secure-port={scheduler}",
+                    file.display()
+                )
+            }
+        };
+        plane.spawn(assets, "kube-scheduler", &scheduler_args)?;
         plane.wait_ready(deadline)?;
         Ok(plane)
     }

@@ -230,6 +230,24 @@ fn of_job<'a>(pods: &'a BTreeSet<(String, String)>, job: &str) -> BTreeSet<&'a (
         .collect()
 }
 
+/// Deletes Pod `room` and waits (up to 30 s) until Pod `waiting` is bound: how long after.
+async fn bound_after_deleting(pods: &Api<Pod>, room: &str, waiting: &str) -> Duration {
+    pods.delete(room, &DeleteParams::default()).await.unwrap();
+    let freed = Instant::now();
+    eventually(
+        &format!("{waiting} is bound"),
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get(waiting).await.map_err(|e| e.to_string())?;
+            match p.spec.and_then(|s| s.node_name) {
+                Some(_) => Ok(freed.elapsed()),
+                None => Err("not bound".to_owned()),
+            }
+        },
+    )
+    .await
+}
+
 /// The case: the owner waits 2 devices short while the borrower holds them in Jobs of
 /// 4 devices each. The whole low-priority Job is taken back, though the high-priority one
 /// started later, and the owner gets its guarantee.
@@ -390,27 +408,50 @@ async fn a_pod_that_waited_a_minute_is_bound_within_seconds_of_room_appearing() 
         "{told:?}"
     );
     // Room appears: the first Pod is done.
-    pods.delete("first", &DeleteParams::default())
-        .await
-        .unwrap();
-    let freed = Instant::now();
-    let bound = eventually(
-        "the waiting Pod is bound",
-        Duration::from_secs(30),
-        || async {
-            let p = pods.get("second").await.map_err(|e| e.to_string())?;
-            match p.spec.and_then(|s| s.node_name) {
-                Some(_) => Ok(freed.elapsed()),
-                None => Err("not bound".to_owned()),
-            }
-        },
-    )
-    .await;
+    let bound = bound_after_deleting(&pods, "first", "second").await;
     assert!(
         bound < Duration::from_secs(10),
         "bound {bound:?} after room appeared, having waited {waited:?}"
     );
     eprintln!("bound {bound:?} after the room appeared, having waited {waited:?}");
+}
+
+/// Room for one Pod goes to the waiting Pod of the highest priority, though another of the same
+/// template (as 1-GPU Pods all are) waited longer: teamgpu wakes the Pods the room fits, in
+/// order, not their template, which would make the resourceclaim controller try all of them at
+/// once and the first one it got to win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_for_one_pod_goes_to_the_highest_priority_of_one_template() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let team = (world.team("ml", json!({"guaranteed": 2, "limit": 2}), json!({}))).await;
+    world.create_pod(&team, pod("holder", POLICY, None)).await;
+    world.create_pod(&team, pod("other", POLICY, None)).await;
+    world.holds(&team, 2, CONVERGE).await;
+    // Both wait for quota; the low-priority one first (and its name sorts first).
+    (world.create_pod(&team, pod("a-low", POLICY, Some("teamgpu-e2e-low")))).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (world.create_pod(&team, pod("b-high", POLICY, Some("teamgpu-e2e-high")))).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &team);
+    let node = |p: Pod| p.spec.and_then(|s| s.node_name);
+    for name in ["a-low", "b-high"] {
+        assert_eq!(node(pods.get(name).await.unwrap()), None, "{name} waits");
+    }
+    // Room for one.
+    let bound = bound_after_deleting(&pods, "holder", "b-high").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        node(pods.get("a-low").await.unwrap()),
+        None,
+        "the low-priority Pod still waits"
+    );
+    assert!(
+        bound < Duration::from_secs(10),
+        "bound {bound:?} after room appeared"
+    );
+    eprintln!("the high-priority Pod was bound {bound:?} after the room appeared");
 }
 
 /// A team is deleted while its Pod holds a device. Its namespace now belongs to no team, so

@@ -404,7 +404,7 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
             "validatingadmissionpolicybindings",
             apply.clone(),
         ),
-        ("", "pods", set(&["list", "watch"])),
+        ("", "pods", set(&["list", "watch", "patch"])),
         ("", "pods/eviction", set(&["create"])),
         // The owners of the admission objects, watched by name.
         (

@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! TEAMGPU_E2E_ASSETS=/path/to/bin cargo run --release -p teamgpu-e2e --example replay -- \
-//!     [--seed N] [--svg PATH] [--only abc]
+//!     [--seed N] [--svg PATH] [--only abc] [--scoring default|packing]
 //! ```
 //!
 //! The cluster: 16 nodes of 8 GPUs (the NVIDIA DRA driver's slices), six teams with a
@@ -16,6 +16,11 @@
 //! figures come from watches of Pods, claims, quotas and Jobs, not from the operator. It is a
 //! benchmark: it prints, it asserts nothing, and exits non-zero only when the cluster could
 //! not be set up. About seven minutes.
+//!
+//! Each Pod requests 8 CPUs per GPU (a node has 64 and 8 GPUs). `--scoring packing` starts
+//! kube-scheduler with a profile that packs by cpu (`MostAllocated`), and so by GPUs, instead of
+//! its default, which spreads (see [`NodeScoring`]); with `TEAMGPU_E2E_KUBECONFIG` the cluster's
+//! own scheduler decides and the option is refused.
 
 mod metrics;
 mod observe;
@@ -32,6 +37,7 @@ use k8s_openapi::api::batch::v1::Job as BatchJob;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use teamgpu_e2e::TestCluster;
+use teamgpu_e2e::control_plane::{self, NodeScoring};
 use teamgpu_e2e::node_agent::NodeAgent;
 use teamgpu_e2e::operator::Operator;
 use teamgpu_e2e::sandbox::Sandbox;
@@ -53,6 +59,7 @@ struct Options {
     svg: PathBuf,
     /// The configurations to replay, by letter (all by default).
     only: Vec<Configuration>,
+    scoring: NodeScoring,
 }
 
 impl Options {
@@ -61,6 +68,7 @@ impl Options {
             seed: 22,
             svg: teamgpu_e2e::fixtures::repo_root().join("target/replay.svg"),
             only: Configuration::ALL.to_vec(),
+            scoring: NodeScoring::Default,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -69,9 +77,10 @@ impl Options {
                 "--seed" => options.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
                 "--svg" => options.svg = PathBuf::from(value()?),
                 "--only" => options.only = configurations(&value()?)?,
+                "--scoring" => options.scoring = scoring(&value()?)?,
                 other => {
                     return Err(format!(
-                        "unknown argument {other}; use [--seed N] [--svg PATH] [--only abc]"
+                        "unknown argument {other}; use [--seed N] [--svg PATH] [--only abc] [--scoring default|packing]"
                     ));
                 }
             }
@@ -90,6 +99,17 @@ fn configurations(letters: &str) -> Result<Vec<Configuration>, String> {
     Ok((Configuration::ALL.into_iter())
         .filter(|c| letters.contains(c.letter()))
         .collect())
+}
+
+/// The kube-scheduler scoring named `name`.
+fn scoring(name: &str) -> Result<NodeScoring, String> {
+    match name {
+        "default" => Ok(NodeScoring::Default),
+        "packing" => Ok(NodeScoring::MostAllocatedCpu),
+        other => Err(format!(
+            "--scoring: {other:?} is neither default nor packing"
+        )),
+    }
 }
 
 /// What every configuration's replay shares.
@@ -112,10 +132,23 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if options.scoring != NodeScoring::Default {
+        if std::env::var_os(teamgpu_e2e::cluster::REAL_CLUSTER_ENV).is_some() {
+            eprintln!(
+                "replay: --scoring needs a control plane of the replay's own (TEAMGPU_E2E_ASSETS), not TEAMGPU_E2E_KUBECONFIG's"
+            );
+            return ExitCode::FAILURE;
+        }
+        if let Err(message) = control_plane::use_node_scoring(options.scoring) {
+            eprintln!("replay: {message}");
+            return ExitCode::FAILURE;
+        }
+    }
     let run = Instant::now();
     let teams = workload::teams();
     let jobs = workload::jobs(options.seed, &teams);
     println!("{}", report::workload_summary(options.seed, &teams, &jobs));
+    println!("kube-scheduler scoring: {:?}", options.scoring);
     let bench = match prepare(teams, jobs).await {
         Ok(bench) => bench,
         Err(error) => {

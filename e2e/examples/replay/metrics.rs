@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::observe::{QuotaSample, Seconds, Timeline};
-use crate::workload::{CAPACITY, GRACE_SECONDS, Job, Team};
+use crate::observe::{PodTrace, QuotaSample, Seconds, Timeline};
+use crate::workload::{CAPACITY, GPUS_PER_NODE, GRACE_SECONDS, Job, NODES, Team};
 
 /// Sampling step of the time integrals.
 pub const STEP: Seconds = 0.1;
@@ -30,6 +30,12 @@ pub struct TeamFigures {
     /// Device-seconds the team wanted within its guarantee and did not hold, counted once the
     /// want had lasted [`GRACE_SECONDS`].
     pub shortfall: f64,
+    /// Of `shortfall`, what was missing while at least as many devices were idle: not for want
+    /// of devices, but of a node with room for the team's Pods (or of time to bind them).
+    pub shortfall_while_idle: f64,
+    /// Of `shortfall_while_idle`, what was missing while none of the team's waiting Pods fitted
+    /// the free devices of any one node: fragmentation, where the rest is time to bind.
+    pub shortfall_no_room: f64,
     /// Device-seconds it wanted within its guarantee: the integral of min(guarantee, demand).
     pub wanted_in_guarantee: f64,
     /// Mean devices allocated.
@@ -69,6 +75,30 @@ pub struct Figures {
     pub held: Vec<Vec<u32>>,
     /// Where the utilization below the ideal went.
     pub idle_while_wanted: IdleWhileWanted,
+    /// How the first Pods of each Job started.
+    pub pod_start: PodStart,
+}
+
+/// The start of each Job's first Pods (a replaced Pod is not counted): the path every Pod
+/// takes, whatever the quota, through the job controller, the resourceclaim controller and the
+/// scheduler.
+#[derive(Debug, Clone, Default)]
+pub struct PodStart {
+    /// Seconds from the Job's creation to each Pod's.
+    pub submitted_to_created: Vec<f64>,
+    /// Seconds from a Pod's creation to its binding, for those bound.
+    pub created_to_bound: Vec<f64>,
+    /// Of that, seconds from a Pod's creation to its claim's (the resourceclaim controller,
+    /// quota admission, and its retries when quota refused).
+    pub created_to_claimed: Vec<f64>,
+    /// Device-seconds the ideal counts before the Pods existed (Σ GPUs × (created −
+    /// submitted)): out of reach of any quota or scheduler.
+    pub before_created: f64,
+    /// Claims made for a Pod that had already succeeded: the resourceclaim controller makes a
+    /// claim again for a finished Pod whose claim it deleted when the Pod is tried again, and
+    /// quota charges each while it exists.
+    pub claims_for_finished_pods: usize,
+    pub claims: usize,
 }
 
 /// Device-seconds that were idle while submitted Pods wanted more than their teams held, by
@@ -94,6 +124,14 @@ impl Figures {
         self.teams.iter().map(|t| t.shortfall).sum()
     }
 
+    pub fn shortfall_while_idle(&self) -> f64 {
+        self.teams.iter().map(|t| t.shortfall_while_idle).sum()
+    }
+
+    pub fn shortfall_no_room(&self) -> f64 {
+        self.teams.iter().map(|t| t.shortfall_no_room).sum()
+    }
+
     pub fn fairness_deviation(&self) -> f64 {
         let n = self.teams.len().max(1) as f64;
         self.teams.iter().map(|t| t.fairness_deviation).sum::<f64>() / n
@@ -116,7 +154,8 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         .map(|i| f64::from(total_at(&demand, i).min(CAPACITY)))
         .sum::<f64>()
         / window;
-    let mut teams = team_figures(setting, &held, &demand);
+    let room = room_series(setting, timeline, samples);
+    let mut teams = team_figures(setting, &held, &demand, &room);
     let evictions = evictions(setting, timeline, &held, &demand);
     for (team, _) in &evictions {
         teams[*team].evictions += 1;
@@ -145,6 +184,7 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
             .sum::<f64>()
             + 0.0,
         unneeded_evictions: evictions.iter().filter(|(_, e)| !e.needed).count(),
+        pod_start: pod_start(setting, timeline),
         teams,
         held,
         idle_while_wanted,
@@ -291,10 +331,60 @@ fn idle_while_wanted(
     out
 }
 
-fn team_figures(setting: &Setting, held: &[Vec<u32>], demand: &[Vec<u32>]) -> Vec<TeamFigures> {
+/// Per team and sample, whether one of the team's waiting Pods (created, not yet bound, not
+/// ended) fitted the free devices of some node, from the Pods' bindings as the watch saw them.
+fn room_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<Vec<bool>> {
+    let ended = |pod: &PodTrace| {
+        [pod.succeeded, pod.deleting, pod.disrupted]
+            .into_iter()
+            .flatten()
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut fits = vec![vec![false; samples]; setting.teams.len()];
+    for (i, at) in (0..samples).map(|i| (i, i as f64 * STEP)) {
+        let mut used: HashMap<&str, u32> = HashMap::new();
+        for pod in timeline.pods.values() {
+            if let (Some(bound), Some(node)) = (pod.bound, pod.node.as_deref())
+                && bound <= at
+                && at < ended(pod)
+            {
+                *used.entry(node).or_default() += pod.gpus;
+            }
+        }
+        // Nodes nobody is bound to are whole.
+        let most_free = if used.len() < NODES as usize {
+            GPUS_PER_NODE
+        } else {
+            (used.values())
+                .map(|u| GPUS_PER_NODE.saturating_sub(*u))
+                .max()
+                .unwrap_or(GPUS_PER_NODE)
+        };
+        for pod in timeline.pods.values() {
+            let waiting = pod.created <= at && pod.bound.is_none_or(|b| b > at) && at < ended(pod);
+            if let Some(&team) = setting.team_of.get(&pod.namespace)
+                && waiting
+                && pod.gpus <= most_free
+            {
+                fits[team][i] = true;
+            }
+        }
+    }
+    fits
+}
+
+fn team_figures(
+    setting: &Setting,
+    held: &[Vec<u32>],
+    demand: &[Vec<u32>],
+    room: &[Vec<bool>],
+) -> Vec<TeamFigures> {
     let grace_samples = (f64::from(GRACE_SECONDS) / STEP).round() as usize;
     let samples = held.first().map_or(0, Vec::len);
     let fairness = fairness_deviations(setting, held, demand);
+    let idle: Vec<u32> = (0..samples)
+        .map(|i| CAPACITY.saturating_sub(held.iter().map(|h| h[i]).sum()))
+        .collect();
     (setting.teams.iter().enumerate())
         .map(|(t, team)| {
             let want = |i: usize| demand[t][i].min(team.guaranteed);
@@ -303,16 +393,26 @@ fn team_figures(setting: &Setting, held: &[Vec<u32>], demand: &[Vec<u32>]) -> Ve
                 .collect();
             // What was missing throughout the last grace period: a want younger than the
             // grace is not yet owed.
-            let overdue = (0..samples).map(|i| {
-                let from = i.saturating_sub(grace_samples);
-                if i < grace_samples {
-                    0
-                } else {
-                    missing[from..=i].iter().copied().min().unwrap_or(0)
-                }
-            });
+            let overdue: Vec<u32> = (0..samples)
+                .map(|i| {
+                    let from = i.saturating_sub(grace_samples);
+                    if i < grace_samples {
+                        0
+                    } else {
+                        missing[from..=i].iter().copied().min().unwrap_or(0)
+                    }
+                })
+                .collect();
+            let while_idle: Vec<u32> = (overdue.iter().zip(&idle))
+                .map(|(&o, &free)| o.min(free))
+                .collect();
+            let no_room = (while_idle.iter().zip(&room[t]))
+                .filter(|(_, fits)| !**fits)
+                .map(|(&o, _)| f64::from(o));
             TeamFigures {
-                shortfall: overdue.map(f64::from).sum::<f64>() * STEP,
+                shortfall_no_room: no_room.sum::<f64>() * STEP,
+                shortfall: overdue.iter().copied().map(f64::from).sum::<f64>() * STEP,
+                shortfall_while_idle: while_idle.iter().copied().map(f64::from).sum::<f64>() * STEP,
                 wanted_in_guarantee: (0..samples).map(|i| f64::from(want(i))).sum::<f64>() * STEP,
                 mean_held: held[t].iter().map(|&h| f64::from(h)).sum::<f64>()
                     / samples.max(1) as f64,
@@ -518,6 +618,51 @@ fn job_times(setting: &Setting, timeline: &Timeline) -> (Vec<f64>, Vec<f64>, usi
     (waits, completions, unfinished)
 }
 
+fn pod_start(setting: &Setting, timeline: &Timeline) -> PodStart {
+    let mut pods: BTreeMap<(&str, &str), Vec<(&str, &PodTrace)>> = BTreeMap::new();
+    for (uid, pod) in &timeline.pods {
+        (pods.entry((&pod.namespace, &pod.job)).or_default()).push((uid, pod));
+    }
+    // A Pod's first claim: the resourceclaim controller may make more for it once it is done.
+    let mut claimed: HashMap<&str, Seconds> = HashMap::new();
+    for claim in timeline.claims.values() {
+        if let Some(pod) = claim.pod.as_deref() {
+            let first = claimed.entry(pod).or_insert(claim.created);
+            *first = first.min(claim.created);
+        }
+    }
+    let mut start = PodStart::default();
+    for job in setting.jobs {
+        let Some((namespace, submitted)) = setting.submitted.get(&job.name) else {
+            continue;
+        };
+        let Some(own) = pods.get_mut(&(namespace.as_str(), job.name.as_str())) else {
+            continue;
+        };
+        own.sort_by(|(_, a), (_, b)| a.created.total_cmp(&b.created));
+        for (uid, pod) in own.iter().take(job.pods as usize) {
+            let before = (pod.created - submitted).max(0.0);
+            start.submitted_to_created.push(before);
+            start.before_created += f64::from(pod.gpus) * before;
+            if let Some(bound) = pod.bound {
+                start.created_to_bound.push(bound - pod.created);
+                if let Some(claim) = claimed.get(uid) {
+                    start.created_to_claimed.push(claim - pod.created);
+                }
+            }
+        }
+    }
+    start.claims = timeline.claims.len();
+    start.claims_for_finished_pods = (timeline.claims.values())
+        .filter(|c| {
+            let pod = c.pod.as_deref().and_then(|uid| timeline.pods.get(uid));
+            pod.and_then(|p| p.succeeded)
+                .is_some_and(|done| c.created >= done)
+        })
+        .count();
+    start
+}
+
 /// The `q`-quantile (0..=1) of `values`, nearest rank; `None` when empty.
 pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     let mut sorted = values.to_vec();
@@ -562,6 +707,116 @@ mod tests {
             limit: 4.0 * STEP,
         };
         assert_eq!(lost, expected);
+    }
+
+    #[test]
+    fn a_shortfall_is_told_apart_by_whether_as_many_devices_were_idle() {
+        // vision (guaranteed 32) wants 32 and holds 24 for 5 s; the others hold 100, so 4 are
+        // idle. Past the 4-s grace (the last 1 s, 10 samples) 8 are overdue, 4 of them while
+        // idle.
+        let teams = crate::workload::teams()[..2].to_vec();
+        let setting = Setting {
+            teams: &teams,
+            limits: vec![64, 80],
+            team_of: HashMap::new(),
+            jobs: &[],
+            submitted: HashMap::new(),
+            end: 5.0,
+        };
+        let samples = 50;
+        // In the first 4.5 s a waiting Pod of vision's fits a node, in the last 0.5 s none.
+        let mut room = vec![vec![true; samples], vec![false; samples]];
+        room[0][45..].fill(false);
+        let figures = team_figures(
+            &setting,
+            &[vec![24; samples], vec![100; samples]],
+            &[vec![32; samples], vec![100; samples]],
+            &room,
+        );
+        assert!((figures[0].shortfall - 8.0).abs() < 1e-9, "{figures:?}");
+        assert!(
+            (figures[0].shortfall_while_idle - 4.0).abs() < 1e-9,
+            "{figures:?}"
+        );
+        assert!(
+            (figures[0].shortfall_no_room - 2.0).abs() < 1e-9,
+            "{figures:?}"
+        );
+        assert_eq!(figures[1].shortfall, 0.0);
+    }
+
+    #[test]
+    fn a_jobs_first_pods_count_from_its_submission_and_a_replacement_does_not() {
+        // A 2-Pod Job of 8 GPUs each, submitted at 10 s: Pods created at 10.5 and 11 s, claims
+        // 0.1 and 0.4 s later, bound 0.3 and 0.5 s later; the first is evicted and its
+        // replacement (created at 20 s) is not a start. The second succeeds at 41.5 s and gets
+        // a claim again at 41.6 s.
+        let teams = crate::workload::teams()[..1].to_vec();
+        let job = Job {
+            name: "vision-000".into(),
+            team: 0,
+            submit_at: 10.0,
+            pods: 2,
+            gpus_per_pod: 8,
+            run_seconds: 30.0,
+            priority: crate::workload::Priority::Normal,
+        };
+        let pod = |created: f64, bound: f64| PodTrace {
+            namespace: "a-vision".into(),
+            job: "vision-000".into(),
+            gpus: 8,
+            created,
+            bound: Some(bound),
+            ..PodTrace::default()
+        };
+        let done = |pod: PodTrace, at: f64| PodTrace {
+            succeeded: Some(at),
+            ..pod
+        };
+        let claim = |pod: &str, created: f64| crate::observe::ClaimTrace {
+            namespace: "a-vision".into(),
+            pod: Some(pod.into()),
+            created,
+            allocated: Vec::new(),
+        };
+        let timeline = Timeline {
+            pods: HashMap::from([
+                ("p1".into(), pod(10.5, 10.8)),
+                ("p2".into(), done(pod(11.0, 11.5), 41.5)),
+                ("p3".into(), pod(20.0, 24.0)),
+            ]),
+            claims: HashMap::from([
+                ("c1".into(), claim("p1", 10.6)),
+                ("c2".into(), claim("p2", 11.4)),
+                ("c3".into(), claim("p3", 23.0)),
+                ("c4".into(), claim("p2", 41.6)),
+            ]),
+            ..Timeline::default()
+        };
+        let setting = Setting {
+            teams: &teams,
+            limits: vec![64],
+            team_of: HashMap::from([("a-vision".into(), 0)]),
+            jobs: std::slice::from_ref(&job),
+            submitted: HashMap::from([("vision-000".into(), ("a-vision".into(), 10.0))]),
+            end: 60.0,
+        };
+        let start = pod_start(&setting, &timeline);
+        assert_eq!(start.submitted_to_created, vec![0.5, 1.0]);
+        let bound: Vec<f64> = (start.created_to_bound.iter())
+            .map(|s| (s * 10.0).round() / 10.0)
+            .collect();
+        assert_eq!(bound, vec![0.3, 0.5]);
+        let claimed: Vec<f64> = (start.created_to_claimed.iter())
+            .map(|s| (s * 10.0).round() / 10.0)
+            .collect();
+        assert_eq!(claimed, vec![0.1, 0.4], "a Pod's first claim");
+        assert_eq!(
+            (start.claims_for_finished_pods, start.claims),
+            (1, 4),
+            "c4 came after its Pod succeeded"
+        );
+        assert!((start.before_created - 12.0).abs() < 1e-9, "{start:?}");
     }
 
     #[test]

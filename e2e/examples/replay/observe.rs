@@ -33,6 +33,8 @@ pub struct PodTrace {
     pub created: Seconds,
     /// `spec.nodeName` set: the scheduler bound it (its claim is allocated).
     pub bound: Option<Seconds>,
+    /// The node it was bound to.
+    pub node: Option<String>,
     pub succeeded: Option<Seconds>,
     /// A `DisruptionTarget` condition appeared (an eviction).
     pub disrupted: Option<Seconds>,
@@ -207,11 +209,11 @@ fn record_pod(timeline: &mut Timeline, _: &Scope, pod: &Pod, at: Seconds, delete
         ..PodTrace::default()
     });
     let status = pod.status.as_ref();
-    let bound = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some();
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
+    if trace.node.is_none() {
+        trace.node = node.cloned();
+    }
+    let bound = node.is_some();
     let succeeded = status.and_then(|s| s.phase.as_deref()) == Some("Succeeded");
     let disrupted = (status
         .and_then(|s| s.conditions.as_ref())

@@ -123,8 +123,40 @@ fn rows(results: &[(Configuration, Figures)]) -> Vec<Row> {
             String::new(),
         ),
         row(
-            "guarantee shortfall after grace, GPU·s (of guaranteed)",
-            &|f| format!("{:.0} ({:.2}%)", f.shortfall(), 100.0 * shortfall_share(f)),
+            "Pods' start: Job created → Pod created p50 / p99; Pod created → bound p50, of it → claim created p50 (GPU·s the ideal counts before the Pods existed, of capacity-seconds)",
+            &|f| {
+                let start = &f.pod_start;
+                format!(
+                    "{} / {}; {}, {} ({:.0}, {:.1}%)",
+                    seconds(quantile(&start.submitted_to_created, 0.5)),
+                    seconds(quantile(&start.submitted_to_created, 0.99)),
+                    seconds(quantile(&start.created_to_bound, 0.5)),
+                    seconds(quantile(&start.created_to_claimed, 0.5)),
+                    start.before_created,
+                    100.0 * start.before_created / (f64::from(CAPACITY) * f.end).max(1.0)
+                )
+            },
+            String::new(),
+        ),
+        row(
+            "claims made for Pods already finished (of all claims)",
+            &|f| {
+                let start = &f.pod_start;
+                format!("{} (of {})", start.claims_for_finished_pods, start.claims)
+            },
+            String::new(),
+        ),
+        row(
+            "guarantee shortfall after grace, GPU·s (of guaranteed; of it while as many devices were idle; of that while none of the team's waiting Pods fitted a node)",
+            &|f| {
+                format!(
+                    "{:.0} ({:.2}%; {:.0}; {:.0})",
+                    f.shortfall(),
+                    100.0 * shortfall_share(f),
+                    f.shortfall_while_idle(),
+                    f.shortfall_no_room()
+                )
+            },
             target("≤ 1%", borrowing.map(|a| shortfall_share(a) <= 0.01)),
         ),
         row(
@@ -221,12 +253,12 @@ fn mean(values: &[f64]) -> f64 {
 
 fn team_table(teams: &[Team], limits: Vec<u32>, figures: &Figures) -> String {
     let mut out = String::from(
-        "| team | guaranteed | limit | weight | lending limit | reclaim | mean GPUs held | shortfall after grace, GPU·s (of wanted within guarantee) | mean abs(held − share) | evictions |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| team | guaranteed | limit | weight | lending limit | reclaim | mean GPUs held | shortfall after grace, GPU·s (of wanted within guarantee; of it while as many were idle; of that with no node for its Pods) | mean abs(held − share) | evictions |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for ((team, limit), t) in teams.iter().zip(limits).zip(&figures.teams) {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.0} ({:.1}%) | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.0} ({:.1}%; {:.0}; {:.0}) | {:.2} | {} |",
             team.name,
             team.guaranteed,
             if limit >= CAPACITY {
@@ -245,6 +277,8 @@ fn team_table(teams: &[Team], limits: Vec<u32>, figures: &Figures) -> String {
             t.mean_held,
             t.shortfall,
             100.0 * t.shortfall / t.wanted_in_guarantee.max(1.0),
+            t.shortfall_while_idle,
+            t.shortfall_no_room,
             t.fairness_deviation,
             t.evictions
         );

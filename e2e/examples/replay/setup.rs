@@ -259,6 +259,10 @@ async fn wait_until_ready(
     }
 }
 
+/// The CPUs a Pod requests per GPU: a node's 64 go with its 8 GPUs, as on DGX-like nodes, so a
+/// scheduler that packs by cpu packs by GPUs.
+const CPUS_PER_GPU: u32 = 8;
+
 /// The batch/v1 Job of `job` in `namespace`: `pods` Pods at once (parallelism = completions),
 /// each with one claim from the template of its size, "running" `run_seconds` on the node
 /// agent. No `podFailurePolicy`, so an evicted Pod counts as failed and is replaced at once
@@ -279,7 +283,8 @@ pub fn batch_job(job: &Job, config: Configuration) -> Result<BatchJob, Error> {
                     "priorityClassName": job.priority.class_name(),
                     "terminationGracePeriodSeconds": 0,
                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                    "resources": {"claims": [{"name": "gpu"}]}}],
+                                    "resources": {"claims": [{"name": "gpu"}],
+                                                  "requests": {"cpu": (CPUS_PER_GPU * job.gpus_per_pod).to_string()}}}],
                     "resourceClaims": [{"name": "gpu",
                                         "resourceClaimTemplateName": template_name(job.gpus_per_pod)}]}}}}))
 }

@@ -294,24 +294,15 @@ impl Server {
                 }
                 Effect::Event(event) => done.published.push(event.key()),
                 Effect::Requeue(r) => {
-                    let key = ObjectKey {
-                        kind: Kind::ResourceClaimTemplate,
-                        namespace: Some(r.namespace.clone()),
-                        name: r.template.clone(),
-                    };
-                    if let Some(mut template) = self.owned.get(&key).cloned() {
-                        template
-                            .metadata
-                            .annotations
-                            .get_or_insert_default()
-                            .insert(
-                                teamgpu::core::effects::REQUEUE_ANNOTATION.into(),
-                                r.value.clone(),
-                            );
-                        self.stamp(&mut template.metadata);
-                        self.owned.insert(key, template);
-                        self.changed
-                            .insert(Watch::Owned(Kind::ResourceClaimTemplate));
+                    let key = (r.namespace.clone(), r.pod.clone());
+                    if let Some(mut pod) = self.pending_pods.get(&key).cloned() {
+                        pod.metadata.annotations.get_or_insert_default().insert(
+                            teamgpu::core::effects::REQUEUE_ANNOTATION.into(),
+                            r.value.clone(),
+                        );
+                        self.stamp(&mut pod.metadata);
+                        self.pending_pods.insert(key, pod);
+                        self.changed.insert(Watch::PendingPods);
                     }
                 }
                 Effect::Evict(e) => {

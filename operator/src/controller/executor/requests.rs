@@ -13,7 +13,7 @@ use serde_json::json;
 use super::{Outcome, WRITE_TIMEOUT, WriteError};
 use crate::controller::FIELD_MANAGER;
 use crate::controller::metrics::{Metrics, WriteLabels};
-use crate::core::diff::{Kind, ObjectKey, OwnWrites, Payload, Write};
+use crate::core::diff::{ObjectKey, OwnWrites, Payload, Write};
 use crate::core::effects::{Effect, Event, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION};
 
 /// How long one eviction may take: the client retries a PodDisruptionBudget's 429 for minutes,
@@ -109,12 +109,8 @@ impl Requests {
             Effect::Event(event) => self.publish(event).await,
             Effect::Evict(e) => self.evict(e).await,
             Effect::Requeue(r) => {
-                self.count_write("resourceclaimtemplate", "requeue");
-                let api: Api<DynamicObject> = Api::namespaced_with(
-                    self.client.clone(),
-                    &r.namespace,
-                    &Kind::ResourceClaimTemplate.api_resource(),
-                );
+                self.count_write("pod", "requeue");
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
                 let patch =
                     serde_json::json!({"metadata": {"annotations": {REQUEUE_ANNOTATION: r.value}}});
                 let params = PatchParams {
@@ -122,7 +118,7 @@ impl Requests {
                     ..PatchParams::default()
                 };
                 let patch = Patch::Merge(patch);
-                bounded(WRITE_TIMEOUT, api.patch(&r.template, &params, &patch)).await?;
+                bounded(WRITE_TIMEOUT, api.patch(&r.pod, &params, &patch)).await?;
                 Ok(Outcome::Done)
             }
         }

@@ -53,8 +53,8 @@ pub enum Effect {
     Event(Box<Event>),
     /// Evict a borrower's workload (all its Pods, or none) to give devices back.
     Evict(Box<Eviction>),
-    /// Wake the Pods waiting for claims from a template: its annotation changes, and the
-    /// resourceclaim controller tries every Pod of a changed template again at once.
+    /// Wake a Pod waiting for its claim: its annotation changes, and the resourceclaim
+    /// controller tries a changed Pod again at once.
     Requeue(Requeue),
 }
 
@@ -70,7 +70,7 @@ impl Effect {
                 format!("event {object} {reason}: {note}")
             }
             Effect::Evict(e) => format!("{} eviction", e.workload),
-            Effect::Requeue(r) => format!("template {}/{} requeue", r.namespace, r.template),
+            Effect::Requeue(r) => format!("pod {}/{} requeue", r.namespace, r.pod),
         }
     }
 
