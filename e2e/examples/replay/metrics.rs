@@ -527,14 +527,25 @@ fn evictions(
     out
 }
 
+/// When each Pod's first claim appeared, by Pod uid: the resourceclaim controller may make
+/// more for a Pod once it is done, and those say nothing of its start.
+fn first_claims(timeline: &Timeline) -> HashMap<&str, Seconds> {
+    let mut first: HashMap<&str, Seconds> = HashMap::new();
+    for claim in timeline.claims.values() {
+        if let Some(pod) = claim.pod.as_deref() {
+            let at = first.entry(pod).or_insert(claim.created);
+            *at = at.min(claim.created);
+        }
+    }
+    first
+}
+
 /// For each Pod whose claim quota refused (its namespace's quota had no room for it at some
 /// moment between the Pod's creation and its claim's), the seconds from the start of the room
 /// its claim was then created in (hard - used >= its GPUs, as the server reported) to the Pod
 /// being bound. Pods never bound are left out.
 fn headroom_to_bound(timeline: &Timeline) -> Vec<f64> {
-    let claim_created: HashMap<&str, Seconds> = (timeline.claims.values())
-        .filter_map(|c| Some((c.pod.as_deref()?, c.created)))
-        .collect();
+    let claim_created = first_claims(timeline);
     let mut out = Vec::new();
     for (uid, pod) in &timeline.pods {
         let (Some(bound), Some(&claimed)) = (pod.bound, claim_created.get(uid.as_str())) else {
@@ -623,14 +634,7 @@ fn pod_start(setting: &Setting, timeline: &Timeline) -> PodStart {
     for (uid, pod) in &timeline.pods {
         (pods.entry((&pod.namespace, &pod.job)).or_default()).push((uid, pod));
     }
-    // A Pod's first claim: the resourceclaim controller may make more for it once it is done.
-    let mut claimed: HashMap<&str, Seconds> = HashMap::new();
-    for claim in timeline.claims.values() {
-        if let Some(pod) = claim.pod.as_deref() {
-            let first = claimed.entry(pod).or_insert(claim.created);
-            *first = first.min(claim.created);
-        }
-    }
+    let claimed = first_claims(timeline);
     let mut start = PodStart::default();
     for job in setting.jobs {
         let Some((namespace, submitted)) = setting.submitted.get(&job.name) else {

@@ -215,11 +215,10 @@ fn fitting(
 mod tests {
     use super::*;
 
-    fn pod(name: &str, template: &str, devices: u64, priority: i32, created: &str) -> WaitingPod {
+    fn pod(name: &str, devices: u64, priority: i32, created: &str) -> WaitingPod {
         WaitingPod {
             namespace: "ml".into(),
             name: name.into(),
-            template: template.into(),
             priority,
             created: created.parse().ok(),
             charge: BTreeMap::from([("a.teamgpu.io".to_owned(), devices)]),
@@ -237,9 +236,9 @@ mod tests {
     #[test]
     fn room_wakes_the_pods_it_fits_highest_priority_first() {
         let waiting = [
-            pod("old-low", "a-x4", 4, 0, "2026-01-01T00:00:00Z"),
-            pod("new-high", "a-x8", 8, 1000, "2026-01-02T00:00:00Z"),
-            pod("small", "a", 1, 0, "2026-01-03T00:00:00Z"),
+            pod("old-low", 4, 0, "2026-01-01T00:00:00Z"),
+            pod("new-high", 8, 1000, "2026-01-02T00:00:00Z"),
+            pod("small", 1, 0, "2026-01-03T00:00:00Z"),
         ];
         let (t0, wall) = (Instant::now(), Timestamp::UNIX_EPOCH);
         // No room: nothing to wake.
@@ -268,7 +267,7 @@ mod tests {
 
     #[test]
     fn the_same_room_wakes_a_pod_once_then_retries_with_backoff_then_stops() {
-        let waiting = [pod("p", "a-x4", 4, 0, "2026-01-01T00:00:00Z")];
+        let waiting = [pod("p", 4, 0, "2026-01-01T00:00:00Z")];
         let mut requeuer = Requeuer::default();
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);

@@ -87,7 +87,6 @@ mod tests {
         WaitingPod {
             namespace: ns.into(),
             name: name.into(),
-            template: "a100-x4".into(),
             priority,
             created: created.parse().ok(),
             charge: BTreeMap::from([("a100.teamgpu.io".to_owned(), devices)]),

@@ -121,7 +121,6 @@ pub fn pending_demand(
 pub struct WaitingPod {
     pub namespace: String,
     pub name: String,
-    pub template: String,
     pub priority: i32,
     pub created: Option<Timestamp>,
     /// What quota charges for a claim from the template, per DeviceClass.
@@ -166,7 +165,6 @@ pub fn waiting_on_quota(
             out.push(WaitingPod {
                 namespace: namespace.clone(),
                 name: name.clone(),
-                template: template.to_owned(),
                 priority: spec.and_then(|s| s.priority).unwrap_or(0),
                 created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 charge,
@@ -278,22 +276,17 @@ mod tests {
                     .cloned()
             },
         );
-        let found: Vec<(&str, &str, i32, Option<String>)> = (waiting.iter())
+        let found: Vec<(&str, i32, Option<String>)> = (waiting.iter())
             .map(|w| {
                 let created = w.created.map(|t| t.to_string());
-                (w.name.as_str(), w.template.as_str(), w.priority, created)
+                (w.name.as_str(), w.priority, created)
             })
             .collect();
         assert_eq!(
             found,
             [
-                (
-                    "refused",
-                    "a100-x2",
-                    1000,
-                    Some("2026-01-01T00:00:00Z".to_owned())
-                ),
-                ("gone", "a100-x2", 0, None),
+                ("refused", 1000, Some("2026-01-01T00:00:00Z".to_owned())),
+                ("gone", 0, None),
             ]
         );
         assert_eq!(
