@@ -22,6 +22,7 @@ use teamgpu_e2e::recording::Counters;
 use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
 use teamgpu_e2e::{TestCluster, eventually};
 
+mod counters;
 mod operations;
 mod policies;
 mod restarts;

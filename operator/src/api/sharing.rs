@@ -267,7 +267,9 @@ pub struct GpuSharingPolicyStatus {
     /// The DeviceClass generated for this policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_class_name: Option<String>,
-    /// Matching devices published in ResourceSlices (complete pools, untainted).
+    /// Matching devices published in ResourceSlices (complete pools, untainted). Devices that
+    /// draw on shared counters (MIG placements of one GPU) count as many as fit at once, and a
+    /// GPU whose counters also fit another policy's devices counts for one of the two only.
     #[serde(default)]
     pub devices: u32,
     /// Of those, devices allocated to the teams' claims.

@@ -10,6 +10,7 @@ use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
 use teamgpu::core::plan::{Plan, plan};
 use teamgpu::core::state::{ClusterState, NamespaceInfo};
 
+mod counters;
 mod objects;
 
 fn example() -> ClusterState {

@@ -39,6 +39,8 @@ pub mod types {
     pub const OVERCOMMITTED: &str = "Overcommitted";
     pub const SHARING_POLICIES_RESOLVED: &str = "SharingPoliciesResolved";
     pub const USED_OUTSIDE_TEAMS: &str = "UsedOutsideTeams";
+    /// Only on a policy whose devices draw on shared counters (partitionable devices).
+    pub const SHARED_COUNTERS: &str = "SharedCounters";
     /// Only while the API server refuses a write of the policy's objects (set by
     /// `core::effects::refusals`, not by the planner): status then tells what was applied.
     pub const APPLIED: &str = "Applied";

@@ -14,6 +14,7 @@ mod capacity;
 pub mod cel;
 mod claims;
 pub mod conditions;
+pub mod counters;
 mod desired;
 mod identity;
 pub mod inventory;
@@ -98,6 +99,7 @@ pub struct Planner {
     usage: Cache<String, u64, usage::Usage>,
     classes: policies::CompiledClasses,
     matching: capacity::Matching,
+    group_matches: counters::GroupMatches,
     governed: capacity::Governed,
     shares: shares::Shares,
     objects: desired::Kept,
@@ -114,6 +116,7 @@ impl Planner {
             usage: Cache::new(false),
             classes: Cache::new(false),
             matching: capacity::Matching::new(false),
+            group_matches: Cache::new(false),
             governed: Cache::new(false),
             shares: Cache::new(false),
             objects: desired::Kept::new(false),
@@ -258,10 +261,16 @@ impl Planner {
         }
         let outside =
             capacity::used_outside_teams(self.usage.values().map(|(_, u)| u), inventory, &sets);
+        let shared = counters::shared_counters(
+            &mut self.group_matches,
+            inventory,
+            (&sets, expressions),
+            self.claims.all().map(|c| &**c),
+        );
         // Devices allocated through other classes are counted by no team's quota: the teams
         // share what is left.
         let available = |name: &str| {
-            let matched = matches.counts.get(name).copied().unwrap_or(0);
+            let matched = shared.capacity(name, matches.counts.get(name).copied().unwrap_or(0));
             matched.saturating_sub(outside.get(name).map_or(0, |o| clamp(o.len() as u64)))
         };
         let governed_foreign = capacity::governed_foreign(
@@ -289,11 +298,12 @@ impl Planner {
             &policies,
             &teams,
             &membership,
-            (&demand, &available, &rooms),
+            (&demand, &available, &rooms, &shared.contested),
         );
         out.reclaims = findings.reclaims;
         out.placements = findings.placements;
         out.warnings.extend(findings.warnings);
+        let allotted = findings.allotted;
         let shares = shares::by_policy(&self.shares);
 
         // 5. The objects.
@@ -318,6 +328,8 @@ impl Planner {
             matches,
             outside: &outside,
             inventory,
+            shared: &shared,
+            allotted: &allotted,
         };
         status::reports(&inputs, &mut out);
         out

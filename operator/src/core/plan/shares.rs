@@ -1,9 +1,10 @@
 //! Phase 4, fair shares: per usable sharing policy, one pool of its available devices among the
 //! teams with a quota for it, computed again only when the pool's input changed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::cache::Cache;
+use super::counters::{self, Contested};
 use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::device_class_name;
@@ -100,6 +101,8 @@ pub struct Findings {
     pub reclaims: Vec<ReclaimOrder>,
     pub placements: Vec<Placement>,
     pub warnings: Vec<String>,
+    /// Per policy, the contested counter groups it was given (see [`counters::allot`]).
+    pub allotted: BTreeMap<String, u32>,
 }
 
 /// How many devices a policy's pool has for the teams.
@@ -109,27 +112,51 @@ pub type Available<'a> = &'a dyn Fn(&str) -> u32;
 /// waits below its guarantee).
 pub type Rooms<'a> = &'a dyn Fn(&str) -> Vec<PoolRoom>;
 
-/// The fair shares of every usable policy's pool, `available` devices each, into `shares`; and
-/// where a team waits below its guarantee, whether its claims fit the free devices of a node
-/// (`rooms`, see [`super::placement`]).
+/// The fair shares of every usable policy's pool, `available` devices each plus the counter
+/// groups of `contested` it is given, into `shares`; and where a team waits below its
+/// guarantee, whether its claims fit the free devices of a node (`rooms`, see
+/// [`super::placement`]).
 pub fn fair_shares(
     shares: &mut Shares,
     policies: &[CompiledPolicy],
     teams: &[&TeamGpuPolicy],
     membership: &Membership,
-    (demand, available, rooms): (&Demand, Available, Rooms),
+    (demand, available, rooms, contested): (&Demand, Available, Rooms, &[Contested]),
 ) -> Findings {
     let mut findings = Findings::default();
-    for policy in policies.iter().filter(|p| p.usable()) {
-        let class = device_class_name(&policy.name);
-        let input = PoolInput {
-            capacity: available(&policy.name),
-            teams: teams
-                .iter()
-                .filter_map(|team| team_input(team, &policy.name, membership, demand, &class))
-                .collect(),
-        };
-        let pool = shares.get(policy.name.clone(), input, fairshare::compute_pool);
+    let mut inputs: BTreeMap<String, PoolInput> = (policies.iter())
+        .filter(|p| p.usable())
+        .map(|policy| {
+            let class = device_class_name(&policy.name);
+            let input = PoolInput {
+                capacity: available(&policy.name),
+                teams: teams
+                    .iter()
+                    .filter_map(|team| team_input(team, &policy.name, membership, demand, &class))
+                    .collect(),
+            };
+            (policy.name.clone(), input)
+        })
+        .collect();
+    findings.allotted = counters::allot(contested, &mut inputs);
+    for (name, input) in &inputs {
+        let guaranteed = counters::guaranteed(input);
+        let others: BTreeSet<&str> = (contested.iter())
+            .filter(|c| c.more.contains_key(name))
+            .flat_map(|c| c.more.keys().map(String::as_str))
+            .filter(|other| other != name)
+            .collect();
+        if !others.is_empty() && u64::from(input.capacity) < guaranteed {
+            findings.warnings.push(format!(
+                "sharing policy {name}: its teams' guarantees ({guaranteed} devices) do not fit beside those of {}, whose devices draw on the same counters: it counts {} devices",
+                others.into_iter().collect::<Vec<_>>().join(", "),
+                input.capacity
+            ));
+        }
+    }
+    for (name, input) in inputs {
+        let class = device_class_name(&name);
+        let pool = shares.get(name.clone(), input, fairshare::compute_pool);
         let waits =
             (pool.teams.iter()).any(|t| t.pending > 0 && t.allocated < t.effective_guarantee);
         let placement = waits
@@ -138,15 +165,15 @@ pub fn fair_shares(
                     let namespaces = membership.namespaces.get(team);
                     demand.waiting_claims(namespaces.map_or(&[][..], Vec::as_slice), &class)
                 };
-                placement::place(&policy.name, pool, &rooms(&policy.name), claims_of)
+                placement::place(&name, pool, &rooms(&name), claims_of)
             })
             .flatten();
-        (findings.reclaims).extend(placement::orders(&policy.name, pool, placement.as_ref()));
+        (findings.reclaims).extend(placement::orders(&name, pool, placement.as_ref()));
         findings.placements.extend(placement);
         if let Some(over) = &pool.overcommit {
             findings
                 .warnings
-                .push(format!("sharing policy {}: {}", policy.name, over.message));
+                .push(format!("sharing policy {name}: {}", over.message));
         }
     }
     shares.sweep();

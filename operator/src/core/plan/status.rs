@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::conditions::{DesiredCondition, types};
+use super::counters::{self, SharedCounters};
 use super::inventory::{DeviceId, Inventory, MatchReport};
 use super::membership::Membership;
 use super::objects::device_class_name;
@@ -24,6 +25,9 @@ pub struct Inputs<'a> {
     /// Per policy, its devices allocated outside teams, with the claim holding each.
     pub outside: &'a BTreeMap<String, BTreeMap<&'a DeviceId, &'a str>>,
     pub inventory: &'a Inventory,
+    pub shared: &'a SharedCounters,
+    /// Per policy, the contested counter groups it was given.
+    pub allotted: &'a BTreeMap<String, u32>,
 }
 
 /// The reports of every policy and team, and the warnings, into `out`.
@@ -34,23 +38,30 @@ pub fn reports(inputs: &Inputs, out: &mut Plan) {
         .map(|p| (p.name.as_str(), p))
         .collect();
     for policy in inputs.policies {
-        let capacity = inputs
-            .matches
-            .counts
-            .get(&policy.name)
-            .copied()
-            .unwrap_or(0);
-        let allocated = inputs
-            .shares
-            .get(policy.name.as_str())
-            .map_or(0, |pool| sum(pool.teams.iter().map(|t| t.allocated)));
-        out.sharing_policies.push(sharing_report(
+        let outside = inputs.outside.get(policy.name.as_str());
+        let matched = (inputs.matches.counts.get(&policy.name).copied()).unwrap_or(0);
+        let pool = inputs.shares.get(policy.name.as_str());
+        // What the teams' pool got (contested counter groups included), and what is allocated
+        // outside teams, which the pool leaves out.
+        let capacity = match pool {
+            Some(pool) => pool.capacity + outside.map_or(0, |o| clamp(o.len() as u64)),
+            None => inputs.shared.capacity(&policy.name, matched),
+        };
+        let allocated = pool.map_or(0, |pool| sum(pool.teams.iter().map(|t| t.allocated)));
+        let mut report = sharing_report(
             policy,
             (capacity, allocated),
-            inputs.outside.get(policy.name.as_str()),
+            outside,
             inputs.matches,
             inputs.inventory,
-        ));
+        );
+        if policy.compiled.is_ok()
+            && let Some(condition) =
+                counters::condition(&policy.name, capacity, inputs.shared, inputs.allotted)
+        {
+            report.conditions.push(condition);
+        }
+        out.sharing_policies.push(report);
     }
     for team in inputs.teams {
         out.teams.push(team_report(

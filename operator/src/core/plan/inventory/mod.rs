@@ -17,6 +17,9 @@
 //! do not tolerate the taint cannot get them (`DeviceTaint.effect`; `None` and unknown effects are
 //! informational).
 //!
+//! Devices that draw on shared counters ([`counters`]) count as many as fit the counters at once;
+//! a device drawing on a counter set the pool does not publish is not counted.
+//!
 //! All slices count regardless of node selection (a cluster-wide view).
 
 use std::borrow::Borrow;
@@ -25,6 +28,13 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+
+mod counters;
+mod slice;
+
+pub use counters::{CounterGroup, CounterSetView, Draw, Drawing, Fit, PoolCounters, most_that_fit};
+use slice::SliceDevice;
+pub use slice::SliceView;
 
 use crate::core::state::Delta;
 use crate::dra_cel::{CompiledExpressions, DeviceEnv, DeviceEnvs, DeviceReads, ExpressionError};
@@ -113,89 +123,6 @@ impl<'a> InventoryDevice<'a> {
     }
 }
 
-/// What the inventory keeps of a ResourceSlice: its pool, node and generation, and per device
-/// its name, whether a taint keeps it from claims, and its CEL input reduced to what expressions
-/// read ([`DeviceReads`]), shared between devices with equal input. A slice of 8 GPUs of one
-/// model is a few hundred bytes instead of tens of KiB.
-#[derive(Debug, Clone)]
-pub struct SliceView {
-    pub name: Arc<str>,
-    /// The slice's identity (uid and resourceVersion, or its content) and the reads it was
-    /// projected to: equal identities, equal views.
-    identity: u64,
-    pub driver: Arc<str>,
-    pub pool: Arc<str>,
-    pub generation: i64,
-    pub resource_slice_count: i64,
-    pub node: Option<Arc<str>>,
-    devices: Box<[SliceDevice]>,
-}
-
-#[derive(Debug, Clone)]
-struct SliceDevice {
-    name: Arc<str>,
-    tainted: bool,
-    env: Arc<DeviceEnv>,
-}
-
-impl SliceView {
-    /// `slice` reduced to what the inventory and expressions reading `reads` need.
-    pub fn project(slice: &ResourceSlice, reads: &DeviceReads, envs: &mut DeviceEnvs) -> Self {
-        let mut hasher = std::hash::DefaultHasher::new();
-        super::identity(slice, &mut hasher);
-        reads.hash(&mut hasher);
-        let spec = &slice.spec;
-        let devices = spec
-            .devices
-            .iter()
-            .flatten()
-            .map(|d| SliceDevice {
-                name: Arc::from(d.name.as_str()),
-                tainted: d
-                    .taints
-                    .iter()
-                    .flatten()
-                    .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"),
-                env: envs.project(&spec.driver, d, reads),
-            })
-            .collect();
-        SliceView {
-            name: Arc::from(slice.metadata.name.as_deref().unwrap_or_default()),
-            identity: hasher.finish(),
-            driver: Arc::from(spec.driver.as_str()),
-            pool: Arc::from(spec.pool.name.as_str()),
-            generation: spec.pool.generation,
-            resource_slice_count: spec.pool.resource_slice_count,
-            node: spec.node_name.as_deref().map(Arc::from),
-            devices,
-        }
-    }
-
-    /// Whether `other` holds what this view holds, whatever its identity says (a new
-    /// resourceVersion for a change of something not projected, a label say): a watch cache
-    /// keeps the view it has then, and wakes no pass.
-    pub fn same_content(&self, other: &SliceView) -> bool {
-        let devices = self.devices.len() == other.devices.len()
-            && (self.devices.iter().zip(other.devices.iter())).all(|(a, b)| {
-                a.name == b.name
-                    && a.tainted == b.tainted
-                    && (Arc::ptr_eq(&a.env, &b.env) || a.env == b.env)
-            });
-        devices
-            && self.name == other.name
-            && self.driver == other.driver
-            && self.pool == other.pool
-            && self.generation == other.generation
-            && self.resource_slice_count == other.resource_slice_count
-            && self.node == other.node
-    }
-
-    /// How many devices the slice publishes.
-    pub fn device_count(&self) -> usize {
-        self.devices.len()
-    }
-}
-
 /// One pool at its newest generation.
 #[derive(Debug, Clone)]
 pub struct Pool {
@@ -208,6 +135,8 @@ pub struct Pool {
     order: Box<[(u32, u32)]>,
     /// Identity of every slice of the pool, all generations (see [`slice_identity`]).
     fingerprint: u64,
+    /// The shared counters, when a device draws on them.
+    counters: Option<PoolCounters>,
 }
 
 impl Pool {
@@ -223,10 +152,34 @@ impl Pool {
         })
     }
 
-    /// The devices that count as capacity.
+    /// The device at `place` in [`Pool::devices`]' order.
+    pub fn device_at(&self, place: u32) -> Option<InventoryDevice<'_>> {
+        let &(slice, device) = self.order.get(place as usize)?;
+        let slice = &*self.slices[slice as usize];
+        Some(InventoryDevice {
+            pool: &self.key,
+            slice,
+            device: &slice.devices[device as usize],
+        })
+    }
+
+    /// The devices that count as capacity (those drawing on shared counters count as many as
+    /// fit: see [`Pool::counters`]).
     pub fn counted(&self) -> impl Iterator<Item = InventoryDevice<'_>> {
         let usable = self.status.usable();
-        self.devices().filter(move |d| usable && !d.tainted())
+        let drawing = self.counters.as_ref().map(|c| &c.drawing);
+        (self.devices().enumerate())
+            .filter(move |(place, d)| {
+                usable
+                    && !d.tainted()
+                    && !drawing.is_some_and(|how| matches!(how[*place], Drawing::Unknown(_)))
+            })
+            .map(|(_, d)| d)
+    }
+
+    /// The pool's shared counters, when a device draws on them.
+    pub fn counters(&self) -> Option<&PoolCounters> {
+        self.counters.as_ref()
     }
 
     /// The node whose Pods can use the pool's devices: the `nodeName` of every slice of the
@@ -520,6 +473,12 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
     let resource_slice_count = newest.first().map_or(0, |s| s.resource_slice_count);
     let mut names = BTreeSet::new();
     let mut invalid = None;
+    let mut set_names = BTreeSet::new();
+    for set in newest.iter().flat_map(|s| s.counter_sets.iter()) {
+        if !set_names.insert(&*set.name) && invalid.is_none() {
+            invalid = Some(format!("duplicate counter set name {}", set.name));
+        }
+    }
     let mut order = Vec::with_capacity(newest.iter().map(|s| s.devices.len()).sum());
     for (i, s) in newest.iter().enumerate() {
         for (j, d) in s.devices.iter().enumerate() {
@@ -535,6 +494,12 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
         (&*slice.devices[j as usize].name, &*slice.name)
     };
     order.sort_by(|a, b| place(a).cmp(&place(b)));
+    let sets: Vec<&CounterSetView> = newest.iter().flat_map(|s| s.counter_sets.iter()).collect();
+    let draws: Vec<&[Draw]> = order
+        .iter()
+        .map(|&(i, j)| &*newest[i as usize].devices[j as usize].draws)
+        .collect();
+    let counters = PoolCounters::build(&sets, &draws);
     let status = PoolStatus {
         generation,
         resource_slice_count,
@@ -549,6 +514,7 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
         slices: newest,
         order: order.into_boxed_slice(),
         fingerprint,
+        counters,
     }
 }
 

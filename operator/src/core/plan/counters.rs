@@ -1,0 +1,310 @@
+//! Phases 2b and 4a, shared counters: what each policy can hold of the devices that draw on
+//! counter sets ([`inventory::counters`](super::inventory::CounterGroup)), and which policy gets
+//! the counter groups that several policies' devices could use.
+//!
+//! Per counter group (with the NVIDIA driver, one GPU), a policy holds its allocated devices
+//! there, plus the most of its free devices that fit the counters the allocated devices (of any
+//! policy, or outside teams) leave. A GPU running 7 MIG slices leaves no whole GPU.
+//!
+//! A group whose free counters only one policy's devices fit counts for that policy. A group
+//! that two or more could use (whole GPUs and MIG slices of the same GPUs) is *contested*: it
+//! is given whole to one of them ([`allot`]), so that the policies' capacities together never
+//! promise more than fits: first to cover the policies' guarantees, then their demand up to
+//! their limits, then one by one in name order. A policy's teams are never promised a contested
+//! GPU that another policy's capacity also counts.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::cache::Cache;
+use super::conditions::{DesiredCondition, types};
+use super::inventory::{Drawing, Inventory, PoolKey};
+use super::usage::ClaimView;
+use crate::core::fairshare::PoolInput;
+use crate::dra_cel::CompiledExpressions;
+
+/// Per counter group of a pool, per device of the group (in the group's order), the places of
+/// the expression sets that match it.
+type PoolGroupMatches = Box<[Box<[Box<[u16]>]>]>;
+
+/// [`PoolGroupMatches`] per pool, for the pool's fingerprint and the expressions' identity.
+pub type GroupMatches = Cache<PoolKey, (u64, u64), PoolGroupMatches>;
+
+/// What the policies can hold of the devices that draw on counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedCounters {
+    /// Per policy, its matching devices that draw on counters: the device count of the match
+    /// report, which these replace.
+    pub matched: BTreeMap<String, u32>,
+    /// Per policy, what it holds of them: its allocated devices, and what fits in the groups no
+    /// other policy could use.
+    pub own: BTreeMap<String, u32>,
+    /// The groups two or more policies could use.
+    pub contested: Vec<Contested>,
+    /// Groups where the search settled for a count it could not prove the most.
+    pub approximate: u32,
+}
+
+/// A counter group whose free counters two or more policies' devices fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Contested {
+    pub pool: PoolKey,
+    /// The group's counter sets.
+    pub sets: Box<[Arc<str>]>,
+    /// Per policy, the most of its free devices that fit.
+    pub more: BTreeMap<String, u32>,
+}
+
+impl SharedCounters {
+    /// A policy's capacity from its `matched` device count (which counts devices drawing on
+    /// counters one by one), before contested groups are given out.
+    pub fn capacity(&self, policy: &str, matched: u32) -> u32 {
+        let get = |m: &BTreeMap<String, u32>| m.get(policy).copied().unwrap_or(0);
+        matched.saturating_sub(get(&self.matched)) + get(&self.own)
+    }
+}
+
+/// What each of `sets` can hold of the counter groups of `inventory`, given the devices the
+/// `claims` have allocated (admin access left out: it takes no device from anyone).
+pub fn shared_counters<'c>(
+    matches: &mut GroupMatches,
+    inventory: &Inventory,
+    (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
+    claims: impl IntoIterator<Item = &'c ClaimView>,
+) -> SharedCounters {
+    let mut out = SharedCounters::default();
+    let pools: Vec<(&PoolKey, &super::inventory::Pool)> = (inventory.pools().iter())
+        .filter(|(_, p)| p.counters().is_some())
+        .collect();
+    if pools.is_empty() {
+        matches.sweep();
+        return out;
+    }
+    let counted: BTreeSet<&PoolKey> = pools.iter().map(|(k, _)| *k).collect();
+    let mut allocated: HashMap<&PoolKey, BTreeSet<&str>> = HashMap::new();
+    for claim in claims {
+        for d in claim.devices.iter().filter(|d| !d.admin_access) {
+            let key = PoolKey {
+                driver: d.id.driver.clone(),
+                pool: d.id.pool.clone(),
+            };
+            if let Some(key) = counted.get(&key) {
+                allocated.entry(*key).or_default().insert(&d.id.device);
+            }
+        }
+    }
+    let names: Vec<&String> = sets.keys().collect();
+    for (key, pool) in pools {
+        let Some(counters) = pool.counters() else {
+            continue;
+        };
+        let found = matches.get(key.clone(), (pool.fingerprint(), expressions), |_| {
+            match_groups(pool, sets)
+        });
+        let taken = allocated.get(key);
+        let is_allocated = |place: u32| {
+            (pool.device_at(place)).is_some_and(|d| taken.is_some_and(|t| t.contains(d.name())))
+        };
+        for (group, by_device) in counters.groups.iter().zip(found.iter()) {
+            let places: Vec<u32> = group.device_places().collect();
+            let mut more = BTreeMap::new();
+            for (set, name) in names.iter().enumerate() {
+                let set = u16::try_from(set).unwrap_or(u16::MAX);
+                let candidate = |place: u32| {
+                    (places.iter().position(|p| *p == place))
+                        .is_some_and(|i| by_device[i].contains(&set))
+                };
+                let matched = places.iter().filter(|p| candidate(**p)).count();
+                if matched == 0 {
+                    continue;
+                }
+                *out.matched.entry((*name).clone()).or_default() +=
+                    u32::try_from(matched).unwrap_or(u32::MAX);
+                let fit = group.fit(is_allocated, candidate);
+                out.approximate += u32::from(!fit.exact);
+                *out.own.entry((*name).clone()).or_default() += fit.held;
+                if fit.more > 0 {
+                    more.insert((*name).clone(), fit.more);
+                }
+            }
+            if more.len() == 1 {
+                for (name, n) in more {
+                    *out.own.entry(name).or_default() += n;
+                }
+            } else if more.len() > 1 {
+                out.contested.push(Contested {
+                    pool: key.clone(),
+                    sets: group.sets.clone(),
+                    more,
+                });
+            }
+        }
+    }
+    matches.sweep();
+    out
+}
+
+/// Per group of `pool`, per device of the group, the places of the sets that match it (counted
+/// devices only: a tainted device still draws on the counters when allocated, but no claim gets
+/// it anew).
+fn match_groups(
+    pool: &super::inventory::Pool,
+    sets: &BTreeMap<String, &CompiledExpressions>,
+) -> PoolGroupMatches {
+    let Some(counters) = pool.counters() else {
+        return Box::default();
+    };
+    let counted: BTreeSet<&str> = pool.counted().map(|d| d.name()).collect();
+    (counters.groups.iter())
+        .map(|group| {
+            group
+                .device_places()
+                .map(|place| {
+                    let Some(device) = pool.device_at(place) else {
+                        return Box::default();
+                    };
+                    if !counted.contains(device.name())
+                        || !matches!(counters.drawing[place as usize], Drawing::Group(_))
+                    {
+                        return Box::default();
+                    }
+                    (sets.values().enumerate())
+                        .filter(|(_, set)| set.matches(device.env()).unwrap_or(false))
+                        .map(|(i, _)| u16::try_from(i).unwrap_or(u16::MAX))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Gives each contested group to one policy, adding what that policy's devices fit there to
+/// its capacity in `pools` (by policy name): first to cover the policies' guarantees, then
+/// their demand up to their limits, each time to the policy with the least of its target
+/// covered (ties by name), in the group where its devices fit the most; then what is left one
+/// group at a time in name order of the policies that fit it. Returns per policy the groups it
+/// got.
+pub fn allot(
+    contested: &[Contested],
+    pools: &mut BTreeMap<String, PoolInput>,
+) -> BTreeMap<String, u32> {
+    let mut given = BTreeMap::new();
+    let mut left: Vec<&Contested> = contested.iter().collect();
+    for target in [guaranteed as fn(&PoolInput) -> u64, wanted] {
+        loop {
+            // (capacity, target) of the policy least covered, its name, and its best group.
+            let pick = (pools.iter())
+                .filter_map(|(name, pool)| {
+                    let (target, capacity) = (target(pool), u64::from(pool.capacity));
+                    let (at, _) = (left.iter().enumerate())
+                        .filter_map(|(i, c)| Some((i, *c.more.get(name)?)))
+                        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))?;
+                    (capacity < target).then_some(((capacity, target), name.clone(), at))
+                })
+                .min_by(|((ca, ta), na, _), ((cb, tb), nb, _)| {
+                    (u128::from(*ca) * u128::from(*tb))
+                        .cmp(&(u128::from(*cb) * u128::from(*ta)))
+                        .then_with(|| na.cmp(nb))
+                });
+            let Some((_, name, at)) = pick else { break };
+            give(left.remove(at), &name, pools, &mut given);
+        }
+    }
+    for (turn, group) in left.into_iter().enumerate() {
+        let candidates: Vec<String> = (pools.keys())
+            .filter(|n| group.more.contains_key(*n))
+            .cloned()
+            .collect();
+        if let Some(name) = candidates.get(turn % candidates.len().max(1)) {
+            give(group, &name.clone(), pools, &mut given);
+        }
+    }
+    given
+}
+
+/// The devices a pool's teams are guaranteed.
+pub fn guaranteed(pool: &PoolInput) -> u64 {
+    pool.teams.iter().map(|t| u64::from(t.guaranteed)).sum()
+}
+
+/// The devices a pool's teams want (allocated or requested, and waited for), each up to its
+/// limit.
+fn wanted(pool: &PoolInput) -> u64 {
+    (pool.teams.iter())
+        .map(|t| {
+            let demand: u64 = (t.namespaces.iter())
+                .map(|n| u64::from(n.requested.max(n.allocated)) + u64::from(n.pending))
+                .sum();
+            demand.min(u64::from(t.limit.max(t.guaranteed)))
+        })
+        .sum()
+}
+
+fn give(
+    group: &Contested,
+    name: &str,
+    pools: &mut BTreeMap<String, PoolInput>,
+    given: &mut BTreeMap<String, u32>,
+) {
+    if let Some(pool) = pools.get_mut(name) {
+        pool.capacity = pool.capacity.saturating_add(group.more[name]);
+        *given.entry(name.to_owned()).or_default() += 1;
+    }
+}
+
+/// Whether the policy's devices draw on counters that another policy's devices also fit, and what
+/// it was given of them (`allotted`: per policy, the contested groups it got); `None` when none of its devices draws on counters.
+pub fn condition(
+    name: &str,
+    capacity: u32,
+    shared: &SharedCounters,
+    allotted: &BTreeMap<String, u32>,
+) -> Option<DesiredCondition> {
+    let entries = *shared.matched.get(name)?;
+    let contested: Vec<_> = (shared.contested.iter())
+        .filter(|c| c.more.contains_key(name))
+        .collect();
+    let others: BTreeSet<&str> = (contested.iter())
+        .flat_map(|c| c.more.keys())
+        .map(String::as_str)
+        .filter(|other| *other != name)
+        .collect();
+    let given = allotted.get(name).copied().unwrap_or(0);
+    let approximate = if shared.approximate > 0 {
+        format!(
+            "; in {} counter groups the search stopped at a count that fits, which may be low",
+            shared.approximate
+        )
+    } else {
+        String::new()
+    };
+    Some(if contested.is_empty() {
+        DesiredCondition::new(
+            types::SHARED_COUNTERS,
+            false,
+            "CountersOwn",
+            format!(
+                "{entries} matching devices draw on shared counters; {capacity} devices count, as many as fit at once beside what is allocated, and no other policy's devices fit the same free counters{approximate}"
+            ),
+        )
+    } else {
+        DesiredCondition::new(
+            types::SHARED_COUNTERS,
+            true,
+            "CountersShared",
+            format!(
+                "{entries} matching devices draw on shared counters; the free counters of {} groups ({}) also fit devices of {}: {given} of those groups were given to this policy, so that together the policies never count more than fits; {capacity} devices count{approximate}",
+                contested.len(),
+                contested
+                    .iter()
+                    .flat_map(|c| c.sets.iter())
+                    .take(3)
+                    .map(|s| &**s)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if contested.len() > 3 { ", ..." } else { "" },
+                others.into_iter().collect::<Vec<_>>().join(", "),
+            ),
+        )
+    })
+}

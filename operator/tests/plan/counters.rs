@@ -1,0 +1,215 @@
+//! Devices that draw on shared counters (partitionable devices): one node of two A100-40GB GPUs
+//! as the NVIDIA driver publishes them with dynamic MIG, each GPU's full device and MIG
+//! placements drawing on that GPU's counter set.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde_json::json;
+use teamgpu::core::plan::{Plan, plan};
+use teamgpu::core::state::{ClusterState, NamespaceInfo};
+
+use super::{condition, policy, report_of, team};
+
+const FIXTURE: &str = include_str!(
+    "../../testdata/nvidia-dra-driver-gpu/resourceslice/a100-dynamic-mig-node.teamgpu.yaml"
+);
+
+fn slices() -> Vec<ResourceSlice> {
+    FIXTURE
+        .split("\n---\n")
+        .filter(|doc| doc.contains("kind: ResourceSlice"))
+        .map(|doc| serde_saphyr::from_str(doc).expect("slice"))
+        .collect()
+}
+
+/// A policy per kind of device of the fixture: whole GPUs, and MIG devices of one profile.
+fn sharing_policy(name: &str) -> teamgpu::api::GpuSharingPolicy {
+    let selector = match name {
+        "a100" => json!({"deviceType": "gpu", "productNames": ["NVIDIA A100-SXM4-40GB"]}),
+        "mig-1g" => json!({"deviceType": "mig", "migProfiles": ["1g.5gb"]}),
+        "mig-3g" => json!({"deviceType": "mig", "migProfiles": ["3g.20gb"]}),
+        "mig-7g" => json!({"deviceType": "mig", "migProfiles": ["7g.40gb"]}),
+        other => panic!("no policy {other}"),
+    };
+    policy(json!({"metadata": {"name": name}, "spec": {
+        "driver": "gpu.nvidia.com", "selector": selector, "sharing": {"strategy": "Exclusive"}}}))
+}
+
+/// Team `name` with namespace `name`, guaranteed `guaranteed` devices of each policy (up to
+/// `limit`).
+fn team_of(name: &str, quotas: &[(&str, u32, u32)]) -> teamgpu::api::TeamGpuPolicy {
+    let quotas: Vec<serde_json::Value> = (quotas.iter())
+        .map(|(p, g, l)| json!({"sharingPolicy": p, "guaranteed": g, "limit": l}))
+        .collect();
+    team(json!({"metadata": {"name": name}, "spec": {"namespaces": [name], "quotas": quotas}}))
+}
+
+fn state(policies: &[&str], teams: Vec<teamgpu::api::TeamGpuPolicy>) -> ClusterState {
+    let namespaces = (teams.iter())
+        .map(|t| {
+            Arc::new(NamespaceInfo {
+                name: t.metadata.name.clone().unwrap(),
+                ..Default::default()
+            })
+        })
+        .collect();
+    ClusterState {
+        slices: slices(),
+        sharing_policies: policies.iter().map(|p| sharing_policy(p)).collect(),
+        teams,
+        namespaces,
+        ..Default::default()
+    }
+}
+
+/// A claim of `namespace` through DeviceClass `class`, allocated the fixture's `devices`.
+fn claim(namespace: &str, name: &str, class: &str, devices: &[&str]) -> ResourceClaim {
+    let results: Vec<serde_json::Value> = (devices.iter())
+        .map(|d| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": d}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": class, "count": devices.len()}}]}},
+        "status": {"allocation": {"devices": {"results": results}}}
+    }))
+    .unwrap()
+}
+
+fn capacities(planned: &Plan, policies: &[&str]) -> Vec<u32> {
+    policies
+        .iter()
+        .map(|p| report_of(planned, p).capacity)
+        .collect()
+}
+
+#[test]
+fn each_policy_counts_the_devices_that_fit_at_once_not_every_placement() {
+    // Each policy alone (no other policy's devices compete): 2 GPUs, 7 1g slices per GPU, 2
+    // 3g slices per GPU (placements at 0 and 4, of which both fit), one 7g per GPU.
+    for (name, fits, entries) in [
+        ("a100", 2, 2),
+        ("mig-1g", 14, 14),
+        ("mig-3g", 4, 4),
+        ("mig-7g", 2, 2),
+    ] {
+        let planned = plan(&state(&[name], Vec::new()));
+        let report = report_of(&planned, name);
+        assert_eq!(report.capacity, fits, "{name}");
+        let shared = condition(&report.conditions, "SharedCounters");
+        assert!(!shared.status, "{name}: {shared:?}");
+        assert!(
+            shared.message.starts_with(&format!(
+                "{entries} matching devices draw on shared counters; {fits} devices count"
+            )),
+            "{name}: {}",
+            shared.message
+        );
+    }
+}
+
+#[test]
+fn allocated_slices_leave_no_whole_gpu_and_the_rest_of_the_counters_count() {
+    // gpu-0 runs 7 1g slices (through another class, outside any team: nothing to share).
+    let mut cluster = state(&["a100"], Vec::new());
+    cluster.namespaces.push(Arc::new(NamespaceInfo {
+        name: "legacy".into(),
+        ..Default::default()
+    }));
+    let slices: Vec<String> = (0..7).map(|s| format!("gpu-0-mig-1g5gb-19-{s}")).collect();
+    let names: Vec<&str> = slices.iter().map(String::as_str).collect();
+    cluster
+        .claims
+        .push(claim("legacy", "seven", "gpu.nvidia.com", &names));
+    let planned = plan(&cluster);
+    assert_eq!(report_of(&planned, "a100").capacity, 1, "gpu-1 only");
+
+    // One 3g slice on gpu-1 (placement 4: memory slices 4-7, 42 of 98 SMs, 19968Mi of
+    // 40192Mi): a 1g policy still fits 4 there (slices 0-3, 4 × 14 SMs, 4 × 4864Mi), none on
+    // gpu-0.
+    let mut cluster = state(&["mig-1g", "a100"], Vec::new());
+    cluster.namespaces.push(Arc::new(NamespaceInfo {
+        name: "legacy".into(),
+        ..Default::default()
+    }));
+    cluster
+        .claims
+        .push(claim("legacy", "seven", "gpu.nvidia.com", &names));
+    cluster.claims.push(claim(
+        "legacy",
+        "one-3g",
+        "gpu.nvidia.com",
+        &["gpu-1-mig-3g20gb-9-4"],
+    ));
+    let planned = plan(&cluster);
+    // mig-1g: its 7 allocated on gpu-0 (outside teams) plus 4 free on gpu-1; a100: none.
+    assert_eq!(capacities(&planned, &["mig-1g", "a100"]), [11, 0]);
+    assert_eq!(report_of(&planned, "mig-1g").used_outside_teams, 7);
+}
+
+#[test]
+fn policies_on_the_same_gpus_are_given_whole_gpus_and_never_count_one_twice() {
+    // Whole GPUs and 1g slices over the same two GPUs: alone each would count both GPUs.
+    let teams = vec![
+        team_of("training", &[("a100", 1, 2)]),
+        team_of("notebooks", &[("mig-1g", 7, 14)]),
+    ];
+    let planned = plan(&state(&["a100", "mig-1g"], teams));
+    assert_eq!(capacities(&planned, &["a100", "mig-1g"]), [1, 7]);
+    let shared = condition(&report_of(&planned, "a100").conditions, "SharedCounters");
+    assert!(shared.status);
+    assert_eq!(shared.reason, "CountersShared");
+    assert!(
+        shared
+            .message
+            .contains("also fit devices of mig-1g: 1 of those groups were given to this policy"),
+        "{}",
+        shared.message
+    );
+    for team in &planned.teams {
+        let overcommitted = condition(&team.conditions, "Overcommitted");
+        assert!(!overcommitted.status, "{}: {overcommitted:?}", team.name);
+    }
+
+    // Training is guaranteed nothing and wants nothing; the notebooks wait for 10 slices, 3
+    // beyond their guarantee: their guarantee gets the first GPU, their demand the second.
+    let mut cluster = state(
+        &["a100", "mig-1g"],
+        vec![
+            team_of("training", &[("a100", 0, 2)]),
+            team_of("notebooks", &[("mig-1g", 7, 14)]),
+        ],
+    );
+    cluster.pending = vec![teamgpu::core::state::PendingDemand {
+        namespace: "notebooks".into(),
+        device_class: "mig-1g.teamgpu.io".into(),
+        devices: 10,
+        claims: vec![1; 10],
+        oldest: None,
+    }];
+    let planned = plan(&cluster);
+    assert_eq!(capacities(&planned, &["a100", "mig-1g"]), [0, 14]);
+}
+
+#[test]
+fn guarantees_that_cannot_fit_together_are_scaled_down_and_say_so() {
+    // 2 whole GPUs and 7 slices guaranteed, on two GPUs: one of them cannot be kept.
+    let teams = vec![
+        team_of("training", &[("a100", 2, 2)]),
+        team_of("notebooks", &[("mig-1g", 7, 7)]),
+    ];
+    let planned = plan(&state(&["a100", "mig-1g"], teams));
+    // The two GPUs go one by one to the policy with the least of its guarantee covered: a100
+    // first (a tie at none, by name), then mig-1g (none of 7 against 1 of 2).
+    assert_eq!(capacities(&planned, &["a100", "mig-1g"]), [1, 7]);
+    let training = planned.teams.iter().find(|t| t.name == "training").unwrap();
+    let overcommitted = condition(&training.conditions, "Overcommitted");
+    assert!(overcommitted.status, "{overcommitted:?}");
+    assert!(
+        planned.warnings.contains(&"sharing policy a100: its teams' guarantees (2 devices) do not fit beside those of mig-1g, whose devices draw on the same counters: it counts 1 devices".to_owned()),
+        "{:?}",
+        planned.warnings
+    );
+}
