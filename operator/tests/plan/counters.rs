@@ -213,3 +213,34 @@ fn guarantees_that_cannot_fit_together_are_scaled_down_and_say_so() {
         planned.warnings
     );
 }
+
+#[test]
+fn a_gpu_its_driver_marks_lost_is_not_counted_and_the_status_says_why() {
+    // The NVIDIA driver's health monitor taints a lost GPU `gpu.nvidia.com/gpu-lost`,
+    // NoSchedule (device_health.go); a non-fatal XID gets effect None and still counts.
+    let mut cluster = state(&["a100"], Vec::new());
+    for device in cluster
+        .slices
+        .iter_mut()
+        .flat_map(|s| s.spec.devices.iter_mut().flatten())
+    {
+        let (key, effect) = match device.name.as_str() {
+            "gpu-1" => ("gpu.nvidia.com/gpu-lost", "NoSchedule"),
+            "gpu-0" => ("gpu.nvidia.com/xid", "None"),
+            _ => continue,
+        };
+        device.taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+            key: key.into(),
+            effect: effect.into(),
+            value: None,
+            time_added: None,
+        }]);
+    }
+    let planned = plan(&cluster);
+    let report = report_of(&planned, "a100");
+    assert_eq!(report.capacity, 1);
+    assert_eq!(
+        condition(&report.conditions, "DevicesFound").message,
+        "1 devices match; 1 more are tainted NoSchedule or NoExecute (gpu.nvidia.com/gpu-lost) and not counted"
+    );
+}

@@ -37,7 +37,8 @@ impl PoolMatch {
     fn new(report: MatchReport, names: &[&String]) -> Self {
         let only_counts = report.overlaps.is_empty()
             && report.overlap_pairs.is_empty()
-            && report.errors.is_empty();
+            && report.errors.is_empty()
+            && report.tainted.is_empty();
         let place = |name: &String| {
             let place = names.iter().position(|n| *n == name)?;
             u32::try_from(place).ok()
@@ -127,6 +128,7 @@ static NOTHING: MatchReport = MatchReport {
     overlaps: Vec::new(),
     overlap_pairs: BTreeMap::new(),
     errors: BTreeMap::new(),
+    tainted: BTreeMap::new(),
 };
 
 impl Matching {

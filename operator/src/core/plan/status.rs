@@ -372,6 +372,18 @@ fn device_conditions(
         None if found => format!("{capacity} devices match"),
         None => format!("the selectors match none of the {slices} published devices"),
     };
+    let message = match matches.tainted.get(&policy.name) {
+        Some(t) => format!(
+            "{message}; {} more are tainted NoSchedule or NoExecute ({}) and not counted",
+            t.devices,
+            t.keys
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => message,
+    };
     conds.push(DesiredCondition::new(
         types::DEVICES_FOUND,
         found,

@@ -114,7 +114,13 @@ impl<'a> InventoryDevice<'a> {
 
     /// A taint with effect NoSchedule or NoExecute.
     pub fn tainted(&self) -> bool {
-        self.device.tainted
+        self.device.taint.is_some()
+    }
+
+    /// The key of the first taint that keeps the device from claims (a driver's health
+    /// taint, `gpu.nvidia.com/gpu-lost` say).
+    pub fn taint(&self) -> Option<&'a str> {
+        self.device.taint.as_deref()
     }
 
     /// The device's CEL input, shared by the devices with equal input (see [`DeviceEnvs`]).
@@ -233,6 +239,27 @@ pub struct MatchReport {
     /// Number of shared devices per pair of names (first < second).
     pub overlap_pairs: BTreeMap<(String, String), u32>,
     pub errors: BTreeMap<String, EvaluationErrors>,
+    /// Per name, the matching devices of usable pools that a taint keeps from claims.
+    pub tainted: BTreeMap<String, Tainted>,
+}
+
+/// Matching devices a taint keeps from claims (NoSchedule or NoExecute, as drivers mark
+/// unhealthy devices: KEP-5055), and the first few taint keys.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tainted {
+    pub devices: u32,
+    pub keys: BTreeSet<String>,
+}
+
+impl Tainted {
+    fn add(&mut self, devices: u32, keys: impl IntoIterator<Item = String>) {
+        self.devices += devices;
+        for key in keys {
+            if self.keys.len() < ERRORS_KEPT {
+                self.keys.insert(key);
+            }
+        }
+    }
 }
 
 impl MatchReport {
@@ -249,6 +276,10 @@ impl MatchReport {
         self.overlaps.extend(next.overlaps.iter().cloned());
         for (pair, n) in &next.overlap_pairs {
             *self.overlap_pairs.entry(pair.clone()).or_default() += n;
+        }
+        for (name, tainted) in &next.tainted {
+            let mine = self.tainted.entry(name.clone()).or_default();
+            mine.add(tainted.devices, tainted.keys.iter().cloned());
         }
         for (name, errors) in &next.errors {
             let mine = self.errors.entry(name.clone()).or_default();
@@ -418,6 +449,20 @@ pub fn match_pool<S: Borrow<CompiledExpressions>>(
     sets: &BTreeMap<String, S>,
 ) -> MatchReport {
     let mut report = MatchReport::default();
+    if pool.status.usable() {
+        for device in pool.devices().filter(|d| d.tainted()) {
+            for (name, set) in sets {
+                if set.borrow().matches(device.env()) == Ok(true) {
+                    let key = device.taint().unwrap_or_default().to_owned();
+                    report
+                        .tainted
+                        .entry(name.clone())
+                        .or_default()
+                        .add(1, [key]);
+                }
+            }
+        }
+    }
     for device in pool.counted() {
         let mut names: Vec<&String> = Vec::new();
         for (name, set) in sets {

@@ -31,7 +31,8 @@ pub struct SliceView {
 #[derive(Debug, Clone)]
 pub(super) struct SliceDevice {
     pub(super) name: Arc<str>,
-    pub(super) tainted: bool,
+    /// The key of the first taint that keeps the device from claims (NoSchedule, NoExecute).
+    pub(super) taint: Option<Arc<str>>,
     pub(super) env: Arc<DeviceEnv>,
     /// `consumesCounters`.
     pub(super) draws: Box<[Draw]>,
@@ -50,11 +51,9 @@ impl SliceView {
             .flatten()
             .map(|d| SliceDevice {
                 name: Arc::from(d.name.as_str()),
-                tainted: d
-                    .taints
-                    .iter()
-                    .flatten()
-                    .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"),
+                taint: (d.taints.iter().flatten())
+                    .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+                    .map(|t| Arc::from(t.key.as_str())),
                 env: envs.project(&spec.driver, d, reads),
                 draws: d
                     .consumes_counters
@@ -87,7 +86,7 @@ impl SliceView {
         let devices = self.devices.len() == other.devices.len()
             && (self.devices.iter().zip(other.devices.iter())).all(|(a, b)| {
                 a.name == b.name
-                    && a.tainted == b.tainted
+                    && a.taint == b.taint
                     && a.draws == b.draws
                     && (Arc::ptr_eq(&a.env, &b.env) || a.env == b.env)
             });

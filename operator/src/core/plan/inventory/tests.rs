@@ -240,6 +240,8 @@ fn tainted_devices_do_not_count() {
     assert_eq!(inv.counted().count(), 6);
     let r = inv.match_sets(&sets(&[("gpu", DeviceSelector::default())]));
     assert_eq!(r.counts["gpu"], 6);
+    let keys = BTreeSet::from(["k".to_owned()]);
+    assert_eq!(r.tainted["gpu"], Tainted { devices: 2, keys });
     // Still hardware the gpu class describes.
     let gpu_class = classes()
         .into_iter()
