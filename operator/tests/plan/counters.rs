@@ -78,6 +78,20 @@ fn claim(namespace: &str, name: &str, class: &str, devices: &[&str]) -> Resource
     .unwrap()
 }
 
+/// Namespace `legacy`, of no team, with a claim of gpu-0's 7 1g slices of pool `node-a`
+/// through the driver's own class.
+fn seven_slices_outside_teams(cluster: &mut ClusterState) {
+    cluster.namespaces.push(Arc::new(NamespaceInfo {
+        name: "legacy".into(),
+        ..Default::default()
+    }));
+    let slices: Vec<String> = (0..7).map(|s| format!("gpu-0-mig-1g5gb-19-{s}")).collect();
+    let names: Vec<&str> = slices.iter().map(String::as_str).collect();
+    cluster
+        .claims
+        .push(claim("legacy", "seven", "gpu.nvidia.com", &names));
+}
+
 fn capacities(planned: &Plan, policies: &[&str]) -> Vec<u32> {
     policies
         .iter()
@@ -114,15 +128,7 @@ fn each_policy_counts_the_devices_that_fit_at_once_not_every_placement() {
 fn allocated_slices_leave_no_whole_gpu_and_the_rest_of_the_counters_count() {
     // gpu-0 runs 7 1g slices (through another class, outside any team: nothing to share).
     let mut cluster = state(&["a100"], Vec::new());
-    cluster.namespaces.push(Arc::new(NamespaceInfo {
-        name: "legacy".into(),
-        ..Default::default()
-    }));
-    let slices: Vec<String> = (0..7).map(|s| format!("gpu-0-mig-1g5gb-19-{s}")).collect();
-    let names: Vec<&str> = slices.iter().map(String::as_str).collect();
-    cluster
-        .claims
-        .push(claim("legacy", "seven", "gpu.nvidia.com", &names));
+    seven_slices_outside_teams(&mut cluster);
     let planned = plan(&cluster);
     assert_eq!(report_of(&planned, "a100").capacity, 1, "gpu-1 only");
 
@@ -130,13 +136,7 @@ fn allocated_slices_leave_no_whole_gpu_and_the_rest_of_the_counters_count() {
     // 40192Mi): a 1g policy still fits 4 there (slices 0-3, 4 × 14 SMs, 4 × 4864Mi), none on
     // gpu-0.
     let mut cluster = state(&["mig-1g", "a100"], Vec::new());
-    cluster.namespaces.push(Arc::new(NamespaceInfo {
-        name: "legacy".into(),
-        ..Default::default()
-    }));
-    cluster
-        .claims
-        .push(claim("legacy", "seven", "gpu.nvidia.com", &names));
+    seven_slices_outside_teams(&mut cluster);
     cluster.claims.push(claim(
         "legacy",
         "one-3g",
@@ -243,4 +243,63 @@ fn a_gpu_its_driver_marks_lost_is_not_counted_and_the_status_says_why() {
         condition(&report.conditions, "DevicesFound").message,
         "1 devices match; 1 more are tainted NoSchedule or NoExecute (gpu.nvidia.com/gpu-lost) and not counted"
     );
+}
+
+#[test]
+fn a_gpu_running_slices_is_no_room_for_a_waiting_whole_gpu_claim() {
+    // Two such nodes. On node-a, gpu-0 runs 7 slices outside teams: 1 whole GPU is free there,
+    // though both entries are unallocated. On node-b the borrower holds gpu-0: 1 is free. The
+    // owner (guarantee 2) waits for one 2-GPU claim: the pool has 2 free, no node has.
+    let mut cluster = state(
+        &["a100"],
+        vec![
+            team_of("owner", &[("a100", 2, 2)]),
+            team_of("borrower", &[("a100", 0, 4)]),
+        ],
+    );
+    let node_b: Vec<ResourceSlice> = (cluster.slices.iter())
+        .map(|s| {
+            let mut s = s.clone();
+            s.metadata.name = s.metadata.name.map(|n| n.replace("node-a", "node-b"));
+            s.spec.node_name = Some("node-b".into());
+            s.spec.pool.name = "node-b".into();
+            s
+        })
+        .collect();
+    cluster.slices.extend(node_b);
+    seven_slices_outside_teams(&mut cluster);
+    let mut held = claim("borrower", "one", "a100.teamgpu.io", &["gpu-0"]);
+    held.status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap()[0]
+        .pool = "node-b".into();
+    cluster.claims.push(held);
+    cluster.pending = vec![teamgpu::core::state::PendingDemand {
+        namespace: "owner".into(),
+        device_class: "a100.teamgpu.io".into(),
+        devices: 2,
+        claims: vec![2],
+        oldest: None,
+    }];
+    let planned = plan(&cluster);
+    assert_eq!(report_of(&planned, "a100").capacity, 3);
+    let placement = &planned.placements[0];
+    assert_eq!(placement.unplaced["owner"], [2]);
+    let free: Vec<(&str, u32)> = (placement.free.iter())
+        .map(|(node, n)| (node.as_deref().unwrap_or("-"), *n))
+        .collect();
+    assert_eq!(free, [("node-a", 1), ("node-b", 1)]);
+    let orders: Vec<(&str, &str)> = (planned.reclaims.iter())
+        .map(|r| (r.borrower.as_str(), r.for_team.as_str()))
+        .collect();
+    assert_eq!(orders, [("borrower", "owner")]);
 }

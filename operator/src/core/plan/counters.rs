@@ -19,6 +19,7 @@ use std::sync::Arc;
 use super::cache::Cache;
 use super::conditions::{DesiredCondition, types};
 use super::inventory::{Drawing, Inventory, PoolKey};
+use super::placement::PoolRoom;
 use super::usage::ClaimView;
 use crate::core::fairshare::PoolInput;
 use crate::dra_cel::CompiledExpressions;
@@ -43,6 +44,10 @@ pub struct SharedCounters {
     pub contested: Vec<Contested>,
     /// Groups where the search settled for a count it could not prove the most.
     pub approximate: u32,
+    /// Per policy and pool, what more fits in the groups that are the policy's alone.
+    pub free: BTreeMap<String, BTreeMap<PoolKey, u32>>,
+    /// The pools with counters.
+    pub pools: BTreeSet<PoolKey>,
 }
 
 /// A counter group whose free counters two or more policies' devices fit.
@@ -94,6 +99,7 @@ pub fn shared_counters<'c>(
         }
     }
     let names: Vec<&String> = sets.keys().collect();
+    out.pools = counted.iter().map(|k| (*k).clone()).collect();
     for (key, pool) in pools {
         let Some(counters) = pool.counters() else {
             continue;
@@ -129,7 +135,9 @@ pub fn shared_counters<'c>(
             }
             if more.len() == 1 {
                 for (name, n) in more {
-                    *out.own.entry(name).or_default() += n;
+                    *out.own.entry(name.clone()).or_default() += n;
+                    let free = out.free.entry(name).or_default();
+                    *free.entry(key.clone()).or_default() += n;
                 }
             } else if more.len() > 1 {
                 out.contested.push(Contested {
@@ -183,13 +191,10 @@ fn match_groups(
 /// their demand up to their limits, each time to the policy with the least of its target
 /// covered (ties by name), in the group where its devices fit the most; then what is left one
 /// group at a time in name order of the policies that fit it. Returns per policy the groups it
-/// got.
-pub fn allot(
-    contested: &[Contested],
-    pools: &mut BTreeMap<String, PoolInput>,
-) -> BTreeMap<String, u32> {
-    let mut given = BTreeMap::new();
-    let mut left: Vec<&Contested> = contested.iter().collect();
+/// got (their places in `contested`).
+pub fn allot(contested: &[Contested], pools: &mut BTreeMap<String, PoolInput>) -> Allotted {
+    let mut given = Allotted::new();
+    let mut left: Vec<(usize, &Contested)> = contested.iter().enumerate().collect();
     for target in [guaranteed as fn(&PoolInput) -> u64, wanted] {
         loop {
             // (capacity, target) of the policy least covered, its name, and its best group.
@@ -197,7 +202,7 @@ pub fn allot(
                 .filter_map(|(name, pool)| {
                     let (target, capacity) = (target(pool), u64::from(pool.capacity));
                     let (at, _) = (left.iter().enumerate())
-                        .filter_map(|(i, c)| Some((i, *c.more.get(name)?)))
+                        .filter_map(|(i, (_, c))| Some((i, *c.more.get(name)?)))
                         .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))?;
                     (capacity < target).then_some(((capacity, target), name.clone(), at))
                 })
@@ -211,8 +216,9 @@ pub fn allot(
         }
     }
     for (turn, group) in left.into_iter().enumerate() {
+        let (_, contested) = group;
         let candidates: Vec<String> = (pools.keys())
-            .filter(|n| group.more.contains_key(*n))
+            .filter(|n| contested.more.contains_key(*n))
             .cloned()
             .collect();
         if let Some(name) = candidates.get(turn % candidates.len().max(1)) {
@@ -240,16 +246,43 @@ fn wanted(pool: &PoolInput) -> u64 {
         .sum()
 }
 
+/// Per policy, the places in the contested groups of those it was given.
+pub type Allotted = BTreeMap<String, Vec<usize>>;
+
 fn give(
-    group: &Contested,
+    (place, group): (usize, &Contested),
     name: &str,
     pools: &mut BTreeMap<String, PoolInput>,
-    given: &mut BTreeMap<String, u32>,
+    given: &mut Allotted,
 ) {
     if let Some(pool) = pools.get_mut(name) {
         pool.capacity = pool.capacity.saturating_add(group.more[name]);
-        *given.entry(name.to_owned()).or_default() += 1;
+        given.entry(name.to_owned()).or_default().push(place);
     }
+}
+
+/// `rooms` of policy `name` with the free devices of pools with counters as the counters have
+/// them: what fits in the groups that are the policy's alone, and in the contested groups it
+/// was given (placement reads free devices per node; counting device entries would see a
+/// whole GPU free on a GPU running slices).
+pub fn rooms(
+    mut rooms: Vec<PoolRoom>,
+    name: &str,
+    shared: &SharedCounters,
+    allotted: &Allotted,
+) -> Vec<PoolRoom> {
+    let mut free: BTreeMap<&PoolKey, u32> = BTreeMap::new();
+    if let Some(own) = shared.free.get(name) {
+        free.extend(own.iter().map(|(pool, n)| (pool, *n)));
+    }
+    for &place in allotted.get(name).into_iter().flatten() {
+        let group = &shared.contested[place];
+        *free.entry(&group.pool).or_default() += group.more.get(name).copied().unwrap_or(0);
+    }
+    for room in rooms.iter_mut().filter(|r| shared.pools.contains(&r.pool)) {
+        room.free = free.get(&room.pool).copied().unwrap_or(0);
+    }
+    rooms
 }
 
 /// Whether the policy's devices draw on counters that another policy's devices also fit, and what
@@ -258,7 +291,7 @@ pub fn condition(
     name: &str,
     capacity: u32,
     shared: &SharedCounters,
-    allotted: &BTreeMap<String, u32>,
+    allotted: &Allotted,
 ) -> Option<DesiredCondition> {
     let entries = *shared.matched.get(name)?;
     let contested: Vec<_> = (shared.contested.iter())
@@ -269,7 +302,7 @@ pub fn condition(
         .map(String::as_str)
         .filter(|other| *other != name)
         .collect();
-    let given = allotted.get(name).copied().unwrap_or(0);
+    let given = allotted.get(name).map_or(0, Vec::len);
     let approximate = if shared.approximate > 0 {
         format!(
             "; in {} counter groups the search stopped at a count that fits, which may be low",

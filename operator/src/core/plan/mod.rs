@@ -298,7 +298,7 @@ impl Planner {
             &policies,
             &teams,
             &membership,
-            (&demand, &available, &rooms, &shared.contested),
+            (&demand, &available, &rooms, &shared),
         );
         out.reclaims = findings.reclaims;
         out.placements = findings.placements;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cache::Cache;
-use super::counters::{self, Contested};
+use super::counters::{self, SharedCounters};
 use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::device_class_name;
@@ -102,7 +102,7 @@ pub struct Findings {
     pub placements: Vec<Placement>,
     pub warnings: Vec<String>,
     /// Per policy, the contested counter groups it was given (see [`counters::allot`]).
-    pub allotted: BTreeMap<String, u32>,
+    pub allotted: counters::Allotted,
 }
 
 /// How many devices a policy's pool has for the teams.
@@ -113,7 +113,7 @@ pub type Available<'a> = &'a dyn Fn(&str) -> u32;
 pub type Rooms<'a> = &'a dyn Fn(&str) -> Vec<PoolRoom>;
 
 /// The fair shares of every usable policy's pool, `available` devices each plus the counter
-/// groups of `contested` it is given, into `shares`; and where a team waits below its
+/// contested counter groups of `shared` it is given, into `shares`; and where a team waits below its
 /// guarantee, whether its claims fit the free devices of a node (`rooms`, see
 /// [`super::placement`]).
 pub fn fair_shares(
@@ -121,7 +121,7 @@ pub fn fair_shares(
     policies: &[CompiledPolicy],
     teams: &[&TeamGpuPolicy],
     membership: &Membership,
-    (demand, available, rooms, contested): (&Demand, Available, Rooms, &[Contested]),
+    (demand, available, rooms, shared): (&Demand, Available, Rooms, &SharedCounters),
 ) -> Findings {
     let mut findings = Findings::default();
     let mut inputs: BTreeMap<String, PoolInput> = (policies.iter())
@@ -138,6 +138,7 @@ pub fn fair_shares(
             (policy.name.clone(), input)
         })
         .collect();
+    let contested = &shared.contested;
     findings.allotted = counters::allot(contested, &mut inputs);
     for (name, input) in &inputs {
         let guaranteed = counters::guaranteed(input);
@@ -165,7 +166,8 @@ pub fn fair_shares(
                     let namespaces = membership.namespaces.get(team);
                     demand.waiting_claims(namespaces.map_or(&[][..], Vec::as_slice), &class)
                 };
-                placement::place(&name, pool, &rooms(&name), claims_of)
+                let rooms = counters::rooms(rooms(&name), &name, shared, &findings.allotted);
+                placement::place(&name, pool, &rooms, claims_of)
             })
             .flatten();
         (findings.reclaims).extend(placement::orders(&name, pool, placement.as_ref()));

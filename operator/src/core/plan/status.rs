@@ -27,7 +27,7 @@ pub struct Inputs<'a> {
     pub inventory: &'a Inventory,
     pub shared: &'a SharedCounters,
     /// Per policy, the contested counter groups it was given.
-    pub allotted: &'a BTreeMap<String, u32>,
+    pub allotted: &'a counters::Allotted,
 }
 
 /// The reports of every policy and team, and the warnings, into `out`.
