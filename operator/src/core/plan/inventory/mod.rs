@@ -114,13 +114,13 @@ impl<'a> InventoryDevice<'a> {
 
     /// A taint with effect NoSchedule or NoExecute.
     pub fn tainted(&self) -> bool {
-        self.device.taint.is_some()
+        self.device.taint().is_some()
     }
 
     /// The key of the first taint that keeps the device from claims (a driver's health
     /// taint, `gpu.nvidia.com/gpu-lost` say).
     pub fn taint(&self) -> Option<&'a str> {
-        self.device.taint.as_deref()
+        self.device.taint().map(|t| &**t)
     }
 
     /// The device's CEL input, shared by the devices with equal input (see [`DeviceEnvs`]).
@@ -542,7 +542,7 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
     let sets: Vec<&CounterSetView> = newest.iter().flat_map(|s| s.counter_sets.iter()).collect();
     let draws: Vec<&[Draw]> = order
         .iter()
-        .map(|&(i, j)| &*newest[i as usize].devices[j as usize].draws)
+        .map(|&(i, j)| newest[i as usize].devices[j as usize].draws())
         .collect();
     let counters = PoolCounters::build(&sets, &draws);
     let status = PoolStatus {
