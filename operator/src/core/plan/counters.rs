@@ -37,14 +37,14 @@ pub struct SharedCounters {
     /// Per policy, its matching devices that draw on counters: the device count of the match
     /// report, which these replace.
     pub matched: BTreeMap<String, u32>,
-    /// Per policy, what it holds of them: its allocated devices, and what fits in the groups no
-    /// other policy could use.
-    pub own: BTreeMap<String, u32>,
+    /// Per policy, its allocated devices among them.
+    pub held: BTreeMap<String, u32>,
     /// The groups two or more policies could use.
     pub contested: Vec<Contested>,
     /// Groups where the search settled for a count it could not prove the most.
     pub approximate: u32,
-    /// Per policy and pool, what more fits in the groups that are the policy's alone.
+    /// Per policy and pool, what more fits in the groups whose free counters only its devices
+    /// fit.
     pub free: BTreeMap<String, BTreeMap<PoolKey, u32>>,
     /// The pools with counters.
     pub pools: BTreeSet<PoolKey>,
@@ -65,7 +65,19 @@ impl SharedCounters {
     /// counters one by one), before contested groups are given out.
     pub fn capacity(&self, policy: &str, matched: u32) -> u32 {
         let get = |m: &BTreeMap<String, u32>| m.get(policy).copied().unwrap_or(0);
-        matched.saturating_sub(get(&self.matched)) + get(&self.own)
+        let free: u32 = self.free.get(policy).map_or(0, |f| f.values().sum());
+        matched.saturating_sub(get(&self.matched)) + get(&self.held) + free
+    }
+
+    /// The other policies whose devices fit the free counters of a group `policy`'s devices fit
+    /// too, joined by ", ".
+    pub fn contested_with(&self, policy: &str) -> String {
+        let others: BTreeSet<&str> = (self.contested.iter())
+            .filter(|c| c.more.contains_key(policy))
+            .flat_map(|c| c.more.keys().map(String::as_str))
+            .filter(|other| *other != policy)
+            .collect();
+        others.into_iter().collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -108,34 +120,32 @@ pub fn shared_counters<'c>(
             match_groups(pool, sets)
         });
         let taken = allocated.get(key);
-        let is_allocated = |place: u32| {
-            (pool.device_at(place)).is_some_and(|d| taken.is_some_and(|t| t.contains(d.name())))
-        };
         for (group, by_device) in counters.groups.iter().zip(found.iter()) {
-            let places: Vec<u32> = group.device_places().collect();
+            let allocated: Vec<bool> = (group.device_places())
+                .map(|place| {
+                    (pool.device_at(place))
+                        .is_some_and(|d| taken.is_some_and(|t| t.contains(d.name())))
+                })
+                .collect();
             let mut more = BTreeMap::new();
             for (set, name) in names.iter().enumerate() {
                 let set = u16::try_from(set).unwrap_or(u16::MAX);
-                let candidate = |place: u32| {
-                    (places.iter().position(|p| *p == place))
-                        .is_some_and(|i| by_device[i].contains(&set))
-                };
-                let matched = places.iter().filter(|p| candidate(**p)).count();
+                let candidate = |i: usize| by_device[i].contains(&set);
+                let matched = (0..by_device.len()).filter(|i| candidate(*i)).count();
                 if matched == 0 {
                     continue;
                 }
                 *out.matched.entry((*name).clone()).or_default() +=
                     u32::try_from(matched).unwrap_or(u32::MAX);
-                let fit = group.fit(is_allocated, candidate);
+                let fit = group.fit(&allocated, candidate);
                 out.approximate += u32::from(!fit.exact);
-                *out.own.entry((*name).clone()).or_default() += fit.held;
+                *out.held.entry((*name).clone()).or_default() += fit.held;
                 if fit.more > 0 {
                     more.insert((*name).clone(), fit.more);
                 }
             }
             if more.len() == 1 {
                 for (name, n) in more {
-                    *out.own.entry(name.clone()).or_default() += n;
                     let free = out.free.entry(name).or_default();
                     *free.entry(key.clone()).or_default() += n;
                 }
@@ -162,7 +172,7 @@ fn match_groups(
     let Some(counters) = pool.counters() else {
         return Box::default();
     };
-    let counted: BTreeSet<&str> = pool.counted().map(|d| d.name()).collect();
+    let usable = pool.status.usable();
     (counters.groups.iter())
         .map(|group| {
             group
@@ -171,7 +181,9 @@ fn match_groups(
                     let Some(device) = pool.device_at(place) else {
                         return Box::default();
                     };
-                    if !counted.contains(device.name())
+                    // As [`Pool::counted`](super::inventory::Pool::counted) counts.
+                    if !usable
+                        || device.tainted()
                         || !matches!(counters.drawing[place as usize], Drawing::Group(_))
                     {
                         return Box::default();
@@ -297,11 +309,6 @@ pub fn condition(
     let contested: Vec<_> = (shared.contested.iter())
         .filter(|c| c.more.contains_key(name))
         .collect();
-    let others: BTreeSet<&str> = (contested.iter())
-        .flat_map(|c| c.more.keys())
-        .map(String::as_str)
-        .filter(|other| *other != name)
-        .collect();
     let given = allotted.get(name).map_or(0, Vec::len);
     let approximate = if shared.approximate > 0 {
         format!(
@@ -336,7 +343,7 @@ pub fn condition(
                     .collect::<Vec<_>>()
                     .join(", ")
                     + if contested.len() > 3 { ", ..." } else { "" },
-                others.into_iter().collect::<Vec<_>>().join(", "),
+                shared.contested_with(name),
             ),
         )
     })

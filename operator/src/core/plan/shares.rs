@@ -1,7 +1,7 @@
 //! Phase 4, fair shares: per usable sharing policy, one pool of its available devices among the
 //! teams with a quota for it, computed again only when the pool's input changed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::cache::Cache;
 use super::counters::{self, SharedCounters};
@@ -138,19 +138,13 @@ pub fn fair_shares(
             (policy.name.clone(), input)
         })
         .collect();
-    let contested = &shared.contested;
-    findings.allotted = counters::allot(contested, &mut inputs);
+    findings.allotted = counters::allot(&shared.contested, &mut inputs);
     for (name, input) in &inputs {
         let guaranteed = counters::guaranteed(input);
-        let others: BTreeSet<&str> = (contested.iter())
-            .filter(|c| c.more.contains_key(name))
-            .flat_map(|c| c.more.keys().map(String::as_str))
-            .filter(|other| other != name)
-            .collect();
+        let others = shared.contested_with(name);
         if !others.is_empty() && u64::from(input.capacity) < guaranteed {
             findings.warnings.push(format!(
-                "sharing policy {name}: its teams' guarantees ({guaranteed} devices) do not fit beside those of {}, whose devices draw on the same counters: it counts {} devices",
-                others.into_iter().collect::<Vec<_>>().join(", "),
+                "sharing policy {name}: its teams' guarantees ({guaranteed} devices) do not fit beside those of {others}, whose devices draw on the same counters: it counts {} devices",
                 input.capacity
             ));
         }

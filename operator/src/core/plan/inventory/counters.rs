@@ -87,22 +87,24 @@ impl CounterGroup {
         self.devices.iter().map(|(place, _)| *place)
     }
 
-    /// How many of the devices `candidate(place)` names fit at once beside those `allocated(place)`
-    /// names, which draw first; and how many of the allocated devices `candidate` also names.
-    pub fn fit(&self, allocated: impl Fn(u32) -> bool, candidate: impl Fn(u32) -> bool) -> Fit {
+    /// How many of the devices `candidate(i)` names (`i`: a device's index in the group, in
+    /// [`CounterGroup::device_places`]' order) fit at once beside those `allocated` marks, which
+    /// draw first; and how many of the allocated devices `candidate` also names.
+    pub fn fit(&self, allocated: &[bool], candidate: impl Fn(usize) -> bool) -> Fit {
         let mut left = self.budget.to_vec();
         let mut held = 0;
-        for (place, draws) in self.devices.iter().filter(|(p, _)| allocated(*p)) {
-            for &(slot, amount) in draws.iter() {
-                let slot = &mut left[usize::from(slot)];
-                *slot = slot.saturating_sub(amount);
+        let mut free: Vec<&[(u16, i128)]> = Vec::new();
+        for (i, (_, draws)) in self.devices.iter().enumerate() {
+            if allocated.get(i).copied().unwrap_or(false) {
+                for &(slot, amount) in draws.iter() {
+                    let slot = &mut left[usize::from(slot)];
+                    *slot = slot.saturating_sub(amount);
+                }
+                held += u32::from(candidate(i));
+            } else if candidate(i) {
+                free.push(draws);
             }
-            held += u32::from(candidate(*place));
         }
-        let free: Vec<&[(u16, i128)]> = (self.devices.iter())
-            .filter(|(p, _)| !allocated(*p) && candidate(*p))
-            .map(|(_, draws)| &draws[..])
-            .collect();
         let mut fit = most_that_fit(&left, &free);
         fit.held = held;
         fit
@@ -419,15 +421,15 @@ mod tests {
             counters.drawing[4],
             Drawing::Unknown("draws counter w of counter set a, which has no such counter".into())
         );
-        // Two of the tying device fit group 0's counters; one is allocated, so one more.
+        // Group 0 holds the tying device (index 0): free, it fits; allocated, it is held.
         let g = &counters.groups[0];
-        let fit = g.fit(|_| false, |p| p == 0);
+        let fit = g.fit(&[false], |i| i == 0);
         assert_eq!(
             (fit.held, fit.more),
             (0, 1),
             "one device of its kind at place 0"
         );
-        let fit = g.fit(|p| p == 0, |p| p == 0);
+        let fit = g.fit(&[true], |i| i == 0);
         assert_eq!((fit.held, fit.more), (1, 0));
         assert!(PoolCounters::build(&sets.iter().collect::<Vec<_>>(), &[&[], &[]]).is_none());
     }
