@@ -120,6 +120,7 @@ fn team_namespaces(n: usize) -> BTreeSet<String> {
 fn governed() -> GovernedClasses {
     GovernedClasses {
         foreign: BTreeSet::new(),
+        slices: Default::default(),
         extended: (0..CLASSES)
             .map(|i| {
                 format!(

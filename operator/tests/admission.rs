@@ -25,6 +25,7 @@ fn governed() -> GovernedClasses {
         ]
         .map(str::to_owned)
         .into(),
+        slices: [("h100-10g.teamgpu.io".to_owned(), "10Gi".to_owned())].into(),
     }
 }
 
@@ -407,4 +408,60 @@ fn ten_thousand_team_namespaces_fit_the_api_servers_expression_limit() {
         assert!(deny_in(team_namespace).is_empty(), "{team_namespace}");
     }
     assert_eq!(deny_in("web").len(), 1);
+}
+
+/// What a team with a quota for the memory-slice class `h100-10g.teamgpu.io` (slices of 10Gi)
+/// may submit.
+fn slice_denials(object: &Value) -> Vec<String> {
+    let kind = object["kind"].as_str().unwrap();
+    let params = quota_params("notebooks", "a100-80gb.teamgpu.io h100-10g.teamgpu.io");
+    evaluate(
+        &team_policy(&governed(), DEFAULT_OPERATOR_USER),
+        object,
+        request(kind, "ml-dev"),
+        Some(&params),
+    )
+    .unwrap()
+}
+
+fn slice_request(capacity: Value) -> Value {
+    json!({"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "h100-10g.teamgpu.io", "count": 2, "capacity": capacity}}]})
+}
+
+#[test]
+fn a_memory_slice_class_takes_exactly_one_slice_per_device() {
+    for ok in [
+        claim(slice_request(json!({"requests": {"memory": "10Gi"}}))),
+        template(slice_request(json!({"requests": {"memory": "10240Mi"}}))),
+        // Other classes are not held to a slice.
+        claim(exactly("a100-80gb.teamgpu.io")),
+    ] {
+        let denials = slice_denials(&ok);
+        assert!(denials.is_empty(), "{ok}: {denials:?}");
+    }
+    let without = json!({"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "h100-10g.teamgpu.io"}}]});
+    let in_subrequest = json!({"requests": [{"name": "gpu", "firstAvailable": [
+        {"name": "slice", "deviceClassName": "h100-10g.teamgpu.io", "capacity": {"requests": {"memory": "10Gi"}}},
+        {"name": "bigger", "deviceClassName": "h100-10g.teamgpu.io", "capacity": {"requests": {"memory": "20Gi"}}}]}]});
+    for refused in [
+        claim(without),
+        claim(slice_request(json!({"requests": {"memory": "20Gi"}}))),
+        claim(slice_request(json!({"requests": {"memory": "0"}}))),
+        template(slice_request(
+            json!({"requests": {"memory": "10Gi", "shares": "1"}}),
+        )),
+        claim(slice_request(json!({}))),
+        claim(in_subrequest),
+    ] {
+        let denials = slice_denials(&refused);
+        assert_eq!(
+            denials,
+            [
+                "a request of a memory-slice class must ask for exactly one slice per device, capacity.requests: {memory: <slice>}; slices: h100-10g.teamgpu.io 10Gi (namespace ml-dev belongs to TeamGpuPolicy notebooks)"
+            ],
+            "{refused}"
+        );
+    }
 }

@@ -35,6 +35,14 @@ const SYSTEM_NAMESPACE: &str =
 const LIMIT_BELOW_GUARANTEED: &str = "limit must be at least guaranteed";
 const LENDING_ABOVE_GUARANTEED: &str =
     "lendingLimit must be at most guaranteed: it says how much of the guarantee may be lent";
+const SLICES_FROM_GPUS: &str =
+    "memory slices are cut from whole GPUs: sharing.strategy MemorySlices needs selector.deviceType gpu";
+const SLICES_ONLY: &str =
+    "memorySlices is required with strategy MemorySlices and not allowed otherwise";
+const SLICE_SIZE: &str = "memorySlices.size must be a positive quantity such as 10Gi";
+const GPU_EQUIVALENT: &str = "gpuEquivalent must be greater than 0";
+const AMOUNT: &str =
+    "must be a number of devices from 0 to 100000, or an amount of memory such as 80Gi";
 const DUPLICATE_QUOTA: &str = "each sharingPolicy may appear only once in quotas";
 const MEMBER_NAMESPACE: &str =
     "namespace is required for a ServiceAccount member and not allowed for a User or Group";
@@ -495,6 +503,77 @@ fn limit_below_guaranteed_is_rejected() {
 }
 
 #[test]
+fn memory_slices_need_their_size_whole_gpus_and_their_strategy() {
+    let slices = json!({"strategy": "MemorySlices", "memorySlices": {"size": "10Gi"}});
+    accepts(gsp(json!({"sharing": slices})));
+    rejects(
+        gsp(json!({"selector": {"deviceType": "mig"}, "sharing": slices})),
+        "spec",
+        SLICES_FROM_GPUS,
+    );
+    rejects(
+        gsp(json!({"sharing": {"strategy": "MemorySlices"}})),
+        "spec.sharing",
+        SLICES_ONLY,
+    );
+    rejects(
+        gsp(json!({"sharing": {"strategy": "Exclusive", "memorySlices": {"size": "10Gi"}}})),
+        "spec.sharing",
+        SLICES_ONLY,
+    );
+    for size in ["0", "-10Gi", "ten"] {
+        rejects(
+            gsp(json!({"sharing": {"strategy": "MemorySlices", "memorySlices": {"size": size}}})),
+            "spec.sharing.memorySlices.size",
+            SLICE_SIZE,
+        );
+    }
+}
+
+#[test]
+fn a_gpu_equivalent_must_be_positive() {
+    accepts(gsp(json!({"gpuEquivalent": "0.6"})));
+    rejects(
+        gsp(json!({"gpuEquivalent": "0.000"})),
+        "spec.gpuEquivalent",
+        GPU_EQUIVALENT,
+    );
+}
+
+#[test]
+fn amounts_are_counts_or_memory_and_limits_compare_like_with_like() {
+    accepts(tgp(json!({"namespaces": ["research"], "quotas": [
+        {"sharingPolicy": "h100-10g", "guaranteed": "40Gi", "limit": "80Gi", "lendingLimit": "20Gi"},
+        {"sharingPolicy": "a100", "guaranteed": 4, "limit": "8"},
+        // Slices against memory: the operator, which knows the slice, judges it.
+        {"sharingPolicy": "h100-20g", "guaranteed": 2, "limit": "80Gi"}
+    ]})));
+    for bad in [json!("lots"), json!("-1Gi"), json!(100001)] {
+        rejects(
+            tgp(json!({"namespaces": ["research"], "quotas": [
+                {"sharingPolicy": "a100", "guaranteed": bad}
+            ]})),
+            "spec.quotas[0].guaranteed",
+            AMOUNT,
+        );
+    }
+    rejects(
+        tgp(json!({"namespaces": ["research"], "quotas": [
+            {"sharingPolicy": "h100-10g", "guaranteed": "40Gi", "limit": "20Gi"}
+        ]})),
+        "spec.quotas[0]",
+        LIMIT_BELOW_GUARANTEED,
+    );
+    rejects(
+        tgp(json!({"namespaces": ["research"], "quotas": [
+            {"sharingPolicy": "h100-10g", "guaranteed": "40Gi", "lendingLimit": "50Gi"}
+        ]})),
+        "spec.quotas[0]",
+        LENDING_ABOVE_GUARANTEED,
+    );
+}
+
+#[test]
 fn lending_more_than_the_guarantee_is_rejected() {
     rejects(
         tgp(json!({"namespaces": ["research"], "quotas": [
@@ -638,7 +717,7 @@ fn enums_are_closed() {
     );
     assert_eq!(
         at(&gsp, &format!("{spec}/sharing/properties/strategy/enum")),
-        &json!(["Exclusive", "TimeSlicing", "MPS"])
+        &json!(["Exclusive", "TimeSlicing", "MPS", "MemorySlices"])
     );
     assert_eq!(
         at(&gsp, &format!("{spec}/sharing/properties/strategy/default")),
@@ -686,8 +765,15 @@ fn quotas_and_names_are_bounded() {
     let tgp = schema(TGP);
     let quota = at(&tgp, "/properties/spec/properties/quotas/items/properties");
     assert_eq!(quota["sharingPolicy"]["maxLength"], 46);
-    assert_eq!(quota["guaranteed"]["minimum"].as_f64(), Some(0.0));
-    assert_eq!(quota["limit"]["minimum"].as_f64(), Some(0.0));
+    for amount in ["guaranteed", "limit", "lendingLimit"] {
+        // A count or a memory amount: bounded by its rule (amounts_are_counts_or_memory...).
+        assert_eq!(quota[amount]["x-kubernetes-int-or-string"], true, "{amount}");
+        assert_eq!(
+            quota[amount]["x-kubernetes-validations"][0]["message"],
+            AMOUNT,
+            "{amount}"
+        );
+    }
     let namespaces = at(&tgp, "/properties/spec/properties/namespaces");
     assert_eq!(namespaces["x-kubernetes-list-type"], "set");
     assert_eq!(namespaces["items"]["maxLength"], 63);
@@ -804,6 +890,7 @@ fn printer_columns() {
             ("Guaranteed", "integer", ".status.totals.guaranteed"),
             ("Entitlement", "integer", ".status.totals.entitlement"),
             ("Allocated", "integer", ".status.totals.allocated"),
+            ("GPU-Eq", "string", ".status.gpuEquivalents.entitlement"),
             ("Pending", "integer", ".status.totals.pending"),
             (
                 "Ready",
@@ -846,10 +933,12 @@ fn every_rule_is_known_and_covered_above() {
     let expected: Vec<(String, String)> = [
         ("GpuSharingPolicy", GSP_NAME_TOO_LONG),
         ("GpuSharingPolicy.spec", VFIO_EXCLUSIVE),
+        ("GpuSharingPolicy.spec", SLICES_FROM_GPUS),
         (
             "GpuSharingPolicy.spec.claimTemplates.counts",
             COUNTS_REPEATED,
         ),
+        ("GpuSharingPolicy.spec.gpuEquivalent", GPU_EQUIVALENT),
         ("GpuSharingPolicy.spec.selector", MIG_PROFILES),
         (
             "GpuSharingPolicy.spec.selector.attributes[]",
@@ -858,6 +947,8 @@ fn every_rule_is_known_and_covered_above() {
         ("GpuSharingPolicy.spec.selector.minMemory", MIN_MEMORY),
         ("GpuSharingPolicy.spec.sharing", TIME_SLICING_ONLY),
         ("GpuSharingPolicy.spec.sharing", MPS_ONLY),
+        ("GpuSharingPolicy.spec.sharing", SLICES_ONLY),
+        ("GpuSharingPolicy.spec.sharing.memorySlices.size", SLICE_SIZE),
         (
             "GpuSharingPolicy.spec.sharing.mps.defaultPinnedDeviceMemoryLimit",
             PINNED_MEMORY,
@@ -870,6 +961,9 @@ fn every_rule_is_known_and_covered_above() {
         ("TeamGpuPolicy.spec.quotas", DUPLICATE_QUOTA),
         ("TeamGpuPolicy.spec.quotas[]", LIMIT_BELOW_GUARANTEED),
         ("TeamGpuPolicy.spec.quotas[]", LENDING_ABOVE_GUARANTEED),
+        ("TeamGpuPolicy.spec.quotas[].guaranteed", AMOUNT),
+        ("TeamGpuPolicy.spec.quotas[].lendingLimit", AMOUNT),
+        ("TeamGpuPolicy.spec.quotas[].limit", AMOUNT),
     ]
     .into_iter()
     .map(|(p, m)| (p.to_owned(), m.to_owned()))

@@ -110,7 +110,7 @@ fn api_reference_shows_defaults_enums_bounds_and_rule_messages() {
     assert_eq!(
         row("spec.sharing.strategy"),
         "| `spec.sharing.strategy` | string | no | default `Exclusive`; one of `Exclusive`, \
-         `TimeSlicing`, `MPS` |  |"
+         `TimeSlicing`, `MPS`, `MemorySlices` |  |"
     );
     assert!(
         row("spec.weight").contains("| integer | no | default `1`; 1–1000 |"),

@@ -53,7 +53,9 @@ pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.selector.deviceType) || self.selector.deviceType != 'vfio' || self.sharing.strategy == 'Exclusive'",
-     "message": "vfio devices are passed through whole: sharing.strategy must be Exclusive"}
+     "message": "vfio devices are passed through whole: sharing.strategy must be Exclusive"},
+    {"rule": "self.sharing.strategy != 'MemorySlices' || !has(self.selector.deviceType) || self.selector.deviceType == 'gpu'",
+     "message": "memory slices are cut from whole GPUs: sharing.strategy MemorySlices needs selector.deviceType gpu"}
 ]))]
 pub struct GpuSharingPolicySpec {
     /// The DRA driver that publishes the devices (`device.driver`).
@@ -72,6 +74,15 @@ pub struct GpuSharingPolicySpec {
     /// The ResourceClaimTemplates offered to teams.
     #[serde(default)]
     pub claim_templates: ClaimTemplates,
+    /// How much of a reference GPU one device of this class is (a decimal such as `0.6` for an
+    /// A100 beside H100s at 1). Unset: derived, 1 for a whole GPU, a MIG device's share of its
+    /// GPU, a memory slice's share of its GPU's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,4}(\.[0-9]{1,6})?$"))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "double(self) > 0.0", "message": "gpuEquivalent must be greater than 0"}
+    ]))]
+    pub gpu_equivalent: Option<String>,
 }
 
 fn default_driver() -> String {
@@ -180,7 +191,9 @@ pub struct AttributeMatch {
     {"rule": "!has(self.timeSlicing) || self.strategy == 'TimeSlicing'",
      "message": "timeSlicing may only be set with strategy TimeSlicing"},
     {"rule": "!has(self.mps) || self.strategy == 'MPS'",
-     "message": "mps may only be set with strategy MPS"}
+     "message": "mps may only be set with strategy MPS"},
+    {"rule": "self.strategy == 'MemorySlices' ? has(self.memorySlices) : !has(self.memorySlices)",
+     "message": "memorySlices is required with strategy MemorySlices and not allowed otherwise"}
 ]))]
 pub struct Sharing {
     #[serde(default)]
@@ -189,6 +202,18 @@ pub struct Sharing {
     pub time_slicing: Option<TimeSlicing>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<Mps>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_slices: Option<MemorySlices>,
+}
+
+impl Sharing {
+    /// The slice size of a MemorySlices policy.
+    pub fn slice_size(&self) -> Option<&str> {
+        match self.strategy {
+            SharingStrategy::MemorySlices => self.memory_slices.as_ref().map(|m| m.size.as_str()),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -201,6 +226,9 @@ pub enum SharingStrategy {
     /// CUDA Multi-Process Service.
     #[serde(rename = "MPS")]
     Mps,
+    /// Many claims share a GPU that its driver publishes with `allowMultipleAllocations`
+    /// (consumable capacity, KEP-5075), each taking one slice of its memory.
+    MemorySlices,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -232,6 +260,22 @@ pub struct Mps {
          "message": "defaultPinnedDeviceMemoryLimit must be a positive quantity such as 10Gi"}
     ]))]
     pub default_pinned_device_memory_limit: Option<String>,
+}
+
+/// Memory slices of GPUs shared by many claims (the NVIDIA driver's `--consumable-shares=memory`).
+/// Every device a claim of the class gets is one slice: the templates request exactly `size` of
+/// `memory`, admission refuses claims that request another amount or none, so the native devices
+/// quota counts slices. Entitlements may be written in slices or in memory (`80Gi`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemorySlices {
+    /// The memory of one slice, e.g. `10Gi`. A GPU of 80Gi holds 8 such slices.
+    #[schemars(length(min = 1, max = 32))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",
+         "message": "memorySlices.size must be a positive quantity such as 10Gi"}
+    ]))]
+    pub size: String,
 }
 
 /// Shapes offered to teams as ResourceClaimTemplates.
@@ -279,7 +323,39 @@ pub struct GpuSharingPolicyStatus {
     /// before teamgpu governed them): not available to teams.
     #[serde(default)]
     pub used_outside_teams: u32,
+    /// The devices in GPU-equivalents: how much of a reference GPU one device is, and the
+    /// devices and those allocated to teams at that rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_equivalents: Option<ClassEquivalents>,
+    /// GPUs shared by many claims (MemorySlices) that hold slices of two teams or more: the
+    /// first 16, by device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus_shared_by_teams: Vec<SharedGpu>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// A sharing policy's devices in GPU-equivalents (decimals such as `0.14`, `12.5`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassEquivalents {
+    /// One device of the class.
+    pub per_device: String,
+    /// Where `perDevice` comes from.
+    pub source: String,
+    /// `devices` at that rate.
+    pub devices: String,
+    /// `allocated` at that rate.
+    pub allocated: String,
+}
+
+/// A GPU holding memory slices of two teams or more.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedGpu {
+    /// `<driver>/<pool>/<device>`.
+    pub device: String,
+    /// The teams whose claims hold slices of it, sorted (`-` for claims outside every team).
+    pub teams: Vec<String>,
 }

@@ -40,6 +40,11 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.totals.allocated"
     ),
     printcolumn(
+        name = "GPU-Eq",
+        type_ = "string",
+        json_path = ".status.gpuEquivalents.entitlement"
+    ),
+    printcolumn(
         name = "Pending",
         type_ = "integer",
         json_path = ".status.totals.pending"
@@ -100,12 +105,27 @@ pub struct TeamGpuPolicySpec {
     /// Taking borrowed devices back from other teams when this team needs its guarantee.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim: Option<Reclaim>,
+    /// A cap across the team's sharing policies, in GPU-equivalents: each policy's quota is
+    /// also held to what it uses plus the budget left, counted at that policy's GPU-equivalents
+    /// per device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
     /// Who may add a namespace to the team (or take one out) by labelling it so that
     /// `namespaceSelector` matches (or stops matching). Subjects as in a RoleBinding. Unset or
     /// empty: only the operator's admin groups may.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub members: Vec<Member>,
+}
+
+/// A team's budget across its sharing policies.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// The most GPU-equivalents the team's claims may hold at once, whichever sharing policies
+    /// they use (a whole reference GPU is 1, a memory slice of a fifth of a GPU 0.2).
+    #[schemars(range(max = 1000000))]
+    pub gpu_equivalents: u32,
 }
 
 /// A user, group or ServiceAccount, as a RoleBinding's subject names it.
@@ -154,13 +174,14 @@ fn default_weight() -> u32 {
     1
 }
 
-/// A team's entitlement for one sharing policy, in devices.
+/// A team's entitlement for one sharing policy, in devices (for a MemorySlices policy, in
+/// slices, or in memory such as `80Gi`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "!has(self.limit) || self.limit >= self.guaranteed",
+    {"rule": "!has(self.limit) || string(self.limit).matches('^[0-9]+$') != string(self.guaranteed).matches('^[0-9]+$') || quantity(string(self.limit)).compareTo(quantity(string(self.guaranteed))) >= 0",
      "message": "limit must be at least guaranteed"},
-    {"rule": "!has(self.lendingLimit) || self.lendingLimit <= self.guaranteed",
+    {"rule": "!has(self.lendingLimit) || string(self.lendingLimit).matches('^[0-9]+$') != string(self.guaranteed).matches('^[0-9]+$') || quantity(string(self.lendingLimit)).compareTo(quantity(string(self.guaranteed))) <= 0",
      "message": "lendingLimit must be at most guaranteed: it says how much of the guarantee may be lent"}
 ]))]
 pub struct TeamQuota {
@@ -172,12 +193,10 @@ pub struct TeamQuota {
     pub sharing_policy: String,
     /// Devices always available to the team.
     #[serde(default)]
-    #[schemars(range(max = 100000))]
-    pub guaranteed: u32,
+    pub guaranteed: Amount,
     /// The most the team may hold by borrowing idle devices; defaults to guaranteed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 100000))]
-    pub limit: Option<u32>,
+    pub limit: Option<Amount>,
     /// Overrides the team's weight for this sharing policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
@@ -185,14 +204,136 @@ pub struct TeamQuota {
     /// How many of the team's unused guaranteed devices other teams may borrow; unset: all of
     /// them. With 0 the guarantee is never lent, so it never has to be reclaimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 100000))]
+    pub lending_limit: Option<Amount>,
+}
+
+/// Devices of a sharing policy: a count, or for a MemorySlices policy an amount of memory
+/// (`80Gi`) that stands for the whole slices it holds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Amount {
+    Devices(u32),
+    Memory(String),
+}
+
+impl Default for Amount {
+    fn default() -> Self {
+        Amount::Devices(0)
+    }
+}
+
+impl From<u32> for Amount {
+    fn from(n: u32) -> Self {
+        Amount::Devices(n)
+    }
+}
+
+impl std::fmt::Display for Amount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Amount::Devices(n) => write!(f, "{n}"),
+            Amount::Memory(m) => f.write_str(m),
+        }
+    }
+}
+
+impl JsonSchema for Amount {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Amount".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "x-kubernetes-int-or-string": true,
+            "description": "A number of devices (0 to 100000), or for a MemorySlices sharing policy an amount of memory such as 80Gi, counted in whole slices.",
+            "x-kubernetes-validations": [
+                {"rule": "string(self).matches('^[0-9]+$') ? int(string(self)) <= 100000 : (isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('0')) >= 0)",
+                 "message": "must be a number of devices from 0 to 100000, or an amount of memory such as 80Gi"}
+            ]
+        })
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+}
+
+/// An [`Amount`] that cannot be counted in the devices of its sharing policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AmountError {
+    #[error(
+        "{amount} is an amount of memory, but sharing policy {policy} does not cut memory slices: give a number of devices"
+    )]
+    MemoryWithoutSlices { amount: String, policy: String },
+    #[error("{amount} is not an amount of memory such as 80Gi")]
+    NotMemory { amount: String },
+    #[error("{amount} is more than 100000 slices of {slice}")]
+    TooMany { amount: String, slice: String },
+}
+
+impl Amount {
+    /// The devices this amount stands for in a policy whose devices are memory slices of
+    /// `slice` (`None`: whole devices): a memory amount counts the whole slices it holds.
+    pub fn devices(&self, policy: &str, slice: Option<&str>) -> Result<u32, AmountError> {
+        let memory = match self {
+            Amount::Devices(n) => return Ok(*n),
+            Amount::Memory(m) => m,
+        };
+        if let Ok(n) = memory.trim().parse::<u32>() {
+            return Ok(n);
+        }
+        let Some(slice) = slice else {
+            return Err(AmountError::MemoryWithoutSlices {
+                amount: memory.clone(),
+                policy: policy.to_owned(),
+            });
+        };
+        let not_memory = || AmountError::NotMemory {
+            amount: memory.clone(),
+        };
+        let amount = crate::core::quantity::parse_nanos(memory).map_err(|_| not_memory())?;
+        let size = crate::core::quantity::parse_nanos(slice).map_err(|_| not_memory())?;
+        if amount < 0 || size <= 0 {
+            return Err(not_memory());
+        }
+        u32::try_from(amount / size)
+            .ok()
+            .filter(|n| *n <= 100_000)
+            .ok_or_else(|| AmountError::TooMany {
+                amount: memory.clone(),
+                slice: slice.to_owned(),
+            })
+    }
+}
+
+/// A [`TeamQuota`] counted in the devices of its sharing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entitlement {
+    pub guaranteed: u32,
+    /// `limit`, or `guaranteed` when unset; never below `guaranteed`.
+    pub limit: u32,
     pub lending_limit: Option<u32>,
 }
 
 impl TeamQuota {
-    /// The configured limit: `limit`, or `guaranteed` when unset.
-    pub fn effective_limit(&self) -> u32 {
-        self.limit.unwrap_or(self.guaranteed).max(self.guaranteed)
+    /// The entry in devices of its policy, whose devices are memory slices of `slice`
+    /// (`None`: whole devices).
+    pub fn entitlement(&self, slice: Option<&str>) -> Result<Entitlement, AmountError> {
+        let policy = &self.sharing_policy;
+        let guaranteed = self.guaranteed.devices(policy, slice)?;
+        let limit = match &self.limit {
+            Some(l) => l.devices(policy, slice)?,
+            None => guaranteed,
+        };
+        let lending_limit = match &self.lending_limit {
+            Some(l) => Some(l.devices(policy, slice)?),
+            None => None,
+        };
+        Ok(Entitlement {
+            guaranteed,
+            limit: limit.max(guaranteed),
+            lending_limit,
+        })
     }
 }
 
@@ -229,6 +370,12 @@ pub struct TeamGpuPolicyStatus {
     /// The team's devices summed over its quota entries (what `kubectl get tgp` shows).
     #[serde(default)]
     pub totals: QuotaTotals,
+    /// The team's devices of every sharing policy in GPU-equivalents, added up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_equivalents: Option<EquivalentTotals>,
+    /// What `spec.budget` leaves, when it is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetStatus>,
     /// What the team gets per sharing policy, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["sharingPolicy"]))]
@@ -250,6 +397,36 @@ pub struct QuotaTotals {
     pub allocated: u32,
     /// Devices the team's Pods wait for.
     pub pending: u32,
+}
+
+/// One quota entry in GPU-equivalents.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaEquivalents {
+    pub per_device: String,
+    pub entitlement: String,
+    pub allocated: String,
+}
+
+/// A team's devices of every sharing policy in GPU-equivalents (decimals such as `12.5`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EquivalentTotals {
+    pub guaranteed: String,
+    pub entitlement: String,
+    pub allocated: String,
+}
+
+/// What a team's budget leaves, in GPU-equivalents.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetStatus {
+    /// `spec.budget.gpuEquivalents`.
+    pub gpu_equivalents: u32,
+    /// What the team's claims are charged, every sharing policy at its rate.
+    pub in_use: String,
+    /// What is left for new claims (0 when in use reaches the budget).
+    pub left: String,
 }
 
 /// The numbers behind one quota entry, all in devices.
@@ -280,6 +457,10 @@ pub struct QuotaStatus {
     /// Unused guaranteed devices kept back from lending by `lendingLimit`.
     #[serde(default)]
     pub reserved: u32,
+    /// GPU-equivalents of one device of the sharing policy, and of the entitlement and the
+    /// allocated devices at that rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_equivalents: Option<QuotaEquivalents>,
     /// One line a person can read: how the entitlement came about.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub explanation: String,

@@ -12,6 +12,7 @@ use teamgpu::core::state::{ClusterState, NamespaceInfo};
 
 mod counters;
 mod objects;
+mod slices;
 
 fn example() -> ClusterState {
     teamgpu::cli::example::state().expect("the built-in example loads")
@@ -208,7 +209,7 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
             if let Some(i) = pick(*n, state.teams.len()) {
                 let team = &mut state.teams[i];
                 if let Some(q) = team.spec.quotas.first_mut() {
-                    q.guaranteed = *g;
+                    q.guaranteed = (*g).into();
                 }
                 bump(&mut team.metadata);
             }

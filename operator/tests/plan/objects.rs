@@ -424,8 +424,8 @@ fn guarantees_above_capacity_are_scaled_and_reported() {
     for t in &mut state.teams {
         for q in &mut t.spec.quotas {
             if q.sharing_policy == "a100-80gb" {
-                q.guaranteed = 16;
-                q.limit = Some(16);
+                q.guaranteed = 16.into();
+                q.limit = Some(16.into());
             }
         }
     }

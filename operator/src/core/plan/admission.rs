@@ -33,7 +33,7 @@
 //! The governed classes (teamgpu's and foreign ones that select the same devices) are compiled
 //! into both policies as a variable, so a change of the set rewrites two objects.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
@@ -44,7 +44,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 
-use super::objects::{QUOTA_CLASSES_ANNOTATION, QUOTA_NAME, QUOTA_TEAM_ANNOTATION, managed_labels};
+use super::objects::{
+    QUOTA_CLASSES_ANNOTATION, QUOTA_NAME, QUOTA_TEAM_ANNOTATION, SLICE_CAPACITY, managed_labels,
+};
 
 pub const TEAM_POLICY_NAME: &str = "teamgpu-team-requests";
 /// The binding of the team policy.
@@ -117,6 +119,9 @@ pub struct GovernedClasses {
     pub foreign: BTreeSet<String>,
     /// Every extended resource name that reaches a governed class, teamgpu's included.
     pub extended: BTreeSet<String>,
+    /// teamgpu's classes of MemorySlices policies, with the memory of one slice: every device
+    /// a request of such a class asks for must ask for exactly that.
+    pub slices: BTreeMap<String, String>,
 }
 
 /// Whether a request `r` (a DeviceRequest) names a DeviceClass for which `pred(class)` holds.
@@ -196,6 +201,30 @@ fn rules() -> MatchResources {
     }
 }
 
+/// Whether request (or subrequest) `r` names a memory-slice class and asks for anything but
+/// exactly its slice of memory.
+fn not_one_slice(r: &str) -> String {
+    let requests = format!("{r}.capacity.requests");
+    format!(
+        "({r}.deviceClassName in variables.slices && !(has({r}.capacity) && has({requests}) && size({requests}) == 1 &&          '{SLICE_CAPACITY}' in {requests} && quantity(string({requests}['{SLICE_CAPACITY}'])).compareTo(quantity(variables.slices[{r}.deviceClassName])) == 0))"
+    )
+}
+
+/// A CEL map literal of string keys and values.
+fn cel_map(items: &BTreeMap<String, String>) -> String {
+    let items: Vec<String> = items
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{}: {}",
+                super::cel::string_literal(k),
+                super::cel::string_literal(v)
+            )
+        })
+        .collect();
+    format!("{{{}}}", items.join(", "))
+}
+
 /// A CEL list literal of `items`.
 fn cel_list(items: impl IntoIterator<Item = impl AsRef<str>>) -> String {
     let items: Vec<String> = items
@@ -272,8 +301,16 @@ pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmi
         expression: annotation(QUOTA_TEAM_ANNOTATION),
     });
     variables.push(Variable {
+        name: "slices".into(),
+        expression: cel_map(&governed.slices),
+    });
+    // Not a slice class: the claim the scheduler makes for an extended resource asks for no
+    // memory, and takes the whole GPU or none of its memory.
+    variables.push(Variable {
         name: "allowedExtended".into(),
-        expression: format!("variables.allowed.map(c, '{IMPLICIT_EXTENDED_PREFIX}' + c)"),
+        expression: format!(
+            "variables.allowed.filter(c, !(c in variables.slices)).map(c, '{IMPLICIT_EXTENDED_PREFIX}' + c)"
+        ),
     });
     let denied_class = "((CLASS.endsWith('.teamgpu.io') || CLASS in variables.governed) && !(CLASS in variables.allowed))";
     let who =
@@ -294,6 +331,16 @@ pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmi
             ),
             &format!(
                 "'opaque device config is not allowed on teamgpu DeviceClasses: the class sets the sharing strategy' + {who}"
+            ),
+        ),
+        validation(
+            format!(
+                "!variables.requests.exists(r, (has(r.exactly) && {exactly}) || (has(r.firstAvailable) && r.firstAvailable.exists(s, {sub})))",
+                exactly = not_one_slice("r.exactly"),
+                sub = not_one_slice("s"),
+            ),
+            &format!(
+                "'a request of a memory-slice class must ask for exactly one slice per device, capacity.requests: {{memory: <slice>}}; slices: ' + variables.slices.map(c, c + ' ' + variables.slices[c]).join(', ') + {who}"
             ),
         ),
         validation(

@@ -179,6 +179,11 @@ pub fn used_outside_teams<'u>(
         }) else {
             continue;
         };
+        // What an allocation takes of a device that many claims share is what it consumes,
+        // which the policies' capacity already leaves out (`consumable::add_consumable`).
+        if device.consumable().is_some() {
+            continue;
+        }
         for (name, set) in sets {
             if set.matches(device.env()).unwrap_or(false) {
                 outside

@@ -62,6 +62,17 @@ pub fn class_expressions(spec: &GpuSharingPolicySpec) -> Vec<String> {
         guarded("type", type_test)
     });
 
+    if let Some(slice) = spec.sharing.slice_size() {
+        // Only devices that many claims may share, with room for one slice at least (the
+        // `memory` the slice is cut from; `allowMultipleAllocations` is in the CEL environment
+        // where DRAConsumableCapacity is on, beta and on by default since 1.36).
+        out.push("device.allowMultipleAllocations == true".to_owned());
+        let cap = format!("device.capacity[{dom}].memory");
+        out.push(format!(
+            "has({cap}) && {cap}.compareTo(quantity({})) >= 0",
+            string_literal(slice)
+        ));
+    }
     if !hardware.product_names.is_empty() {
         out.push(guarded(
             "productName",
@@ -189,6 +200,7 @@ pub(crate) mod tests {
             selector: hardware,
             sharing: Sharing::default(),
             claim_templates: ClaimTemplates::default(),
+            gpu_equivalent: None,
         }
     }
 

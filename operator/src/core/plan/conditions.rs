@@ -41,6 +41,10 @@ pub mod types {
     pub const USED_OUTSIDE_TEAMS: &str = "UsedOutsideTeams";
     /// Only on a policy whose devices draw on shared counters (partitionable devices).
     pub const SHARED_COUNTERS: &str = "SharedCounters";
+    /// Only on a policy whose devices many claims share (allowMultipleAllocations).
+    pub const GPUS_SHARED_BY_TEAMS: &str = "GpusSharedByTeams";
+    /// Only on a team with `spec.budget`.
+    pub const BUDGET: &str = "Budget";
     /// Only while the API server refuses a write of the policy's objects (set by
     /// `core::effects::refusals`, not by the planner): status then tells what was applied.
     pub const APPLIED: &str = "Applied";

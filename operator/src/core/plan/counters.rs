@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use super::cache::Cache;
 use super::conditions::{DesiredCondition, types};
+use super::consumable::{Consumable, SharedDevice};
 use super::inventory::{Drawing, Inventory, PoolKey};
 use super::placement::PoolRoom;
 use super::usage::ClaimView;
@@ -46,8 +47,34 @@ pub struct SharedCounters {
     /// Per policy and pool, what more fits in the groups whose free counters only its devices
     /// fit.
     pub free: BTreeMap<String, BTreeMap<PoolKey, u32>>,
-    /// The pools with counters.
+    /// The pools with counters, or devices that allow multiple allocations.
     pub pools: BTreeSet<PoolKey>,
+    /// Per policy, what its claims meet on devices that allow multiple allocations (their
+    /// count is part of `matched`, their allocations of `held`).
+    pub consumable: BTreeMap<String, Consumable>,
+    /// Devices that allow multiple allocations held by claims of two namespaces or more.
+    pub shared_devices: Vec<SharedDevice>,
+    /// Per policy, the largest share of its GPU one of its devices is, in millionths: a MIG
+    /// device's compute (or memory) of its counter set, a slice's memory of its GPU's.
+    pub shares: BTreeMap<String, u64>,
+}
+
+impl SharedCounters {
+    /// Notes that a device of `policy` is `part` of `whole` of its GPU.
+    pub(super) fn note_share(&mut self, policy: &str, part: i128, whole: i128) {
+        if whole <= 0 || part <= 0 {
+            return;
+        }
+        // Rounded up: a budget counted in these never lets more run than it says.
+        let micro = (part.saturating_mul(1_000_000) + whole - 1) / whole;
+        let micro = u64::try_from(micro).unwrap_or(u64::MAX);
+        match self.shares.get_mut(policy) {
+            Some(largest) => *largest = (*largest).max(micro),
+            None => {
+                self.shares.insert(policy.to_owned(), micro);
+            }
+        }
+    }
 }
 
 /// A counter group whose free counters two or more policies' devices fit.
@@ -137,6 +164,13 @@ pub fn shared_counters<'c>(
                 }
                 *out.matched.entry((*name).clone()).or_default() +=
                     u32::try_from(matched).unwrap_or(u32::MAX);
+                if let Some((part, whole)) = (0..by_device.len())
+                    .filter(|i| candidate(*i))
+                    .filter_map(|i| group.share(i))
+                    .max()
+                {
+                    out.note_share(name, part, whole);
+                }
                 let fit = group.fit(&allocated, candidate);
                 out.approximate += u32::from(!fit.exact);
                 *out.held.entry((*name).clone()).or_default() += fit.held;
@@ -144,18 +178,7 @@ pub fn shared_counters<'c>(
                     more.insert((*name).clone(), fit.more);
                 }
             }
-            if more.len() == 1 {
-                for (name, n) in more {
-                    let free = out.free.entry(name).or_default();
-                    *free.entry(key.clone()).or_default() += n;
-                }
-            } else if more.len() > 1 {
-                out.contested.push(Contested {
-                    pool: key.clone(),
-                    sets: group.sets.clone(),
-                    more,
-                });
-            }
+            out.give_out(key, group.sets.clone(), more);
         }
     }
     matches.sweep();
@@ -305,7 +328,11 @@ pub fn condition(
     shared: &SharedCounters,
     allotted: &Allotted,
 ) -> Option<DesiredCondition> {
-    let entries = *shared.matched.get(name)?;
+    let consumable = shared.consumable.get(name).map_or(0, |c| c.devices);
+    let entries = shared.matched.get(name)?.saturating_sub(consumable);
+    if entries == 0 {
+        return None;
+    }
     let contested: Vec<_> = (shared.contested.iter())
         .filter(|c| c.more.contains_key(name))
         .collect();

@@ -270,6 +270,10 @@ fn admission_objects(
                     .chain(extended.iter().cloned())
             })
             .collect(),
+        slices: (inputs.policies.iter())
+            .filter(|p| p.usable())
+            .filter_map(|p| Some((device_class_name(&p.name), p.slice()?.to_owned())))
+            .collect(),
     };
     let operator = state
         .operator_user

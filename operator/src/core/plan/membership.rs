@@ -186,6 +186,7 @@ mod tests {
                 weight: 1,
                 quotas: vec![],
                 reclaim: None,
+                budget: None,
                 members: vec![],
             },
         )

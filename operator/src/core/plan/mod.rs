@@ -14,8 +14,10 @@ mod capacity;
 pub mod cel;
 mod claims;
 pub mod conditions;
+pub mod consumable;
 pub mod counters;
 mod desired;
+pub mod equivalents;
 mod identity;
 pub mod inventory;
 pub mod membership;
@@ -100,6 +102,7 @@ pub struct Planner {
     classes: policies::CompiledClasses,
     matching: capacity::Matching,
     group_matches: counters::GroupMatches,
+    consumable_matches: consumable::ConsumableMatches,
     governed: capacity::Governed,
     shares: shares::Shares,
     objects: desired::Kept,
@@ -117,6 +120,7 @@ impl Planner {
             classes: Cache::new(false),
             matching: capacity::Matching::new(false),
             group_matches: Cache::new(false),
+            consumable_matches: Cache::new(false),
             governed: Cache::new(false),
             shares: Cache::new(false),
             objects: desired::Kept::new(false),
@@ -261,12 +265,23 @@ impl Planner {
         }
         let outside =
             capacity::used_outside_teams(self.usage.values().map(|(_, u)| u), inventory, &sets);
-        let shared = counters::shared_counters(
+        let mut shared = counters::shared_counters(
             &mut self.group_matches,
             inventory,
             (&sets, expressions),
             self.claims.all().map(|c| &**c),
         );
+        consumable::add_consumable(
+            &mut shared,
+            &mut self.consumable_matches,
+            inventory,
+            (&sets, expressions),
+            &policies::slice_sizes(&policies),
+            self.claims.all().map(|c| &**c),
+        );
+        let per_device: BTreeMap<String, equivalents::PerDevice> = (policies.iter())
+            .map(|p| (p.name.clone(), equivalents::per_device(p, &shared)))
+            .collect();
         // Devices allocated through other classes are counted by no team's quota: the teams
         // share what is left.
         let available = |name: &str| {
@@ -293,12 +308,14 @@ impl Planner {
             let counts = self.matching.pool_counts(policy, &sets);
             placement::rooms(policy, counts, usage, outside.get(policy), inventory)
         };
+        let budgets = shares::budgets(&teams, &policies, &membership, &demand, &per_device);
         let findings = shares::fair_shares(
             &mut self.shares,
             &policies,
             &teams,
             &membership,
             (&demand, &available, &rooms, &shared),
+            &budgets,
         );
         out.reclaims = findings.reclaims;
         out.placements = findings.placements;
@@ -330,6 +347,8 @@ impl Planner {
             inventory,
             shared: &shared,
             allotted: &allotted,
+            per_device: &per_device,
+            budgets: &budgets,
         };
         status::reports(&inputs, &mut out);
         out

@@ -17,6 +17,7 @@ use crate::dra_cel::{CompiledExpressions, ExpressionError};
 pub type CompiledClasses = Cache<String, Vec<String>, Result<CompiledExpressions, ExpressionError>>;
 
 /// A sharing policy with its class expressions, once validated.
+#[derive(Debug)]
 pub struct CompiledPolicy<'a> {
     pub policy: &'a GpuSharingPolicy,
     pub name: String,
@@ -31,6 +32,11 @@ impl CompiledPolicy<'_> {
     /// Whether teamgpu makes and governs this policy's class.
     pub fn usable(&self) -> bool {
         self.compiled.is_ok() && !self.foreign_class
+    }
+
+    /// The memory of one device of a MemorySlices policy (its devices are slices).
+    pub fn slice(&self) -> Option<&str> {
+        self.policy.spec.sharing.slice_size()
     }
 }
 
@@ -68,6 +74,17 @@ pub fn compile<'a>(
         .collect();
     classes.sweep();
     compiled
+}
+
+/// The slice size, in nano-units of memory, of every MemorySlices policy whose size parses (the
+/// CRD makes sure it does).
+pub fn slice_sizes(policies: &[CompiledPolicy]) -> BTreeMap<String, i128> {
+    (policies.iter())
+        .filter_map(|p| {
+            let size = crate::core::quantity::parse_nanos(p.slice()?).ok()?;
+            Some((p.name.clone(), size))
+        })
+        .collect()
 }
 
 /// The compiled class expressions of every policy whose expressions compile, by policy name.

@@ -5,13 +5,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::conditions::{DesiredCondition, types};
 use super::counters::{self, SharedCounters};
+use super::equivalents::{self, PerDevice};
 use super::inventory::{DeviceId, Inventory, MatchReport};
 use super::membership::Membership;
 use super::objects::device_class_name;
 use super::policies::CompiledPolicy;
-use super::shares::Demand;
+use super::shares::{Budgets, Demand};
 use super::{Plan, SharingPolicyReport, TeamReport, clamp, name_of};
-use crate::api::{DEFAULT_DRIVER, QuotaStatus, QuotaTotals, SharingStrategy, TeamGpuPolicy};
+use crate::api::{
+    BudgetStatus, ClassEquivalents, DEFAULT_DRIVER, EquivalentTotals, QuotaEquivalents,
+    QuotaStatus, QuotaTotals, SharedGpu, SharingStrategy, TeamGpuPolicy,
+};
 use crate::core::fairshare::PoolShares;
 
 /// What the reports are made of.
@@ -28,6 +32,9 @@ pub struct Inputs<'a> {
     pub shared: &'a SharedCounters,
     /// Per policy, the contested counter groups it was given.
     pub allotted: &'a counters::Allotted,
+    /// Per policy, GPU-equivalents of one device.
+    pub per_device: &'a BTreeMap<String, PerDevice>,
+    pub budgets: &'a Budgets,
 }
 
 /// The reports of every policy and team, and the warnings, into `out`.
@@ -61,20 +68,147 @@ pub fn reports(inputs: &Inputs, out: &mut Plan) {
         {
             report.conditions.push(condition);
         }
+        if policy.compiled.is_ok() {
+            equivalents_of_policy(&mut report, policy, inputs);
+        }
         out.sharing_policies.push(report);
     }
     for team in inputs.teams {
-        out.teams.push(team_report(
+        let mut report = team_report(
             team,
             inputs.membership,
             &by_name,
             inputs.shares,
             inputs.demand,
-        ));
+        );
+        equivalents_of_team(&mut report, inputs);
+        out.teams.push(report);
     }
     warnings(inputs, &by_name, out);
     out.warnings.sort();
     out.warnings.dedup();
+}
+
+/// A policy's devices in GPU-equivalents, and for devices that many claims share, those that
+/// hold claims of two teams or more.
+fn equivalents_of_policy(
+    report: &mut SharingPolicyReport,
+    policy: &CompiledPolicy,
+    inputs: &Inputs,
+) {
+    let Some(per) = inputs.per_device.get(&policy.name) else {
+        return;
+    };
+    report.gpu_equivalents = Some(ClassEquivalents {
+        per_device: equivalents::format(u128::from(per.micro)),
+        source: per.source.describe().to_owned(),
+        devices: equivalents::format(equivalents::of(report.capacity, per.micro)),
+        allocated: equivalents::format(equivalents::of(report.allocated, per.micro)),
+    });
+    let Some(consumable) = inputs.shared.consumable.get(&policy.name) else {
+        return;
+    };
+    let shared: Vec<SharedGpu> = (inputs.shared.shared_devices.iter())
+        .filter(|d| d.policies.contains(&policy.name))
+        .filter_map(|d| {
+            let teams: BTreeSet<String> = (d.namespaces.iter())
+                .map(|ns| inputs.membership.team_of(ns).unwrap_or("-").to_owned())
+                .collect();
+            (teams.len() > 1).then(|| SharedGpu {
+                device: d.id.to_string(),
+                teams: teams.into_iter().collect(),
+            })
+        })
+        .collect();
+    let listed: Vec<String> = (shared.iter().take(3))
+        .map(|g| format!("{} ({})", g.device, g.teams.join(", ")))
+        .collect();
+    report.conditions.push(if shared.is_empty() {
+        DesiredCondition::new(
+            types::GPUS_SHARED_BY_TEAMS,
+            false,
+            "NoGpuShared",
+            format!(
+                "{} matching GPUs are shared by many claims; none holds claims of two teams",
+                consumable.devices
+            ),
+        )
+    } else {
+        DesiredCondition::new(
+            types::GPUS_SHARED_BY_TEAMS,
+            true,
+            "GpusShared",
+            format!(
+                "{} of {} matching GPUs hold claims of two teams or more: {}{}",
+                shared.len(),
+                consumable.devices,
+                listed.join(", "),
+                if shared.len() > listed.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ),
+        )
+    });
+    report.shared_gpus = shared.into_iter().take(16).collect();
+}
+
+/// A team's devices in GPU-equivalents, and what its budget leaves.
+fn equivalents_of_team(report: &mut TeamReport, inputs: &Inputs) {
+    let mut totals = (0u128, 0u128, 0u128);
+    for quota in &mut report.quotas {
+        let Some(per) = inputs.per_device.get(&quota.sharing_policy) else {
+            continue;
+        };
+        let at_rate = |n: u32| equivalents::of(n, per.micro);
+        totals.0 += at_rate(quota.guaranteed);
+        totals.1 += at_rate(quota.entitlement);
+        totals.2 += at_rate(quota.allocated);
+        quota.gpu_equivalents = Some(QuotaEquivalents {
+            per_device: equivalents::format(u128::from(per.micro)),
+            entitlement: equivalents::format(at_rate(quota.entitlement)),
+            allocated: equivalents::format(at_rate(quota.allocated)),
+        });
+    }
+    if !report.quotas.is_empty() {
+        report.gpu_equivalents = Some(EquivalentTotals {
+            guaranteed: equivalents::format(totals.0),
+            entitlement: equivalents::format(totals.1),
+            allocated: equivalents::format(totals.2),
+        });
+    }
+    let Some(budget) = inputs.budgets.get(&report.name) else {
+        return;
+    };
+    let whole = budget.budget / u128::from(equivalents::MICRO);
+    report.budget = Some(BudgetStatus {
+        gpu_equivalents: u32::try_from(whole).unwrap_or(u32::MAX),
+        in_use: equivalents::format(budget.in_use),
+        left: equivalents::format(budget.left()),
+    });
+    let (in_use, whole) = (equivalents::format(budget.in_use), whole.to_string());
+    report.conditions.push(if budget.over() == 0 {
+        DesiredCondition::new(
+            types::BUDGET,
+            true,
+            "WithinBudget",
+            format!(
+                "{in_use} of {whole} GPU-equivalents in use; each quota holds at most what it uses plus what the {} left pays for",
+                equivalents::format(budget.left())
+            ),
+        )
+    } else {
+        DesiredCondition::new(
+            types::BUDGET,
+            false,
+            "OverBudget",
+            format!(
+                "{in_use} of {whole} GPU-equivalents in use, {} over (claims made in several sharing policies at once, or a budget lowered below what runs): nothing is evicted for it; new claims wait until use is below the budget",
+                equivalents::format(budget.over())
+            ),
+        )
+    });
 }
 
 /// A team's devices summed over its quota entries, for `kubectl get tgp`.
@@ -114,6 +248,20 @@ fn warnings(inputs: &Inputs, by_name: &BTreeMap<&str, &CompiledPolicy>, out: &mu
                     team.name, quota.sharing_policy
                 ));
             }
+        }
+    }
+    for (name, found) in &inputs.shared.consumable {
+        if found.unbounded > 0 {
+            out.warnings.push(format!(
+                "sharing policy {name}: {} matching devices allow multiple allocations and a claim of its class takes none of their capacity, so any number of claims share each (counted once): use sharing.strategy MemorySlices",
+                found.unbounded
+            ));
+        }
+        if found.unfit > 0 {
+            out.warnings.push(format!(
+                "sharing policy {name}: {} matching devices cannot hold one of its claims: their capacity's requestPolicy refuses the amount (above its max, or off its steps)",
+                found.unfit
+            ));
         }
     }
     for report in &out.sharing_policies {
@@ -181,8 +329,12 @@ pub fn sharing_report(
         )
     });
     let spec = &policy.policy.spec;
-    let unsupported =
-        spec.driver != DEFAULT_DRIVER && spec.sharing.strategy != SharingStrategy::Exclusive;
+    // A memory slice is shared by allocation, whatever the driver: it takes no configuration.
+    let unsupported = spec.driver != DEFAULT_DRIVER
+        && !matches!(
+            spec.sharing.strategy,
+            SharingStrategy::Exclusive | SharingStrategy::MemorySlices
+        );
     let ready = policy.usable() && !unsupported;
     let (reason, message) = if !ready {
         match (&policy.compiled, policy.foreign_class) {
@@ -216,6 +368,8 @@ pub fn sharing_report(
         capacity,
         allocated,
         used_outside_teams: outside.map_or(0, |o| clamp(o.len() as u64)),
+        gpu_equivalents: None,
+        shared_gpus: Vec::new(),
         conditions: conds,
     }
 }
@@ -233,8 +387,12 @@ pub fn team_report(
         .get(&name)
         .cloned()
         .unwrap_or_default();
-    let (mut quotas, unknown, scaled) =
-        quota_statuses(team, &name, &namespaces, by_name, shares, demand);
+    let QuotaStatuses {
+        mut quotas,
+        unknown,
+        scaled,
+        invalid,
+    } = quota_statuses(team, &name, &namespaces, by_name, shares, demand);
     quotas.sort_by(|a, b| a.sharing_policy.cmp(&b.sharing_policy));
 
     let mut conds = team_findings(membership.conflicts.get(&name), &scaled, &unknown);
@@ -244,6 +402,14 @@ pub fn team_report(
             false,
             "InvalidNamespaceSelector",
             format!("namespaceSelector: {e}"),
+        ),
+        None if !invalid.is_empty() => (
+            false,
+            "InvalidQuota",
+            format!(
+                "{}: these entries get no devices (a hard of 0; what runs keeps running)",
+                invalid.join("; ")
+            ),
         ),
         None if !unknown.is_empty() => (
             false,
@@ -281,6 +447,8 @@ pub fn team_report(
         weight: team.spec.weight,
         namespaces,
         quotas,
+        gpu_equivalents: None,
+        budget: None,
         conditions: conds,
     }
 }
@@ -370,7 +538,12 @@ fn device_conditions(
             errors.devices
         ),
         None if found => format!("{capacity} devices match"),
-        None => format!("the selectors match none of the {slices} published devices"),
+        None => match policy.slice() {
+            Some(size) => format!(
+                "the selectors match none of the {slices} published devices (slices of {size} are cut only from GPUs that allow multiple allocations, allowMultipleAllocations, and have at least {size} of memory)"
+            ),
+            None => format!("the selectors match none of the {slices} published devices"),
+        },
     };
     let message = match matches.tainted.get(&policy.name) {
         Some(t) => format!(
@@ -450,8 +623,16 @@ fn device_conditions(
     conds
 }
 
-/// A team's status per quota, with the sharing policies that are missing or not ready and the
-/// guarantees scaled down to fit.
+/// A team's status per quota, with the sharing policies that are missing or not ready, the
+/// guarantees scaled down to fit and the entries whose amounts do not count in their policy's
+/// devices.
+struct QuotaStatuses {
+    quotas: Vec<QuotaStatus>,
+    unknown: Vec<String>,
+    scaled: Vec<String>,
+    invalid: Vec<String>,
+}
+
 fn quota_statuses(
     team: &TeamGpuPolicy,
     name: &str,
@@ -459,12 +640,29 @@ fn quota_statuses(
     by_name: &BTreeMap<&str, &CompiledPolicy>,
     shares: &BTreeMap<&str, &PoolShares>,
     demand: &Demand,
-) -> (Vec<QuotaStatus>, Vec<String>, Vec<String>) {
+) -> QuotaStatuses {
     let mut quotas = Vec::new();
     let mut unknown = Vec::new();
     let mut scaled = Vec::new();
+    let mut invalid = Vec::new();
     for quota in &team.spec.quotas {
         let weight = quota.weight.unwrap_or(team.spec.weight);
+        let slice = by_name
+            .get(quota.sharing_policy.as_str())
+            .and_then(|p| p.slice());
+        let entitlement = match quota.entitlement(slice) {
+            Ok(e) => e,
+            Err(e) => {
+                invalid.push(format!("quota for {}: {e}", quota.sharing_policy));
+                quotas.push(QuotaStatus {
+                    sharing_policy: quota.sharing_policy.clone(),
+                    weight,
+                    explanation: format!("no devices: {e}"),
+                    ..QuotaStatus::default()
+                });
+                continue;
+            }
+        };
         let share = shares
             .get(quota.sharing_policy.as_str())
             .and_then(|pool| Some((pool.capacity, pool.teams.iter().find(|t| t.team == name)?)));
@@ -485,9 +683,9 @@ fn quota_statuses(
                 }
                 QuotaStatus {
                     sharing_policy: quota.sharing_policy.clone(),
-                    guaranteed: quota.guaranteed,
+                    guaranteed: entitlement.guaranteed,
                     effective_guarantee: s.effective_guarantee,
-                    limit: quota.effective_limit(),
+                    limit: entitlement.limit,
                     weight,
                     capacity,
                     entitlement: s.entitlement,
@@ -501,12 +699,13 @@ fn quota_statuses(
                         .flatten()
                         .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time),
                     explanation: s.explanation.to_string(),
+                    gpu_equivalents: None,
                 }
             }
             None => QuotaStatus {
                 sharing_policy: quota.sharing_policy.clone(),
-                guaranteed: quota.guaranteed,
-                limit: quota.effective_limit(),
+                guaranteed: entitlement.guaranteed,
+                limit: entitlement.limit,
                 weight,
                 requested: namespaces
                     .iter()
@@ -529,7 +728,12 @@ fn quota_statuses(
         };
         quotas.push(status);
     }
-    (quotas, unknown, scaled)
+    QuotaStatuses {
+        quotas,
+        unknown,
+        scaled,
+        invalid,
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::conditions::{self, DesiredCondition};
 use super::objects::{NamespacedQuota, NamespacedTemplate};
 use super::{placement, status};
-use crate::api::{GpuSharingPolicyStatus, QuotaStatus, TeamGpuPolicyStatus};
+use crate::api::{
+    BudgetStatus, ClassEquivalents, EquivalentTotals, GpuSharingPolicyStatus, QuotaStatus,
+    SharedGpu, TeamGpuPolicyStatus,
+};
 
 /// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
 /// here (and not in `retained_device_classes`) are to be deleted.
@@ -51,6 +54,9 @@ pub struct SharingPolicyReport {
     pub allocated: u32,
     /// Matching devices allocated through other DeviceClasses.
     pub used_outside_teams: u32,
+    pub gpu_equivalents: Option<ClassEquivalents>,
+    /// GPUs shared by many claims that hold claims of two teams or more.
+    pub shared_gpus: Vec<SharedGpu>,
     pub conditions: Vec<DesiredCondition>,
 }
 
@@ -62,6 +68,8 @@ pub struct TeamReport {
     pub weight: u32,
     pub namespaces: Vec<String>,
     pub quotas: Vec<QuotaStatus>,
+    pub gpu_equivalents: Option<EquivalentTotals>,
+    pub budget: Option<BudgetStatus>,
     pub conditions: Vec<DesiredCondition>,
 }
 
@@ -118,6 +126,8 @@ impl Plan {
             devices: report.capacity,
             allocated: report.allocated,
             used_outside_teams: report.used_outside_teams,
+            gpu_equivalents: report.gpu_equivalents.clone(),
+            gpus_shared_by_teams: report.shared_gpus.clone(),
             conditions: conditions::merge(
                 previous_conditions,
                 &conditions::with_applied(&report.conditions, applied),
@@ -156,6 +166,8 @@ impl Plan {
             namespace_count: clamp(report.namespaces.len() as u64),
             totals: status::totals(&report.quotas),
             quotas: report.quotas.clone(),
+            gpu_equivalents: report.gpu_equivalents.clone(),
+            budget: report.budget.clone(),
             conditions: conditions::merge(
                 previous_conditions,
                 &conditions::with_applied(&report.conditions, applied),

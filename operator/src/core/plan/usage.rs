@@ -103,6 +103,8 @@ pub struct AllocatedDevice {
     pub pool: String,
     pub device: String,
     pub admin_access: bool,
+    /// `consumedCapacity`: what it takes of a device that allows multiple allocations.
+    pub consumed: BTreeMap<String, String>,
 }
 
 /// The DeviceClass of request `name` (`req` or `req/subreq`) in `spec`.
@@ -151,6 +153,9 @@ pub fn allocated_devices(claim: &ResourceClaim) -> Vec<AllocatedDevice> {
             pool: r.pool.clone(),
             device: r.device.clone(),
             admin_access: r.admin_access.unwrap_or(false),
+            consumed: (r.consumed_capacity.iter().flatten())
+                .map(|(name, q)| (name.clone(), q.0.clone()))
+                .collect(),
         })
         .collect()
 }
@@ -217,6 +222,10 @@ pub struct ClaimDevice {
     pub class: Option<Arc<str>>,
     pub id: DeviceId,
     pub admin_access: bool,
+    /// What the result consumes of a device that allows multiple allocations, in nano-units
+    /// (`consumedCapacity`; empty for other devices). A quantity that does not parse counts as
+    /// the most there is.
+    pub consumed: Box<[(Arc<str>, i128)]>,
 }
 
 /// Shares the text of names that repeat across objects (namespaces, classes, drivers, pools).
@@ -256,6 +265,12 @@ impl ClaimView {
                         device: names.intern(&d.device),
                     },
                     admin_access: d.admin_access,
+                    consumed: (d.consumed.iter())
+                        .map(|(name, q)| {
+                            let nanos = crate::core::quantity::parse_nanos(q);
+                            (names.intern(name), nanos.unwrap_or(i128::MAX))
+                        })
+                        .collect(),
                 })
                 .collect(),
             reserved_for_pods,

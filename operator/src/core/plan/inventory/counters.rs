@@ -79,12 +79,27 @@ pub struct CounterGroup {
     /// Each device of the group: its place in the pool's device order, and what it draws by
     /// slot of `budget`.
     devices: Box<[(u32, Slots)]>,
+    /// The slot that says how much of the group a device is: the first set's
+    /// `multiprocessors` (a MIG device's compute), else its `memory`.
+    share_slot: Option<u16>,
 }
 
 impl CounterGroup {
     /// The places, in the pool's device order, of the group's devices.
     pub fn device_places(&self) -> impl Iterator<Item = u32> + '_ {
         self.devices.iter().map(|(place, _)| *place)
+    }
+
+    /// What device `i` (in [`CounterGroup::device_places`]' order) draws of the group's
+    /// [`share slot`](CounterGroup), and what the group holds of it.
+    pub fn share(&self, i: usize) -> Option<(i128, i128)> {
+        let slot = self.share_slot?;
+        let (_, draws) = self.devices.get(i)?;
+        let draw: i128 = (draws.iter())
+            .filter(|(s, _)| *s == slot)
+            .map(|(_, a)| *a)
+            .sum();
+        Some((draw, self.budget[usize::from(slot)]))
     }
 
     /// How many of the devices `candidate(i)` names (`i`: a device's index in the group, in
@@ -190,10 +205,15 @@ impl PoolCounters {
                         budget.push(*amount);
                     }
                 }
+                let first = sets_of.first().copied();
+                let share_slot = ["multiprocessors", "memory"]
+                    .iter()
+                    .find_map(|name| slots.get(&(first?, *name)).copied());
                 CounterGroup {
                     sets: sets_of.iter().map(|&i| sets[i].name.clone()).collect(),
                     budget: budget.into_boxed_slice(),
                     devices: Box::default(),
+                    share_slot,
                 }
             })
             .collect();

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
+pub mod consumable;
 mod counters;
 mod slice;
 
@@ -123,6 +124,11 @@ impl<'a> InventoryDevice<'a> {
         self.device.taint().map(|t| &**t)
     }
 
+    /// The device's capacities, when it allows multiple allocations ([`consumable`]).
+    pub fn consumable(&self) -> Option<&'a [consumable::ConsumableCapacity]> {
+        self.device.consumable()
+    }
+
     /// The device's CEL input, shared by the devices with equal input (see [`DeviceEnvs`]).
     pub fn env(&self) -> &'a DeviceEnv {
         &self.device.env
@@ -143,6 +149,8 @@ pub struct Pool {
     fingerprint: u64,
     /// The shared counters, when a device draws on them.
     counters: Option<PoolCounters>,
+    /// Whether a device of the newest generation allows multiple allocations.
+    consumable: bool,
 }
 
 impl Pool {
@@ -172,6 +180,11 @@ impl Pool {
     /// The devices that count as capacity (those drawing on shared counters count as many as
     /// fit: see [`Pool::counters`]).
     pub fn counted(&self) -> impl Iterator<Item = InventoryDevice<'_>> {
+        self.counted_places().map(|(_, d)| d)
+    }
+
+    /// [`Pool::counted`] with each device's place in [`Pool::devices`]' order.
+    pub fn counted_places(&self) -> impl Iterator<Item = (u32, InventoryDevice<'_>)> {
         let usable = self.status.usable();
         let drawing = self.counters.as_ref().map(|c| &c.drawing);
         (self.devices().enumerate())
@@ -180,12 +193,17 @@ impl Pool {
                     && !d.tainted()
                     && !drawing.is_some_and(|how| matches!(how[*place], Drawing::Unknown(_)))
             })
-            .map(|(_, d)| d)
+            .map(|(place, d)| (clamp_index(place), d))
     }
 
     /// The pool's shared counters, when a device draws on them.
     pub fn counters(&self) -> Option<&PoolCounters> {
         self.counters.as_ref()
+    }
+
+    /// Whether a device of the pool allows multiple allocations ([`consumable`]).
+    pub fn has_consumable(&self) -> bool {
+        self.consumable
     }
 
     /// The node whose Pods can use the pool's devices: the `nodeName` of every slice of the
@@ -545,6 +563,7 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
         .map(|&(i, j)| newest[i as usize].devices[j as usize].draws())
         .collect();
     let counters = PoolCounters::build(&sets, &draws);
+    let consumable = (newest.iter()).any(|s| s.devices.iter().any(|d| d.consumable().is_some()));
     let status = PoolStatus {
         generation,
         resource_slice_count,
@@ -560,6 +579,7 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
         order: order.into_boxed_slice(),
         fingerprint,
         counters,
+        consumable,
     }
 }
 

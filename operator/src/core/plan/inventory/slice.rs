@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
+use super::consumable::ConsumableCapacity;
 use super::counters::{CounterSetView, Draw};
 use crate::dra_cel::{DeviceEnv, DeviceEnvs, DeviceReads};
 
@@ -42,6 +43,8 @@ struct Rare {
     taint: Option<Arc<str>>,
     /// `consumesCounters`.
     draws: Box<[Draw]>,
+    /// Every capacity, when the device allows multiple allocations (empty otherwise).
+    consumable: Box<[ConsumableCapacity]>,
 }
 
 impl SliceDevice {
@@ -51,6 +54,11 @@ impl SliceDevice {
 
     pub(super) fn draws(&self) -> &[Draw] {
         self.rare.as_ref().map_or(&[], |r| &r.draws)
+    }
+
+    /// The device's capacities, when it allows multiple allocations.
+    pub(super) fn consumable(&self) -> Option<&[ConsumableCapacity]> {
+        (self.rare.as_ref()).and_then(|r| (!r.consumable.is_empty()).then_some(&*r.consumable))
     }
 }
 
@@ -66,18 +74,27 @@ impl SliceView {
             .iter()
             .flatten()
             .map(|d| {
-                let rare = Rare {
+                let rare_value = Rare {
                     taint: (d.taints.iter().flatten())
                         .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
                         .map(|t| Arc::from(t.key.as_str())),
                     draws: (d.consumes_counters.iter().flatten())
                         .map(Draw::project)
                         .collect(),
+                    consumable: match d.allow_multiple_allocations {
+                        Some(true) => (d.capacity.iter().flatten())
+                            .map(|(name, c)| ConsumableCapacity::project(name, c))
+                            .collect(),
+                        _ => Box::default(),
+                    },
                 };
+                let rare = rare_value.taint.is_some()
+                    || !rare_value.draws.is_empty()
+                    || !rare_value.consumable.is_empty();
                 SliceDevice {
                     name: Arc::from(d.name.as_str()),
                     env: envs.project(&spec.driver, d, reads),
-                    rare: (rare.taint.is_some() || !rare.draws.is_empty()).then(|| Box::new(rare)),
+                    rare: rare.then(|| Box::new(rare_value)),
                 }
             })
             .collect();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, DeviceClaim, DeviceClass, DeviceClassConfiguration, DeviceClassSpec,
-    DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
+    CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceClass, DeviceClassConfiguration,
+    DeviceClassSpec, DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
     ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -154,7 +154,8 @@ pub fn sharing_config(policy: &GpuSharingPolicy) -> Option<serde_json::Value> {
         DeviceType::Vfio => return None,
     };
     let sharing = match spec.sharing.strategy {
-        SharingStrategy::Exclusive => return None,
+        // A memory slice is shared by allocation (the driver's consumable shares): no config.
+        SharingStrategy::Exclusive | SharingStrategy::MemorySlices => return None,
         // MIG slices take no timeSlicingConfig (the driver rejects it on MigDeviceConfig).
         SharingStrategy::TimeSlicing if spec.selector.device_type == DeviceType::Mig => {
             json!({"strategy": "TimeSlicing"})
@@ -219,6 +220,7 @@ pub fn template_shapes(policy: &GpuSharingPolicy) -> Vec<TemplateShape> {
                                 device_class_name: class.clone(),
                                 allocation_mode: Some("ExactCount".to_owned()),
                                 count: Some(i64::from(count)),
+                                capacity: slice_request(policy),
                                 ..ExactDeviceRequest::default()
                             }),
                             first_available: None,
@@ -236,6 +238,18 @@ pub fn template_shapes(policy: &GpuSharingPolicy) -> Vec<TemplateShape> {
         })
         .collect()
 }
+
+/// The capacity a device of a MemorySlices policy's templates requests: one slice of memory.
+fn slice_request(policy: &GpuSharingPolicy) -> Option<CapacityRequirements> {
+    let size = policy.spec.sharing.slice_size()?;
+    Some(CapacityRequirements {
+        requests: Some([(SLICE_CAPACITY.to_owned(), Quantity(size.to_owned()))].into()),
+    })
+}
+
+/// The capacity that MemorySlices policies cut into slices: the NVIDIA driver's `memory`
+/// (named as the claim's `capacity.requests` names it, without the driver's domain).
+pub const SLICE_CAPACITY: &str = "memory";
 
 /// The ResourceClaimTemplates a team gets in each of its namespaces for one sharing policy's
 /// shapes (their namespace left unset: see [`NamespacedTemplate`]).
@@ -311,7 +325,7 @@ fn team_quotas(team: &TeamGpuPolicy, classes: &[String]) -> String {
                 "{}: guaranteed {}, limit {}",
                 q.sharing_policy,
                 q.guaranteed,
-                q.effective_limit()
+                q.limit.as_ref().unwrap_or(&q.guaranteed)
             )
         })
         .collect::<Vec<_>>()

@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::{GpuSharingPolicySpec, Mps, Sharing, TimeSlicing};
+use crate::api::{GpuSharingPolicySpec, MemorySlices, Mps, Sharing, TimeSlicing};
 
 fn policy(strategy: SharingStrategy) -> GpuSharingPolicy {
     let mut spec: GpuSharingPolicySpec =
@@ -12,6 +12,9 @@ fn policy(strategy: SharingStrategy) -> GpuSharingPolicy {
         mps: (strategy == SharingStrategy::Mps).then(|| Mps {
             default_active_thread_percentage: Some(50),
             default_pinned_device_memory_limit: Some("10Gi".into()),
+        }),
+        memory_slices: (strategy == SharingStrategy::MemorySlices).then(|| MemorySlices {
+            size: "10Gi".into(),
         }),
     };
     let mut p = GpuSharingPolicy::new("a100", spec);
