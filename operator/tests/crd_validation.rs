@@ -35,8 +35,7 @@ const SYSTEM_NAMESPACE: &str =
 const LIMIT_BELOW_GUARANTEED: &str = "limit must be at least guaranteed";
 const LENDING_ABOVE_GUARANTEED: &str =
     "lendingLimit must be at most guaranteed: it says how much of the guarantee may be lent";
-const SLICES_FROM_GPUS: &str =
-    "memory slices are cut from whole GPUs: sharing.strategy MemorySlices needs selector.deviceType gpu";
+const SLICES_FROM_GPUS: &str = "memory slices are cut from whole GPUs: sharing.strategy MemorySlices needs selector.deviceType gpu";
 const SLICES_ONLY: &str =
     "memorySlices is required with strategy MemorySlices and not allowed otherwise";
 const SLICE_SIZE: &str = "memorySlices.size must be a positive quantity such as 10Gi";
@@ -767,10 +766,12 @@ fn quotas_and_names_are_bounded() {
     assert_eq!(quota["sharingPolicy"]["maxLength"], 46);
     for amount in ["guaranteed", "limit", "lendingLimit"] {
         // A count or a memory amount: bounded by its rule (amounts_are_counts_or_memory...).
-        assert_eq!(quota[amount]["x-kubernetes-int-or-string"], true, "{amount}");
         assert_eq!(
-            quota[amount]["x-kubernetes-validations"][0]["message"],
-            AMOUNT,
+            quota[amount]["x-kubernetes-int-or-string"], true,
+            "{amount}"
+        );
+        assert_eq!(
+            quota[amount]["x-kubernetes-validations"][0]["message"], AMOUNT,
             "{amount}"
         );
     }
@@ -948,7 +949,10 @@ fn every_rule_is_known_and_covered_above() {
         ("GpuSharingPolicy.spec.sharing", TIME_SLICING_ONLY),
         ("GpuSharingPolicy.spec.sharing", MPS_ONLY),
         ("GpuSharingPolicy.spec.sharing", SLICES_ONLY),
-        ("GpuSharingPolicy.spec.sharing.memorySlices.size", SLICE_SIZE),
+        (
+            "GpuSharingPolicy.spec.sharing.memorySlices.size",
+            SLICE_SIZE,
+        ),
         (
             "GpuSharingPolicy.spec.sharing.mps.defaultPinnedDeviceMemoryLimit",
             PINNED_MEMORY,

@@ -27,6 +27,7 @@ mod operations;
 mod policies;
 mod restarts;
 mod sharing;
+mod slices;
 mod tenancy;
 
 /// A cluster with the NVIDIA driver's DeviceClasses, six 8-GPU nodes and the namespaces of the

@@ -245,6 +245,8 @@ impl JsonSchema for Amount {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "x-kubernetes-int-or-string": true,
+            // Bounds what the rules below cost the API server.
+            "maxLength": 16,
             "description": "A number of devices (0 to 100000), or for a MemorySlices sharing policy an amount of memory such as 80Gi, counted in whole slices.",
             "x-kubernetes-validations": [
                 {"rule": "string(self).matches('^[0-9]+$') ? int(string(self)) <= 100000 : (isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('0')) >= 0)",
