@@ -174,6 +174,9 @@ pub fn shared() -> Result<&'static ControlPlane, String> {
         .map_err(Clone::clone)
 }
 
+/// The feature gate that serves DeviceTaintRules, for every component.
+const TAINT_RULES: &str = "--feature-gates=DRADeviceTaintRules=true";
+
 impl ControlPlane {
     /// Starts the four components from `assets` and waits until the API server is ready and the
     /// controller-manager works. Blocks the thread (with a tokio runtime of its own), so call it
@@ -268,7 +271,8 @@ impl ControlPlane {
                 .spawn()?,
         );
         // Endpoints cannot hold 127.0.0.1 (so no reconciler); hand-made Nodes would get a
-        // not-ready taint that no kubelet ever lifts (TaintNodesByCondition).
+        // not-ready taint that no kubelet ever lifts (TaintNodesByCondition). DeviceTaintRules
+        // (beta, off by default in 1.36) are served, so that teamgpu's use of them is tested.
         plane.spawn(
             assets,
             "kube-apiserver",
@@ -281,7 +285,8 @@ impl ControlPlane {
                  --service-account-key-file=DIR/sa.pub --api-audiences={ISSUER} \
                  --service-account-signing-key-file=DIR/sa.key --profiling=false \
                  --enable-admission-plugins=ResourceQuota,ValidatingAdmissionPolicy \
-                 --disable-admission-plugins=TaintNodesByCondition"
+                 --disable-admission-plugins=TaintNodesByCondition \
+                 {TAINT_RULES} --runtime-config=resource.k8s.io/v1beta2=true"
             ),
         )?;
         // Skipping the lookup avoids an exit when started before the API server's RBAC is
@@ -291,7 +296,7 @@ impl ControlPlane {
                 "--kubeconfig=DIR/{name}.kubeconfig --authentication-kubeconfig=DIR/{name}.kubeconfig \
                  --authorization-kubeconfig=DIR/{name}.kubeconfig --authentication-skip-lookup=true \
                  --client-ca-file=DIR/ca.crt --bind-address=127.0.0.1 --leader-elect=false \
-                 --kube-api-qps=500 --kube-api-burst=1000"
+                 --kube-api-qps=500 --kube-api-burst=1000 {TAINT_RULES}"
             )
         };
         // No kubelet posts Node status, so no node lifecycle controller: hand-made Nodes stay Ready.
@@ -315,7 +320,7 @@ impl ControlPlane {
                     "--config={} --authentication-kubeconfig=DIR/scheduler.kubeconfig \
                      --authorization-kubeconfig=DIR/scheduler.kubeconfig \
                      --authentication-skip-lookup=true --client-ca-file=DIR/ca.crt \
-                     --bind-address=127.0.0.1 --secure-port={scheduler}",
+                     --bind-address=127.0.0.1 --secure-port={scheduler} {TAINT_RULES}",
                     file.display()
                 )
             }

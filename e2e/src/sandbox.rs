@@ -280,6 +280,10 @@ async fn sweep(client: &Client) -> Result<Vec<String>, SandboxError> {
     ]) {
         found.extend(delete_listed(client, &resource, None, lp).await?);
     }
+    // DeviceTaintRules, where the API server serves them (the harness's does).
+    if let Some(rules) = teamgpu::controller::taint_rules::served(client).await {
+        found.extend(delete_listed(client, &rules, None, &e2e).await?);
+    }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in namespaces.list(&e2e).await?.items {
         let name = ns.name_any();

@@ -366,7 +366,7 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     // Reads come from watch caches (list, watch); `get` only where a binding's paramRef needs it.
     let read = set(&["list", "watch"]);
     let apply = set(&["list", "watch", "create", "patch", "delete"]);
-    let expected: [(&str, &str, BTreeSet<&str>); 19] = [
+    let expected: [(&str, &str, BTreeSet<&str>); 20] = [
         // `get` too: the operator grants it to each team's members, and RBAC lets it grant
         // only what it holds.
         (
@@ -386,6 +386,8 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
         ("", "namespaces", read.clone()),
         ("resource.k8s.io", "resourceslices", read.clone()),
         ("resource.k8s.io", "resourceclaims", read.clone()),
+        // Where the API server serves them.
+        ("resource.k8s.io", "devicetaintrules", read.clone()),
         ("resource.k8s.io", "deviceclasses", apply.clone()),
         ("resource.k8s.io", "resourceclaimtemplates", apply.clone()),
         // A quota is also the team admission policy's params, named by its binding.

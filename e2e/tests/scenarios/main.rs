@@ -28,6 +28,7 @@ mod policies;
 mod restarts;
 mod sharing;
 mod slices;
+mod taints;
 mod tenancy;
 
 /// A cluster with the NVIDIA driver's DeviceClasses, six 8-GPU nodes and the namespaces of the

@@ -174,6 +174,7 @@ pub async fn read(
     let slices: Vec<ResourceSlice> = list(Api::all(client.clone()), &all, "ResourceSlices").await?;
     let claims: Vec<ResourceClaim> = list(Api::all(client.clone()), &all, "ResourceClaims").await?;
 
+    let device_taints = device_taints(client, &mut notes).await?;
     let (managed, templates) = managed_objects(client, &device_classes).await?;
     let pending = pending_demand(client, &templates, &claims).await?;
     if sharing_policies.is_empty() && teams.is_empty() {
@@ -196,10 +197,48 @@ pub async fn read(
             enforcement: enforcement_of(&managed),
             // The CRDs as owners: the diff ignores what the plan leaves out.
             crd_owners: None,
+            device_taints,
         },
         managed,
         notes,
     })
+}
+
+/// The taints on devices from outside their slices, as the operator reads them: the
+/// DeviceTaintRules where the API server serves them, and the devices running Pods report
+/// unhealthy (see [`crate::core::plan::taints`]).
+async fn device_taints(
+    client: &Client,
+    notes: &mut Vec<String>,
+) -> Result<Vec<crate::core::plan::inventory::ExtraTaint>, ReadError> {
+    let mut rules = Vec::new();
+    if let Some(resource) = crate::controller::taint_rules::served(client).await {
+        let api = Api::<kube::api::DynamicObject>::all_with(client.clone(), &resource);
+        let listed = list_or_note(
+            api,
+            &ListParams::default(),
+            "DeviceTaintRules",
+            notes,
+            || "DeviceTaintRules cannot be listed: devices they taint are counted".to_owned(),
+        )
+        .await?;
+        rules.extend(
+            (listed.into_iter().flatten()).filter_map(|r| crate::controller::taint_rules::view(&r)),
+        );
+    }
+    let running = ListParams::default().fields("status.phase=Running");
+    let pods = list_or_note(
+        Api::<Pod>::all(client.clone()),
+        &running,
+        "Pods",
+        notes,
+        || "Pods cannot be listed: devices they report unhealthy are counted".to_owned(),
+    )
+    .await?;
+    let unhealthy: Vec<_> = (pods.iter().flatten())
+        .flat_map(crate::core::plan::taints::unhealthy)
+        .collect();
+    Ok(crate::core::plan::taints::device_taints(&rules, &unhealthy))
 }
 
 /// Every object teamgpu manages (the managed DeviceClasses of `device_classes`, the other kinds

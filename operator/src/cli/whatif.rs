@@ -60,6 +60,7 @@ pub fn overlay(base: &ClusterState, changes: ClusterState) -> ClusterState {
         unreadable_teams: base.unreadable_teams.clone(),
         enforcement: base.enforcement,
         crd_owners: base.crd_owners.clone(),
+        device_taints: base.device_taints.clone(),
     }
 }
 

@@ -22,6 +22,8 @@ pub enum Watch {
     Pods,
     /// teamgpu's two CustomResourceDefinitions, the owners of its admission objects.
     Crds,
+    /// DeviceTaintRules, where the API server serves them.
+    TaintRules,
     Owned(Kind),
 }
 
@@ -37,7 +39,8 @@ impl Watch {
             Watch::PendingPods => 6,
             Watch::Pods => 7,
             Watch::Crds => 8,
-            Watch::Owned(kind) => 9 + kind as u32,
+            Watch::TaintRules => 9,
+            Watch::Owned(kind) => 10 + kind as u32,
         }
     }
 }
@@ -89,12 +92,11 @@ pub struct Wake {
 }
 
 impl Wake {
-    /// `watch`'s cache took an event in. Pods not pending wake no pass: reclaim reads them in
-    /// a pass that runs anyway (a claim changed, a grace period ended), and the status changes
-    /// of thousands of running Pods would otherwise make passes that find nothing to do.
-    pub fn mark(&self, watch: Watch) {
+    /// `watch`'s cache took an event in, which starts a pass if it `wakes` (see
+    /// [`super::projected::Projector::wakes`]; running Pods wake none, say).
+    pub fn mark(&self, watch: Watch, wakes: bool) {
         self.changes.mark(watch);
-        if watch != Watch::Pods {
+        if wakes {
             self.notify.notify_one();
         }
     }

@@ -16,6 +16,7 @@ pub mod metrics;
 mod observe;
 mod projected;
 mod reconciler;
+pub mod taint_rules;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -230,7 +231,11 @@ pub async fn run(
 
     let wake = observe::Wake::default();
     let mut watches = JoinSet::new();
-    let stores = observe::start(&client, &wake, &mut watches);
+    let taint_rules = taint_rules::served(&client).await;
+    if let Some(resource) = &taint_rules {
+        tracing::info!(version = %resource.api_version, "watching DeviceTaintRules");
+    }
+    let stores = observe::start(&client, &wake, &mut watches, taint_rules);
     let Some(election) = stop_or(stopped(), elect_leader(&client, &config)).await else {
         return Ok(());
     };

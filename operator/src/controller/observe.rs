@@ -24,6 +24,7 @@ use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
 use crate::core::effects::PodView;
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::core::plan::taints::TaintRuleView;
 use crate::core::plan::usage::{ClaimView, Names};
 use crate::core::state::{ClusterState, NamespaceInfo};
 use crate::core::{engine, plan};
@@ -52,6 +53,8 @@ pub struct Stores {
     /// Each of teamgpu's CRDs, by name, as an owner reference (one watch per CRD, so that
     /// `config/rbac` grants them by name).
     pub crds: Vec<Projected<OwnerReference, ()>>,
+    /// DeviceTaintRules, where the API server serves them (`None`: it serves none).
+    pub taint_rules: Option<Projected<Option<TaintRuleView>, ()>>,
     /// Objects carrying teamgpu's managed-by label, per kind (DeviceClasses come from
     /// `device_classes`), as the differ needs them.
     pub owned: Vec<(Kind, Projected<LiveView, u64>)>,
@@ -72,7 +75,13 @@ impl Stores {
     /// Wait until every cache but the slices' holds a complete first list; false if a watch task
     /// ended. (The slices are listed once the reconciler knows what to keep of them.)
     pub async fn wait_until_ready(&self) -> bool {
-        let (a, b, d, f, namespaces, claims, pods, owned, crds) = futures::join!(
+        let rules = async {
+            match &self.taint_rules {
+                Some(rules) => rules.wait_until_ready().await,
+                None => true,
+            }
+        };
+        let (a, b, d, f, namespaces, claims, pods, owned, crds, rules) = futures::join!(
             self.sharing_policies.wait_until_ready(),
             self.teams.wait_until_ready(),
             self.device_classes.wait_until_ready(),
@@ -82,6 +91,7 @@ impl Stores {
             self.pods.wait_until_ready(),
             futures::future::join_all(self.owned.iter().map(|(_, s)| s.wait_until_ready())),
             futures::future::join_all(self.crds.iter().map(Projected::wait_until_ready)),
+            rules,
         );
         [a, b, d, f].iter().all(Result::is_ok)
             && namespaces
@@ -89,6 +99,7 @@ impl Stores {
             && pods
             && owned.iter().all(|ready| *ready)
             && crds.iter().all(|ready| *ready)
+            && rules
     }
 
     /// Lists every object teamgpu owns again, so that a change the watches missed is seen:
@@ -218,7 +229,7 @@ fn spawn<K, S>(
                     if status_only {
                         wake.changes.mark(watch);
                     } else {
-                        wake.mark(watch);
+                        wake.mark(watch, true);
                     }
                 }
                 // The watcher retries with backoff: one bad answer never ends the watch.
@@ -228,36 +239,37 @@ fn spawn<K, S>(
     });
 }
 
-/// Start every watch. The tasks run until dropped.
-pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
+/// Start every watch, DeviceTaintRules' too where the API server serves them
+/// (`taint_rules`). The tasks run until dropped.
+pub fn start(
+    client: &Client,
+    wake: &Wake,
+    tasks: &mut JoinSet<()>,
+    taint_rules: Option<ApiResource>,
+) -> Stores {
     let cfg = watcher::Config::default;
-
-    let dynamic = |ar: ApiResource| -> (
-        Api<DynamicObject>,
-        Writer<DynamicObject>,
-        Store<DynamicObject>,
-    ) {
-        let api = Api::all_with(client.clone(), &ar);
-        let writer = Writer::new(ar);
+    let mut own_kind = |resource: ApiResource, watch: Watch, what: &'static str| {
+        let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+        let writer = Writer::new(resource);
         let store = writer.as_reader();
-        (api, writer, store)
+        spawn(
+            tasks,
+            writer,
+            watcher(api, cfg()),
+            wake.clone(),
+            watch,
+            what,
+        );
+        store
     };
-
-    let (api, writer, sharing_policies) = dynamic(ApiResource::erase::<GpuSharingPolicy>(&()));
-    spawn(
-        tasks,
-        writer,
-        watcher(api, cfg()),
-        wake.clone(),
+    // teamgpu's own kinds, kept dynamic so that one malformed object is reported, not fatal.
+    let sharing_policies = own_kind(
+        ApiResource::erase::<GpuSharingPolicy>(&()),
         Watch::SharingPolicies,
         "gpusharingpolicies",
     );
-    let (api, writer, teams) = dynamic(ApiResource::erase::<TeamGpuPolicy>(&()));
-    spawn(
-        tasks,
-        writer,
-        watcher(api, cfg()),
-        wake.clone(),
+    let teams = own_kind(
+        ApiResource::erase::<TeamGpuPolicy>(&()),
         Watch::Teams,
         "teamgpupolicies",
     );
@@ -304,6 +316,8 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
     let (pending_pods, pods) = watch_pods(client, wake, tasks);
 
     let crds = watch_crds(client, wake, tasks);
+    let taint_rules =
+        taint_rules.map(|resource| super::taint_rules::watch(client, wake, tasks, &resource));
 
     let own_writes = Arc::new(OwnWrites::default());
     let (owned_relist, relists) = watch::channel(Some(0));
@@ -320,6 +334,7 @@ pub fn start(client: &Client, wake: &Wake, tasks: &mut JoinSet<()>) -> Stores {
         pending_pods,
         pods,
         crds,
+        taint_rules,
         owned,
         owned_relist: Arc::new(owned_relist),
         own_writes,
@@ -538,6 +553,17 @@ impl Projector<Pod> for PodProjector {
 
     fn same(kept: &PodView, new: &PodView) -> bool {
         kept == new
+    }
+
+    /// Pods not pending wake no pass: reclaim reads them in a pass that runs anyway (a claim
+    /// changed, a grace period ended), and the status changes of thousands of running Pods
+    /// would otherwise make passes that find nothing to do. But a device reported unhealthy
+    /// (or healthy again, or its Pod gone) changes capacity now.
+    fn wakes(kept: Option<&PodView>, new: Option<&PodView>) -> bool {
+        fn unhealthy(pod: Option<&PodView>) -> &[crate::core::plan::inventory::ExtraTaint] {
+            pod.map_or(&[], |p| &p.unhealthy)
+        }
+        unhealthy(kept) != unhealthy(new)
     }
 
     fn relisted(&mut self) {

@@ -221,6 +221,12 @@ pub trait Projector<K>: Send + 'static {
     /// changed nothing, and wakes no pass.
     fn same(kept: &Self::View, new: &Self::View) -> bool;
 
+    /// Whether a change from `kept` to `new` (`None`: no such object) starts a pass; else it
+    /// is read by the next pass that runs anyway.
+    fn wakes(_kept: Option<&Self::View>, _new: Option<&Self::View>) -> bool {
+        true
+    }
+
     /// After a complete list: forget what only the objects before it held.
     fn relisted(&mut self) {}
 }
@@ -270,6 +276,7 @@ where
                     }
                     event = stream.next() => event,
                 };
+                let mut wakes = true;
                 let changed = match event {
                     None => return,
                     Some(Err(error)) => {
@@ -296,12 +303,20 @@ where
                     }
                     Some(Ok(watcher::Event::Apply(obj))) => {
                         let view = projector.project(&obj, &current);
-                        store.lock().put(key(&obj), view, R::same)
+                        let mut store = store.lock();
+                        let key = key(&obj);
+                        wakes = R::wakes(store.objects.get(&key).map(|v| &**v), Some(&view));
+                        store.put(key, view, R::same)
                     }
-                    Some(Ok(watcher::Event::Delete(obj))) => store.lock().remove(&key(&obj)),
+                    Some(Ok(watcher::Event::Delete(obj))) => {
+                        let mut store = store.lock();
+                        let key = key(&obj);
+                        wakes = R::wakes(store.objects.get(&key).map(|v| &**v), None);
+                        store.remove(&key)
+                    }
                 };
                 if changed {
-                    wake.mark(watch);
+                    wake.mark(watch, wakes);
                 }
             }
         }

@@ -100,6 +100,11 @@ impl Reconciler {
         if changed.contains(Watch::Pods) {
             inputs.extend(all(stores.pods.state()).map(Input::Pods));
         }
+        if changed.contains(Watch::TaintRules)
+            && let Some(rules) = stores.taint_rules.as_ref().and_then(|r| all(r.state()))
+        {
+            inputs.push(Input::TaintRules(rules));
+        }
         if changed.contains(Watch::Crds) {
             inputs.push(Input::CrdOwners(stores.crd_owners()));
         }

@@ -71,6 +71,9 @@ pub struct ClusterState {
     /// without an operator). `None`: not known (`teamgpu plan` on files), no owner is set;
     /// empty: the CRDs are gone, and nothing is left to enforce.
     pub crd_owners: Option<Vec<OwnerReference>>,
+    /// Taints on devices from outside their slices: DeviceTaintRules, and devices Pods report
+    /// unhealthy.
+    pub device_taints: Vec<crate::core::plan::inventory::ExtraTaint>,
 }
 
 /// What a projected cache hands over: every object (the first time, after a resync), or what

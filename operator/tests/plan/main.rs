@@ -73,6 +73,9 @@ enum Change {
     DropSharingPolicy(usize),
     Pending(usize, u32),
     ForeignClass(&'static str),
+    /// A DeviceTaintRule on a slice's pool, one device of it or all (or its removal: `None`),
+    /// or a Pod's report that a device is unhealthy, as the operator reads them.
+    ExtraTaint(usize, Option<Option<usize>>),
 }
 
 fn change() -> impl proptest::strategy::Strategy<Value = Change> {
@@ -103,6 +106,11 @@ fn change() -> impl proptest::strategy::Strategy<Value = Change> {
         (i, 0..6u32).prop_map(|(n, d)| Change::Pending(n, d)),
         proptest::sample::select(&["device.driver == 'gpu.nvidia.com'", "true", "false",][..])
             .prop_map(Change::ForeignClass),
+        (
+            0..64usize,
+            proptest::option::of(proptest::option::of(0..8usize))
+        )
+            .prop_map(|(s, d)| Change::ExtraTaint(s, d)),
     ]
 }
 
@@ -235,6 +243,29 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
                     claims: vec![*devices],
                     oldest: None,
                 }];
+            }
+        }
+        Change::ExtraTaint(n, device) => {
+            let Some(i) = pick(*n, state.slices.len()) else {
+                return;
+            };
+            let slice = &state.slices[i];
+            match device {
+                None => {
+                    state.device_taints.pop();
+                }
+                Some(device) => {
+                    let name = device
+                        .and_then(|d| Some(slice.spec.devices.as_ref()?.get(d)?.name.clone()));
+                    state
+                        .device_taints
+                        .push(teamgpu::core::plan::inventory::ExtraTaint {
+                            driver: Some(slice.spec.driver.clone()),
+                            pool: Some(slice.spec.pool.name.clone()),
+                            device: name,
+                            key: "example.com/maintenance".into(),
+                        });
+                }
             }
         }
         Change::ForeignClass(expression) => {

@@ -490,6 +490,46 @@ fn devices_on_a_tainted_or_incomplete_pool_are_not_capacity() {
 }
 
 #[test]
+fn devices_a_taint_rule_or_a_pods_health_report_names_are_not_capacity() {
+    use teamgpu::core::plan::inventory::ExtraTaint;
+    let capacity = |state: &teamgpu::core::state::ClusterState| {
+        let plan = plan(state);
+        (plan.sharing_policies.iter())
+            .find(|p| p.name == "a100-80gb")
+            .unwrap()
+            .clone()
+    };
+    let mut state = example();
+    assert_eq!(capacity(&state).capacity, 32);
+    // A DeviceTaintRule on one 80GB node's pool (every device of it), and a Pod's report that a
+    // device of another node is unhealthy.
+    state.device_taints = vec![
+        ExtraTaint {
+            driver: Some("gpu.nvidia.com".into()),
+            pool: Some("gpu-a-01".into()),
+            device: None,
+            key: "example.com/maintenance".into(),
+        },
+        ExtraTaint {
+            driver: Some("gpu.nvidia.com".into()),
+            pool: Some("gpu-a-02".into()),
+            device: Some("gpu-3".into()),
+            key: teamgpu::core::plan::taints::UNHEALTHY.into(),
+        },
+    ];
+    let a100 = capacity(&state);
+    assert_eq!(a100.capacity, 32 - 8 - 1);
+    let found = condition(&a100.conditions, "DevicesFound");
+    assert_eq!(
+        found.message,
+        "23 devices match; 9 more are tainted NoSchedule or NoExecute (example.com/maintenance, unhealthy) and not counted"
+    );
+    // The rule deleted, the report gone: all of them count again.
+    state.device_taints.clear();
+    assert_eq!(capacity(&state).capacity, 32);
+}
+
+#[test]
 fn statuses_are_deterministic_and_keep_transition_times() {
     let plan = plan(&example());
     let t0 = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(

@@ -16,6 +16,7 @@ use crate::core::diff::{Kind, LiveObject};
 use crate::core::effects::{Malformed, PodView, PolicyKind};
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects;
+use crate::core::plan::taints::{self, TaintRuleView};
 use crate::core::plan::usage::ClaimView;
 use crate::core::state::{NamespaceView, Taken};
 use crate::dra_cel::DeviceReads;
@@ -40,6 +41,8 @@ pub enum Input {
     PendingPods(Vec<Arc<Pod>>),
     /// Pods not done yet, as reclaim weighs them.
     Pods(Vec<Arc<PodView>>),
+    /// DeviceTaintRules (`None` for those whose taint keeps no claim off).
+    TaintRules(Vec<Arc<Option<TaintRuleView>>>),
     /// The objects of `kind` that carry teamgpu's managed-by label (DeviceClasses come with
     /// [`Input::DeviceClasses`]).
     Owned {
@@ -178,10 +181,29 @@ impl Engine {
                 );
             }
             Input::PendingPods(pods) => self.pending_pods = pods,
-            Input::Pods(pods) => self.pods = pods,
+            Input::Pods(pods) => {
+                self.pods = pods;
+                self.device_taints_changed();
+            }
+            Input::TaintRules(rules) => {
+                self.taint_rules = rules;
+                self.device_taints_changed();
+            }
             Input::Owned { kind, objects } => self.differ.update_live(kind, objects),
             Input::CrdOwners(owners) => self.state.crd_owners = Some(owners),
             Input::SliceListAsked(reads) => self.slices_asked = Some(reads),
+        }
+    }
+
+    /// Takes the taints on devices from outside their slices (rules, devices Pods report
+    /// unhealthy) into the planner's input; plans again when they changed.
+    fn device_taints_changed(&mut self) {
+        let rules = self.taint_rules.iter().filter_map(|r| r.as_ref().as_ref());
+        let unhealthy = self.pods.iter().flat_map(|p| p.unhealthy.iter());
+        let taints = taints::device_taints(rules, unhealthy);
+        if taints != self.state.device_taints {
+            self.state.device_taints = taints;
+            self.replan = true;
         }
     }
 

@@ -148,6 +148,8 @@ pub struct Engine {
     /// As the caches hold them, for pending demand and reclaim.
     pending_pods: Vec<Arc<Pod>>,
     pods: Vec<Arc<crate::core::effects::PodView>>,
+    /// DeviceTaintRules, as the watch keeps them.
+    taint_rules: Vec<Arc<Option<crate::core::plan::taints::TaintRuleView>>>,
     /// Pods waiting because quota refused their claims, as of the last pass.
     waiting: Vec<WaitingPod>,
     /// What the slices were last asked to be listed with.
@@ -180,6 +182,7 @@ impl Engine {
             malformed: Vec::new(),
             pending_pods: Vec::new(),
             pods: Vec::new(),
+            taint_rules: Vec::new(),
             waiting: Vec::new(),
             slices_asked: None,
             plan: None,

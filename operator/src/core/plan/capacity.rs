@@ -160,6 +160,32 @@ impl Default for Matching {
     }
 }
 
+/// What `name`'s pool has for the teams: the devices it matches (those whose capacity is shared
+/// as `shared` counts them) less those allocated through other classes, which no team's quota
+/// counts (`outside`).
+pub fn available(
+    name: &str,
+    matches: &MatchReport,
+    shared: &super::counters::SharedCounters,
+    outside: &BTreeMap<String, BTreeMap<&DeviceId, &str>>,
+) -> u32 {
+    let matched = shared.capacity(name, matches.counts.get(name).copied().unwrap_or(0));
+    let outside = outside
+        .get(name)
+        .map_or(0, |o| u32::try_from(o.len()).unwrap_or(u32::MAX));
+    matched.saturating_sub(outside)
+}
+
+/// A warning per pool whose devices are not counted because not all its slices are published.
+pub fn incomplete_pool_warnings(inventory: &Inventory) -> impl Iterator<Item = String> + '_ {
+    inventory.incomplete_pools().map(|pool| {
+        format!(
+            "pool {} of driver {} is incomplete (not all of its ResourceSlices are published): its devices are not counted",
+            pool.pool, pool.driver
+        )
+    })
+}
+
 /// Per sharing policy, the devices it matches that are allocated outside teams, each with the
 /// claim holding it.
 pub fn used_outside_teams<'u>(

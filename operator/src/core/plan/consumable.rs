@@ -70,21 +70,7 @@ pub fn add_consumable<'c>(
         return;
     }
     let keys: BTreeSet<&PoolKey> = pools.iter().map(|(k, _)| *k).collect();
-    let mut results: HashMap<&DeviceId, Vec<(&Arc<str>, &ClaimDevice)>> = HashMap::new();
-    for claim in claims {
-        for d in claim.devices.iter().filter(|d| !d.admin_access) {
-            let key = PoolKey {
-                driver: d.id.driver.clone(),
-                pool: d.id.pool.clone(),
-            };
-            if keys.contains(&key) {
-                results
-                    .entry(&d.id)
-                    .or_default()
-                    .push((&claim.namespace, d));
-            }
-        }
-    }
+    let results = allocations_by_device(claims, &keys);
     let names: Vec<&String> = sets.keys().collect();
     let draws_of: Vec<BTreeMap<&str, i128>> = (names.iter())
         .map(|name| match slices.get(*name) {
@@ -107,15 +93,7 @@ pub fn add_consumable<'c>(
             };
             let id = device.id();
             let on_device = results.get(&id).map_or(&[][..], Vec::as_slice);
-            let mut left: Vec<i128> = capacities.iter().map(|c| c.value).collect();
-            for (_, result) in on_device {
-                for (capacity, amount) in capacities.iter().zip(left.iter_mut()) {
-                    let consumed = (result.consumed.iter())
-                        .find(|(name, _)| **name == *capacity.name)
-                        .map_or(0, |(_, n)| *n);
-                    *amount = amount.saturating_sub(consumed);
-                }
-            }
+            let left = left_of(capacities, on_device);
             let mut more = BTreeMap::new();
             for &set in matching.iter() {
                 let set = usize::from(set);
@@ -164,6 +142,44 @@ pub fn add_consumable<'c>(
         }
     }
     matches.sweep();
+}
+
+/// The allocations of `claims` in `pools`, by device, each with its claim's namespace.
+fn allocations_by_device<'c>(
+    claims: impl IntoIterator<Item = &'c ClaimView>,
+    pools: &BTreeSet<&PoolKey>,
+) -> HashMap<&'c DeviceId, Vec<(&'c Arc<str>, &'c ClaimDevice)>> {
+    let mut results: HashMap<&DeviceId, Vec<(&Arc<str>, &ClaimDevice)>> = HashMap::new();
+    for claim in claims {
+        for d in claim.devices.iter().filter(|d| !d.admin_access) {
+            let key = PoolKey {
+                driver: d.id.driver.clone(),
+                pool: d.id.pool.clone(),
+            };
+            if pools.contains(&key) {
+                let on = results.entry(&d.id).or_default();
+                on.push((&claim.namespace, d));
+            }
+        }
+    }
+    results
+}
+
+/// What the allocations `on_device` leave of each of the device's `capacities`.
+fn left_of(
+    capacities: &[super::inventory::consumable::ConsumableCapacity],
+    on_device: &[(&Arc<str>, &ClaimDevice)],
+) -> Vec<i128> {
+    let mut left: Vec<i128> = capacities.iter().map(|c| c.value).collect();
+    for (_, result) in on_device {
+        for (capacity, amount) in capacities.iter().zip(left.iter_mut()) {
+            let consumed = (result.consumed.iter())
+                .find(|(name, _)| **name == *capacity.name)
+                .map_or(0, |(_, n)| *n);
+            *amount = amount.saturating_sub(consumed);
+        }
+    }
+    left
 }
 
 /// The devices of `pool` that allow multiple allocations and count as capacity, with the sets

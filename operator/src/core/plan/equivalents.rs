@@ -85,6 +85,16 @@ pub fn per_device(policy: &CompiledPolicy, shared: &SharedCounters) -> PerDevice
     }
 }
 
+/// [`per_device`] of every policy, by name.
+pub fn per_policy(
+    policies: &[CompiledPolicy],
+    shared: &SharedCounters,
+) -> std::collections::BTreeMap<String, PerDevice> {
+    (policies.iter())
+        .map(|p| (p.name.clone(), per_device(p, shared)))
+        .collect()
+}
+
 /// The compute slices of the largest of `profiles` (`3g.40gb` is 3, capped at 7).
 fn largest_profile(profiles: &[String]) -> Option<u64> {
     (profiles.iter())

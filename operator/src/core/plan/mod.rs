@@ -29,6 +29,7 @@ mod policies;
 pub mod rbac;
 mod shares;
 mod status;
+pub mod taints;
 mod types;
 pub mod usage;
 
@@ -77,6 +78,26 @@ pub fn device_reads(state: &ClusterState) -> dra_cel::DeviceReads {
         }
     }
     reads
+}
+
+/// What the policies can hold of devices whose capacity is shared: those drawing on counter sets
+/// and those many claims share (see [`counters`], [`consumable`]).
+fn shared_devices(
+    (groups, consumables): (
+        &mut counters::GroupMatches,
+        &mut consumable::ConsumableMatches,
+    ),
+    inventory: &Inventory,
+    claims: &claims::Claims,
+    (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
+    policies: &[policies::CompiledPolicy],
+) -> counters::SharedCounters {
+    let all = || claims.all().map(|c| &**c);
+    let mut shared = counters::shared_counters(groups, inventory, (sets, expressions), all());
+    let slices = policies::slice_sizes(policies);
+    let with = (sets, expressions);
+    consumable::add_consumable(&mut shared, consumables, inventory, with, &slices, all());
+    shared
 }
 
 /// The planner the operator keeps between events. It gives the same plan as [`plan`], but
@@ -240,6 +261,7 @@ impl Planner {
     /// `update_claims` (`state.slices` and `state.claims` are not read).
     pub fn plan(&mut self, state: &ClusterState) -> Plan {
         let mut out = Plan::default();
+        self.inventory.set_extra_taints(&state.device_taints);
         let live_classes: BTreeMap<String, &DeviceClass> = state
             .device_classes
             .iter()
@@ -257,37 +279,19 @@ impl Planner {
         let inventory = &self.inventory;
         self.matching.update(inventory, expressions, &sets);
         let matches = self.matching.total();
-        for pool in inventory.incomplete_pools() {
-            out.warnings.push(format!(
-                "pool {} of driver {} is incomplete (not all of its ResourceSlices are published): its devices are not counted",
-                pool.pool, pool.driver
-            ));
-        }
+        out.warnings
+            .extend(capacity::incomplete_pool_warnings(inventory));
         let outside =
             capacity::used_outside_teams(self.usage.values().map(|(_, u)| u), inventory, &sets);
-        let mut shared = counters::shared_counters(
-            &mut self.group_matches,
+        let shared = shared_devices(
+            (&mut self.group_matches, &mut self.consumable_matches),
             inventory,
+            &self.claims,
             (&sets, expressions),
-            self.claims.all().map(|c| &**c),
+            &policies,
         );
-        consumable::add_consumable(
-            &mut shared,
-            &mut self.consumable_matches,
-            inventory,
-            (&sets, expressions),
-            &policies::slice_sizes(&policies),
-            self.claims.all().map(|c| &**c),
-        );
-        let per_device: BTreeMap<String, equivalents::PerDevice> = (policies.iter())
-            .map(|p| (p.name.clone(), equivalents::per_device(p, &shared)))
-            .collect();
-        // Devices allocated through other classes are counted by no team's quota: the teams
-        // share what is left.
-        let available = |name: &str| {
-            let matched = shared.capacity(name, matches.counts.get(name).copied().unwrap_or(0));
-            matched.saturating_sub(outside.get(name).map_or(0, |o| clamp(o.len() as u64)))
-        };
+        let per_device = equivalents::per_policy(&policies, &shared);
+        let available = |name: &str| capacity::available(name, matches, &shared, &outside);
         let governed_foreign = capacity::governed_foreign(
             &mut self.governed,
             &state.device_classes,

@@ -47,6 +47,8 @@ pub struct PodView {
     pub started: Option<Timestamp>,
     /// Being deleted: its devices are on their way back.
     pub terminating: bool,
+    /// The devices its containers report unhealthy (almost always none).
+    pub unhealthy: Box<[crate::core::plan::inventory::ExtraTaint]>,
 }
 
 impl PodView {
@@ -91,6 +93,7 @@ impl PodView {
                 .or(pod.metadata.creation_timestamp.as_ref())
                 .map(|t| t.0),
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            unhealthy: crate::core::plan::taints::unhealthy(pod).into(),
         }
     }
 }

@@ -31,9 +31,11 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
 pub mod consumable;
 mod counters;
+mod matches;
 mod slice;
 
 pub use counters::{CounterGroup, CounterSetView, Draw, Drawing, Fit, PoolCounters, most_that_fit};
+pub use matches::{EvaluationErrors, MatchReport, Tainted, match_pool};
 use slice::SliceDevice;
 pub use slice::SliceView;
 
@@ -88,6 +90,8 @@ pub struct InventoryDevice<'a> {
     pool: &'a PoolKey,
     slice: &'a SliceView,
     device: &'a SliceDevice,
+    /// A taint from outside the slice ([`ExtraTaint`]).
+    extra: Option<&'a Arc<str>>,
 }
 
 impl<'a> InventoryDevice<'a> {
@@ -113,15 +117,15 @@ impl<'a> InventoryDevice<'a> {
         self.slice.node.as_deref()
     }
 
-    /// A taint with effect NoSchedule or NoExecute.
+    /// A taint with effect NoSchedule or NoExecute, in its slice or from outside it.
     pub fn tainted(&self) -> bool {
-        self.device.taint().is_some()
+        self.taint().is_some()
     }
 
     /// The key of the first taint that keeps the device from claims (a driver's health
-    /// taint, `gpu.nvidia.com/gpu-lost` say).
+    /// taint, `gpu.nvidia.com/gpu-lost` say, or a DeviceTaintRule's).
     pub fn taint(&self) -> Option<&'a str> {
-        self.device.taint().map(|t| &**t)
+        (self.device.taint()).or(self.extra).map(|t| &**t)
     }
 
     /// The device's capacities, when it allows multiple allocations ([`consumable`]).
@@ -149,6 +153,10 @@ pub struct Pool {
     fingerprint: u64,
     /// The shared counters, when a device draws on them.
     counters: Option<PoolCounters>,
+    /// Taints from outside the slices, by place in [`Pool::devices`]' order, sorted.
+    extra: Box<[(u32, Arc<str>)]>,
+    /// The identity of the slices alone, before `extra` joins `fingerprint`.
+    slices_fingerprint: u64,
     /// Whether a device of the newest generation allows multiple allocations.
     consumable: bool,
 }
@@ -156,24 +164,23 @@ pub struct Pool {
 impl Pool {
     /// Every device of the newest generation, counted or not, in [`DeviceId`] order.
     pub fn devices(&self) -> impl Iterator<Item = InventoryDevice<'_>> {
-        self.order.iter().map(|&(slice, device)| {
-            let slice = &*self.slices[slice as usize];
-            InventoryDevice {
-                pool: &self.key,
-                slice,
-                device: &slice.devices[device as usize],
-            }
-        })
+        (0..self.order.len()).filter_map(|place| self.device_at(clamp_index(place)))
     }
 
     /// The device at `place` in [`Pool::devices`]' order.
     pub fn device_at(&self, place: u32) -> Option<InventoryDevice<'_>> {
         let &(slice, device) = self.order.get(place as usize)?;
         let slice = &*self.slices[slice as usize];
+        let extra = match self.extra.is_empty() {
+            true => None,
+            false => (self.extra.binary_search_by_key(&place, |(p, _)| *p).ok())
+                .map(|i| &self.extra[i].1),
+        };
         Some(InventoryDevice {
             pool: &self.key,
             slice,
             device: &slice.devices[device as usize],
+            extra,
         })
     }
 
@@ -217,9 +224,63 @@ impl Pool {
             .then_some(first)
     }
 
-    /// Identity of the slices this pool was built from: equal fingerprints, equal pools.
+    /// Identity of the slices this pool was built from and of the taints from outside them:
+    /// equal fingerprints, equal pools.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+
+    /// Takes the devices `taints` select as tainted; whether that changed the pool.
+    fn taint_from(&mut self, taints: &[ExtraTaint]) -> bool {
+        let mine: Vec<&ExtraTaint> = (taints.iter())
+            .filter(|t| t.driver.as_deref().is_none_or(|d| d == &*self.key.driver))
+            .filter(|t| t.pool.as_deref().is_none_or(|p| p == &*self.key.pool))
+            .collect();
+        let extra: Box<[(u32, Arc<str>)]> = if mine.is_empty() {
+            Box::default()
+        } else {
+            (self.order.iter().enumerate())
+                .filter_map(|(place, &(slice, device))| {
+                    let name = &self.slices[slice as usize].devices[device as usize].name;
+                    let taint = mine.iter().find(|t| t.selects(&self.key, name))?;
+                    Some((clamp_index(place), Arc::from(taint.key.as_str())))
+                })
+                .collect()
+        };
+        if extra == self.extra {
+            return false;
+        }
+        let mut hasher = std::hash::DefaultHasher::new();
+        (self.slices_fingerprint, &extra).hash(&mut hasher);
+        self.fingerprint = if extra.is_empty() {
+            self.slices_fingerprint
+        } else {
+            hasher.finish()
+        };
+        self.extra = extra;
+        true
+    }
+}
+
+/// A taint on devices from outside their slices, which keeps them out of capacity as a slice's
+/// NoSchedule or NoExecute taint does: a DeviceTaintRule's (`resource.k8s.io/v1beta2`, served
+/// where the DRADeviceTaintRules feature is on; its selector names a driver, a pool and a
+/// device, each optional), or a Pod's report that a device it holds is unhealthy
+/// (`allocatedResourcesStatus`, KEP-4680).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExtraTaint {
+    pub driver: Option<String>,
+    pub pool: Option<String>,
+    pub device: Option<String>,
+    /// What status names it by: the rule's taint key, or `unhealthy`.
+    pub key: String,
+}
+
+impl ExtraTaint {
+    fn selects(&self, pool: &PoolKey, device: &str) -> bool {
+        self.driver.as_deref().is_none_or(|d| d == &*pool.driver)
+            && self.pool.as_deref().is_none_or(|p| p == &*pool.pool)
+            && self.device.as_deref().is_none_or(|d| d == device)
     }
 }
 
@@ -235,77 +296,8 @@ pub struct Inventory {
     pool_of: HashMap<Arc<str>, PoolKey>,
     /// Counts the updates that changed a pool.
     version: u64,
-}
-
-/// Errors of one expression set, in device order.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EvaluationErrors {
-    pub devices: u32,
-    /// The first few failures.
-    pub first: Vec<(DeviceId, ExpressionError)>,
-}
-
-const ERRORS_KEPT: usize = 5;
-
-/// How many counted devices each named expression set matches.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct MatchReport {
-    /// Every name, with 0 when nothing matches.
-    pub counts: BTreeMap<String, u32>,
-    /// Devices matched by two or more names.
-    pub overlaps: Vec<(DeviceId, Vec<String>)>,
-    /// Number of shared devices per pair of names (first < second).
-    pub overlap_pairs: BTreeMap<(String, String), u32>,
-    pub errors: BTreeMap<String, EvaluationErrors>,
-    /// Per name, the matching devices of usable pools that a taint keeps from claims.
-    pub tainted: BTreeMap<String, Tainted>,
-}
-
-/// Matching devices a taint keeps from claims (NoSchedule or NoExecute, as drivers mark
-/// unhealthy devices: KEP-5055), and the first few taint keys.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Tainted {
-    pub devices: u32,
-    pub keys: BTreeSet<String>,
-}
-
-impl Tainted {
-    fn add(&mut self, devices: u32, keys: impl IntoIterator<Item = String>) {
-        self.devices += devices;
-        for key in keys {
-            if self.keys.len() < ERRORS_KEPT {
-                self.keys.insert(key);
-            }
-        }
-    }
-}
-
-impl MatchReport {
-    /// Adds the report of the devices that follow this report's, as if matched in one pass.
-    pub fn merge(&mut self, next: &MatchReport) {
-        for (name, n) in &next.counts {
-            match self.counts.get_mut(name) {
-                Some(count) => *count += n,
-                None => {
-                    self.counts.insert(name.clone(), *n);
-                }
-            }
-        }
-        self.overlaps.extend(next.overlaps.iter().cloned());
-        for (pair, n) in &next.overlap_pairs {
-            *self.overlap_pairs.entry(pair.clone()).or_default() += n;
-        }
-        for (name, tainted) in &next.tainted {
-            let mine = self.tainted.entry(name.clone()).or_default();
-            mine.add(tainted.devices, tainted.keys.iter().cloned());
-        }
-        for (name, errors) in &next.errors {
-            let mine = self.errors.entry(name.clone()).or_default();
-            mine.devices += errors.devices;
-            let room = ERRORS_KEPT.saturating_sub(mine.first.len());
-            mine.first.extend(errors.first.iter().take(room).cloned());
-        }
-    }
+    /// The taints from outside the slices, sorted.
+    extra_taints: Vec<ExtraTaint>,
 }
 
 impl Inventory {
@@ -359,10 +351,11 @@ impl Inventory {
                 s.identity.hash(&mut hasher);
             }
             let fingerprint = hasher.finish();
-            if (self.pools.get(&key)).is_some_and(|p| p.fingerprint == fingerprint) {
+            if (self.pools.get(&key)).is_some_and(|p| p.slices_fingerprint == fingerprint) {
                 continue;
             }
-            let pool = build_pool(&key, &members, fingerprint);
+            let mut pool = build_pool(&key, &members, fingerprint);
+            pool.taint_from(&self.extra_taints);
             self.pools.insert(key.clone(), pool);
             changed.push(key);
         }
@@ -396,6 +389,28 @@ impl Inventory {
             }
         }
         touched.insert(key);
+    }
+
+    /// Taints the devices that `taints` select (in no particular order), from now on; returns
+    /// the pools whose devices it changed, whose fingerprints change with it.
+    pub fn set_extra_taints(&mut self, taints: &[ExtraTaint]) -> Vec<PoolKey> {
+        let mut sorted = taints.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        if sorted == self.extra_taints {
+            return Vec::new();
+        }
+        self.extra_taints = sorted;
+        let mut changed = Vec::new();
+        for (key, pool) in &mut self.pools {
+            if pool.taint_from(&self.extra_taints) {
+                changed.push(key.clone());
+            }
+        }
+        if !changed.is_empty() {
+            self.version += 1;
+        }
+        changed
     }
 
     /// Changes whenever a pool changed, so that what was computed from the pools can be reused
@@ -459,68 +474,6 @@ impl Inventory {
     }
 }
 
-/// One pool's devices against every named expression set. Only the names that match a device are
-/// counted: a pool's report is kept per pool, and 5,000 pools of 20 mostly-zero counts would be
-/// megabytes ([`Inventory::match_sets`] and [`MatchReport::merge`] give every name).
-pub fn match_pool<S: Borrow<CompiledExpressions>>(
-    pool: &Pool,
-    sets: &BTreeMap<String, S>,
-) -> MatchReport {
-    let mut report = MatchReport::default();
-    if pool.status.usable() {
-        for device in pool.devices().filter(|d| d.tainted()) {
-            for (name, set) in sets {
-                if set.borrow().matches(device.env()) == Ok(true) {
-                    let key = device.taint().unwrap_or_default().to_owned();
-                    report
-                        .tainted
-                        .entry(name.clone())
-                        .or_default()
-                        .add(1, [key]);
-                }
-            }
-        }
-    }
-    for device in pool.counted() {
-        let mut names: Vec<&String> = Vec::new();
-        for (name, set) in sets {
-            match set.borrow().matches(device.env()) {
-                Ok(true) => {
-                    names.push(name);
-                    match report.counts.get_mut(name) {
-                        Some(c) => *c += 1,
-                        None => {
-                            report.counts.insert(name.clone(), 1);
-                        }
-                    }
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    let errs = report.errors.entry(name.clone()).or_default();
-                    errs.devices += 1;
-                    if errs.first.len() < ERRORS_KEPT {
-                        errs.first.push((device.id(), e));
-                    }
-                }
-            }
-        }
-        if names.len() > 1 {
-            for (i, a) in names.iter().enumerate() {
-                for b in &names[i + 1..] {
-                    *report
-                        .overlap_pairs
-                        .entry(((*a).clone(), (*b).clone()))
-                        .or_default() += 1;
-                }
-            }
-            report
-                .overlaps
-                .push((device.id(), names.into_iter().cloned().collect()));
-        }
-    }
-    report
-}
-
 /// One pool from its slices (all generations, sorted by name): only the newest generation counts.
 fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Pool {
     let generation = slices
@@ -580,6 +533,8 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
         fingerprint,
         counters,
         consumable,
+        extra: Box::default(),
+        slices_fingerprint: fingerprint,
     }
 }
 
