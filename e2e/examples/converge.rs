@@ -47,6 +47,7 @@ async fn main() {
         sharing_policies: 5,
         nodes: args.get(2).copied().unwrap_or(50),
         claims: 0,
+        counter_sets: false,
     };
     let state = synthetic(scale).expect("synthetic cluster");
     let cluster = teamgpu_e2e::TestCluster::start()

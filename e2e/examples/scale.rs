@@ -382,6 +382,7 @@ async fn benchmark() {
         sharing_policies: arg(2, 5),
         nodes: arg(3, 20),
         claims: arg(4, 200),
+        counter_sets: false,
     };
     let idle = Duration::from_secs(
         std::env::var("TEAMGPU_SCALE_IDLE_SECONDS")

@@ -196,6 +196,7 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
         sharing_policies: 20,
         nodes: 10,
         claims: 0,
+        counter_sets: false,
     })
     .unwrap();
     for (i, team) in state.teams.iter_mut().enumerate() {

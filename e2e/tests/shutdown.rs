@@ -28,6 +28,7 @@ async fn sigterm_mid_pass_stops_the_operator_within_the_grace_period() {
         sharing_policies: 5,
         nodes: 40,
         claims: 0,
+        counter_sets: false,
     })
     .unwrap();
     teamgpu_e2e::operator::fill(&client, &state).await.unwrap();

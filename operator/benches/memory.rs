@@ -54,6 +54,7 @@ fn scale() -> Scale {
             sharing_policies,
             nodes,
             claims,
+            counter_sets: false,
         },
         [] => Scale::BENCHMARK,
         _ => panic!(

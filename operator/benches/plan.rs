@@ -3,7 +3,9 @@
 //! sharing policies' class expressions is measured on its own, and so is what the operator pays per
 //! event: its kept planner and differ taking in one change.
 //!
-//! `cargo bench -p teamgpu --bench plan`
+//! `cargo bench -p teamgpu --bench plan`; with `TEAMGPU_BENCH_COUNTER_SETS=1` every GPU draws on
+//! a counter set of its own (as the NVIDIA driver publishes GPUs with dynamic MIG), so that the
+//! two runs compare what counting through shared counters costs.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -21,7 +23,13 @@ use teamgpu::dra_cel::{CompiledExpressions, DeviceEnvs, DeviceReads};
 use teamgpu_synthetic::{Scale, synthetic};
 
 fn bench(c: &mut Criterion) {
-    let state = synthetic(Scale::BENCHMARK).expect("synthetic cluster");
+    let counter_sets = std::env::var_os("TEAMGPU_BENCH_COUNTER_SETS").is_some();
+    let state = synthetic(Scale {
+        counter_sets,
+        ..Scale::BENCHMARK
+    })
+    .expect("synthetic cluster");
+    let suffix = if counter_sets { " (counter sets)" } else { "" };
     assert_eq!(state.slices.len(), 5_000);
     let sets: BTreeMap<String, CompiledExpressions> = state
         .sharing_policies
@@ -42,7 +50,7 @@ fn bench(c: &mut Criterion) {
         "every device matches one policy"
     );
 
-    let mut group = c.benchmark_group("plan");
+    let mut group = c.benchmark_group(format!("plan{suffix}"));
     group.sample_size(10);
     group.bench_function(
         "full plan (inventory + CEL matching + everything else)",
@@ -78,7 +86,7 @@ fn bench(c: &mut Criterion) {
     // What the operator pays per event: its kept planner and differ (operator/src/controller)
     // after one change, alternating between the state before and after it, so every iteration
     // is one change to take in.
-    let mut events = c.benchmark_group("operator pass");
+    let mut events = c.benchmark_group(format!("operator pass{suffix}"));
     events.sample_size(20);
     // Objects from the API server carry resourceVersions, which the planner tells them apart by.
     let mut state = state;

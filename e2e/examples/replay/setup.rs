@@ -110,6 +110,7 @@ pub async fn cluster(sandbox: &Sandbox) -> Result<NodeAgent, Error> {
         sharing_policies: 1,
         nodes: NODES as usize,
         claims: 0,
+        counter_sets: false,
     };
     let slices = teamgpu_synthetic::synthetic(scale)?.slices;
     sandbox.devices(&[], &slices).await?;

@@ -34,9 +34,14 @@ pub fn table(plan: &Plan) -> String {
     for p in &plan.sharing_policies {
         let ready = p.conditions.iter().find(|c| c.type_ == "Ready");
         let state = ready.map_or("", |c| if c.status { "Ready" } else { c.reason });
+        // In GPU-equivalents when a device is not one whole GPU.
+        let equivalents = (p.gpu_equivalents.as_ref())
+            .filter(|g| g.per_device != "1")
+            .map(|g| format!(" ({} GPU-equivalents, {} each)", g.devices, g.per_device))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {} -> DeviceClass {}: {} devices, {state}",
+            "  {} -> DeviceClass {}: {} devices{equivalents}, {state}",
             p.name, p.device_class, p.capacity
         );
     }

@@ -165,6 +165,10 @@ pub struct TeamRow {
     pub borrowed: u32,
     pub pending: u32,
     pub capacity: u32,
+    /// The entitlement and the allocated devices in GPU-equivalents (absent from a status of
+    /// an operator before 0.1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_equivalents: Option<crate::api::QuotaEquivalents>,
 }
 
 /// One sharing policy's devices.
@@ -175,6 +179,9 @@ pub struct SharingRow {
     pub device_class: Option<String>,
     pub devices: u32,
     pub used_outside_teams: u32,
+    /// GPU-equivalents of one device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_equivalents_per_device: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -214,6 +221,7 @@ pub fn top(teams: &[TeamGpuPolicy], sharing_policies: &[GpuSharingPolicy]) -> To
                 borrowed: q.borrowed,
                 pending: q.pending,
                 capacity: q.capacity,
+                gpu_equivalents: q.gpu_equivalents.clone(),
             });
         }
     }
@@ -232,6 +240,8 @@ pub fn top(teams: &[TeamGpuPolicy], sharing_policies: &[GpuSharingPolicy]) -> To
             devices: status.map_or(0, |s| s.devices),
             // Absent when zero.
             used_outside_teams: status.map_or(0, |s| s.used_outside_teams),
+            gpu_equivalents_per_device: status
+                .and_then(|s| Some(s.gpu_equivalents.as_ref()?.per_device.clone())),
         });
     }
     out.teams
@@ -253,11 +263,14 @@ pub fn table(top: &Top) -> String {
             "BORROWED",
             "PENDING",
             "CAPACITY",
+            "GPU-EQ ENTITLED",
+            "GPU-EQ ALLOCATED",
         ]
         .map(str::to_owned)
         .to_vec(),
     ];
     for r in &top.teams {
+        let ge = r.gpu_equivalents.as_ref();
         let guaranteed = if r.effective_guarantee < r.guaranteed && r.capacity > 0 {
             format!("{} (of {})", r.effective_guarantee, r.guaranteed)
         } else {
@@ -272,6 +285,8 @@ pub fn table(top: &Top) -> String {
             r.borrowed.to_string(),
             r.pending.to_string(),
             r.capacity.to_string(),
+            ge.map_or("-".into(), |g| g.entitlement.clone()),
+            ge.map_or("-".into(), |g| g.allocated.clone()),
         ]);
     }
     let mut out = align(&rows);
@@ -282,6 +297,7 @@ pub fn table(top: &Top) -> String {
             "DEVICE CLASS",
             "DEVICES",
             "USED OUTSIDE TEAMS",
+            "GPU-EQ PER DEVICE",
         ]
         .map(str::to_owned)
         .to_vec(),
@@ -292,6 +308,7 @@ pub fn table(top: &Top) -> String {
             r.device_class.clone().unwrap_or_else(|| "-".into()),
             r.devices.to_string(),
             r.used_outside_teams.to_string(),
+            (r.gpu_equivalents_per_device.clone()).unwrap_or_else(|| "-".into()),
         ]);
     }
     out.push_str(&align(&rows));
@@ -320,7 +337,8 @@ mod tests {
             "spec": {"namespaces": ["ml"]},
             "status": {"observedGeneration": 2, "quotas": [{"sharingPolicy": "a100",
                 "guaranteed": 8, "effectiveGuarantee": 6, "limit": 16, "weight": 1, "capacity": 32,
-                "entitlement": 10, "borrowed": 4, "requested": 9, "allocated": 9, "pending": 1}]}
+                "entitlement": 10, "borrowed": 4, "requested": 9, "allocated": 9, "pending": 1,
+                "gpuEquivalents": {"perDevice": "0.6", "entitlement": "6", "allocated": "5.4"}}]}
         }))
         .unwrap();
         let new: TeamGpuPolicy = serde_json::from_value(json!({
@@ -340,11 +358,13 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),
-            ["ml", "a100", "6", "(of", "8)", "10", "9", "4", "1", "32"]
+            [
+                "ml", "a100", "6", "(of", "8)", "10", "9", "4", "1", "32", "6", "5.4"
+            ]
         );
         assert_eq!(
             lines[4].split_whitespace().collect::<Vec<_>>(),
-            ["a100", "a100.teamgpu.io", "32", "0"]
+            ["a100", "a100.teamgpu.io", "32", "0", "-"]
         );
         assert!(text.contains("\n  TeamGpuPolicy new\n"), "{text}");
     }

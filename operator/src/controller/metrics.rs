@@ -41,6 +41,14 @@ pub struct PolicyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabels {
+    pub team: String,
+}
+
+/// A gauge of GPU-equivalents, which are fractions.
+pub type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: &'static str,
 }
@@ -80,6 +88,10 @@ pub struct Metrics {
     pub pending: Family<TeamLabels, Gauge>,
     pub effective_guarantee: Family<TeamLabels, Gauge>,
     pub capacity: Family<PolicyLabels, Gauge>,
+    pub entitlement_ge: Family<TeamLabels, FloatGauge>,
+    pub allocated_ge: Family<TeamLabels, FloatGauge>,
+    pub capacity_ge: Family<PolicyLabels, FloatGauge>,
+    pub budget_in_use_ge: Family<BudgetLabels, FloatGauge>,
     pub used_outside_teams: Family<PolicyLabels, Gauge>,
     pub conditions: Family<ConditionLabels, Gauge>,
     pub evictions: Family<EvictionLabels, Counter>,
@@ -153,6 +165,22 @@ impl Default for Metrics {
                 "Guarantee after scaling to the pool's capacity",
             ),
             capacity: family!("sharing_policy_capacity_devices", "Matching devices"),
+            entitlement_ge: family!(
+                "team_entitlement_gpu_equivalents",
+                "Hard quota now, in GPU-equivalents",
+            ),
+            allocated_ge: family!(
+                "team_allocated_gpu_equivalents",
+                "Devices allocated to claims, in GPU-equivalents",
+            ),
+            capacity_ge: family!(
+                "sharing_policy_capacity_gpu_equivalents",
+                "Matching devices, in GPU-equivalents",
+            ),
+            budget_in_use_ge: family!(
+                "team_budget_in_use_gpu_equivalents",
+                "What a team with spec.budget uses of it, in GPU-equivalents",
+            ),
             used_outside_teams: family!(
                 "sharing_policy_used_outside_teams_devices",
                 "Matching devices allocated through other DeviceClasses, outside every team",
@@ -191,6 +219,12 @@ impl Metrics {
         }
         self.capacity.clear();
         self.used_outside_teams.clear();
+        self.entitlement_ge.clear();
+        self.allocated_ge.clear();
+        self.capacity_ge.clear();
+        self.budget_in_use_ge.clear();
+        // GPU-equivalents as the status writes them (two decimals).
+        let number = |text: &str| text.parse::<f64>().unwrap_or(0.0);
         self.conditions.clear();
         for team in &plan.teams {
             for q in &team.quotas {
@@ -216,6 +250,16 @@ impl Metrics {
                 self.effective_guarantee
                     .get_or_create(&labels)
                     .set(q.effective_guarantee.into());
+                if let Some(ge) = &q.gpu_equivalents {
+                    (self.entitlement_ge.get_or_create(&labels)).set(number(&ge.entitlement));
+                    (self.allocated_ge.get_or_create(&labels)).set(number(&ge.allocated));
+                }
+            }
+            if let Some(budget) = &team.budget {
+                let labels = BudgetLabels {
+                    team: team.name.clone(),
+                };
+                (self.budget_in_use_ge.get_or_create(&labels)).set(number(&budget.in_use));
             }
         }
         for p in &plan.sharing_policies {
@@ -229,6 +273,13 @@ impl Metrics {
                     sharing_policy: p.name.clone(),
                 })
                 .set(p.used_outside_teams.into());
+            if let Some(ge) = &p.gpu_equivalents {
+                self.capacity_ge
+                    .get_or_create(&PolicyLabels {
+                        sharing_policy: p.name.clone(),
+                    })
+                    .set(number(&ge.devices));
+            }
         }
         for (name, status) in &statuses.teams {
             self.observe_conditions("TeamGpuPolicy", name, &status.conditions);
@@ -298,6 +349,9 @@ mod tests {
             "teamgpu_sharing_policy_used_outside_teams_devices{sharing_policy=\"a100-80gb\"} 0",
             "teamgpu_team_effective_guarantee_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 12",
             "teamgpu_team_pending_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 0",
+            // Whole GPUs: one GPU-equivalent each.
+            "teamgpu_team_entitlement_gpu_equivalents{team=\"inference\",sharing_policy=\"a100-80gb\"} 16.0",
+            "teamgpu_sharing_policy_capacity_gpu_equivalents{sharing_policy=\"a100-80gb\"} 32.0",
         ] {
             assert!(has(&text, line), "no {line:?} in\n{text}");
         }

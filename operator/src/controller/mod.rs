@@ -14,6 +14,7 @@ mod executor;
 mod http;
 pub mod metrics;
 mod observe;
+mod pods;
 mod projected;
 mod reconciler;
 pub mod taint_rules;

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use super::changes::{Changes, Wake, Watch};
+use super::pods::watch_pods;
 use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
@@ -187,7 +188,7 @@ fn spec_identity<K: Resource>(obj: &K) -> (Option<i64>, bool, u64) {
     )
 }
 
-fn spawn<K, S>(
+pub(super) fn spawn<K, S>(
     tasks: &mut JoinSet<()>,
     writer: Writer<K>,
     stream: S,
@@ -426,38 +427,6 @@ impl Projector<PartialObjectMeta<CustomResourceDefinition>> for CrdProjector {
     }
 }
 
-/// The two Pod watches: the Pending Pods whole (their claims' statuses, for pending demand and
-/// waking waiting Pods), and every Pod not done yet as a [`PodView`] (for reclaim).
-fn watch_pods(
-    client: &Client,
-    wake: &Wake,
-    tasks: &mut JoinSet<()>,
-) -> (Store<Pod>, Projected<PodView, ()>) {
-    let (pending_pods, writer) = reflector::store();
-    let pending = watcher(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields("status.phase=Pending"),
-    );
-    spawn(
-        tasks,
-        writer,
-        pending,
-        wake.clone(),
-        Watch::PendingPods,
-        "pods",
-    );
-    let pods = projected::spawn(
-        tasks,
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
-        watch::channel(Some(())).1,
-        PodProjector::default(),
-        wake.clone(),
-        Watch::Pods,
-    );
-    (pending_pods, pods)
-}
-
 pub use crate::core::state::NamespaceView;
 
 /// Namespaces as [`NamespaceView`]s: a few hundred bytes less each than their metadata, and
@@ -530,40 +499,6 @@ impl Projector<ResourceClaim> for ClaimProjector {
 
     fn same(kept: &ClaimView, new: &ClaimView) -> bool {
         kept.same_content(new)
-    }
-
-    fn relisted(&mut self) {
-        self.names.prune();
-    }
-}
-
-/// Pods as [`PodView`]s, their namespaces and workload names shared.
-#[derive(Debug, Default)]
-struct PodProjector {
-    names: Names,
-}
-
-impl Projector<Pod> for PodProjector {
-    type View = PodView;
-    type Params = ();
-
-    fn project(&mut self, pod: &Pod, (): &()) -> PodView {
-        PodView::project(pod, &mut self.names)
-    }
-
-    fn same(kept: &PodView, new: &PodView) -> bool {
-        kept == new
-    }
-
-    /// Pods not pending wake no pass: reclaim reads them in a pass that runs anyway (a claim
-    /// changed, a grace period ended), and the status changes of thousands of running Pods
-    /// would otherwise make passes that find nothing to do. But a device reported unhealthy
-    /// (or healthy again, or its Pod gone) changes capacity now.
-    fn wakes(kept: Option<&PodView>, new: Option<&PodView>) -> bool {
-        fn unhealthy(pod: Option<&PodView>) -> &[crate::core::plan::inventory::ExtraTaint] {
-            pod.map_or(&[], |p| &p.unhealthy)
-        }
-        unhealthy(kept) != unhealthy(new)
     }
 
     fn relisted(&mut self) {

@@ -94,6 +94,21 @@ impl<V, P> Contents<V, P> {
         true
     }
 
+    /// Takes in the event of object `key`: its new `view`, or `None` when it is gone; whether
+    /// that changed the cache, and whether the change starts a pass ([`Projector::wakes`]).
+    fn apply<K, R: Projector<K, View = V>>(
+        &mut self,
+        key: String,
+        view: Option<V>,
+    ) -> (bool, bool) {
+        let wakes = R::wakes(self.objects.get(&key).map(|v| &**v), view.as_ref());
+        let changed = match view {
+            Some(view) => self.put(key, view, R::same),
+            None => self.remove(&key),
+        };
+        (changed, wakes)
+    }
+
     /// Forgets the object `key`; false if it was not kept.
     fn remove(&mut self, key: &str) -> bool {
         let Some(last) = self.objects.remove(key) else {
@@ -276,21 +291,21 @@ where
                     }
                     event = stream.next() => event,
                 };
-                let mut wakes = true;
-                let changed = match event {
+                // (the cache changed, that starts a pass)
+                let (changed, wakes) = match event {
                     None => return,
                     Some(Err(error)) => {
                         tracing::warn!(%error, watch = ?watch, "watch error, retrying");
-                        false
+                        (false, false)
                     }
                     Some(Ok(watcher::Event::Init)) => {
                         listing = Some(HashMap::default());
-                        false
+                        (false, false)
                     }
                     Some(Ok(watcher::Event::InitApply(obj))) => {
                         let listing = listing.get_or_insert_with(HashMap::default);
                         listing.insert(key(&obj), Arc::new(projector.project(&obj, &current)));
-                        false
+                        (false, false)
                     }
                     Some(Ok(watcher::Event::InitDone)) => {
                         let listed = listing.take().unwrap_or_default();
@@ -299,20 +314,14 @@ where
                         new_params = false;
                         synced.send_replace(true);
                         projector.relisted();
-                        changed
+                        (changed, true)
                     }
                     Some(Ok(watcher::Event::Apply(obj))) => {
                         let view = projector.project(&obj, &current);
-                        let mut store = store.lock();
-                        let key = key(&obj);
-                        wakes = R::wakes(store.objects.get(&key).map(|v| &**v), Some(&view));
-                        store.put(key, view, R::same)
+                        store.lock().apply::<K, R>(key(&obj), Some(view))
                     }
                     Some(Ok(watcher::Event::Delete(obj))) => {
-                        let mut store = store.lock();
-                        let key = key(&obj);
-                        wakes = R::wakes(store.objects.get(&key).map(|v| &**v), None);
-                        store.remove(&key)
+                        store.lock().apply::<K, R>(key(&obj), None)
                     }
                 };
                 if changed {

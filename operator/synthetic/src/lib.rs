@@ -19,6 +19,9 @@ pub struct Scale {
     /// Nodes, one 8-GPU ResourceSlice each.
     pub nodes: usize,
     pub claims: usize,
+    /// Each GPU draws on a counter set of its own, as the NVIDIA driver publishes a GPU with
+    /// dynamic MIG (partitionable devices): the same devices, counted through the counters.
+    pub counter_sets: bool,
 }
 
 impl Scale {
@@ -30,6 +33,7 @@ impl Scale {
         sharing_policies: 20,
         nodes: 5_000,
         claims: 10_000,
+        counter_sets: false,
     };
 }
 
@@ -54,12 +58,16 @@ pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
     }
     state.slices = (0..scale.nodes)
         .map(|n| {
-            node_slice(
+            let slice = node_slice(
                 &slice,
                 &format!("node-{n:05}"),
                 &product(n % policies),
                 "80Gi",
-            )
+            );
+            match scale.counter_sets {
+                true => with_counter_sets(slice),
+                false => slice,
+            }
         })
         .collect();
     let team_policies = |t: usize| [t % policies, (t + 7) % policies, (t + 13) % policies];
@@ -115,4 +123,55 @@ pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
         ));
     }
     Ok(state)
+}
+
+/// `slice` with a counter set per GPU (`gpu-<i>-counter-set`: its memory, multiprocessors and
+/// memory slices, as the driver's `PartSharedCounterSets` names them) that the GPU draws whole.
+fn with_counter_sets(
+    mut slice: k8s_openapi::api::resource::v1::ResourceSlice,
+) -> k8s_openapi::api::resource::v1::ResourceSlice {
+    use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let counters = || -> std::collections::BTreeMap<String, Counter> {
+        [("memory", "80Gi"), ("multiprocessors", "98")]
+            .into_iter()
+            .chain((0..8).map(|i| {
+                (
+                    [
+                        "memory-slice-0",
+                        "memory-slice-1",
+                        "memory-slice-2",
+                        "memory-slice-3",
+                        "memory-slice-4",
+                        "memory-slice-5",
+                        "memory-slice-6",
+                        "memory-slice-7",
+                    ][i],
+                    "1",
+                )
+            }))
+            .map(|(name, value)| {
+                (
+                    name.to_owned(),
+                    Counter {
+                        value: Quantity(value.to_owned()),
+                    },
+                )
+            })
+            .collect()
+    };
+    let mut sets = Vec::new();
+    for (i, device) in slice.spec.devices.iter_mut().flatten().enumerate() {
+        let set = format!("gpu-{i}-counter-set");
+        device.consumes_counters = Some(vec![DeviceCounterConsumption {
+            counter_set: set.clone(),
+            counters: counters(),
+        }]);
+        sets.push(CounterSet {
+            name: set,
+            counters: counters(),
+        });
+    }
+    slice.spec.shared_counters = Some(sets);
+    slice
 }
