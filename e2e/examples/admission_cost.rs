@@ -120,7 +120,6 @@ fn team_namespaces(n: usize) -> BTreeSet<String> {
 fn governed() -> GovernedClasses {
     GovernedClasses {
         foreign: BTreeSet::new(),
-        slices: Default::default(),
         extended: (0..CLASSES)
             .map(|i| {
                 format!(

@@ -25,7 +25,6 @@ fn governed() -> GovernedClasses {
         ]
         .map(str::to_owned)
         .into(),
-        slices: [("h100-10g.teamgpu.io".to_owned(), "10Gi".to_owned())].into(),
     }
 }
 
@@ -414,7 +413,8 @@ fn ten_thousand_team_namespaces_fit_the_api_servers_expression_limit() {
 /// may submit.
 fn slice_denials(object: &Value) -> Vec<String> {
     let kind = object["kind"].as_str().unwrap();
-    let params = quota_params("notebooks", "a100-80gb.teamgpu.io h100-10g.teamgpu.io");
+    let mut params = quota_params("notebooks", "a100-80gb.teamgpu.io h100-10g.teamgpu.io");
+    params["metadata"]["annotations"]["teamgpu.io/slice-h100-10g.teamgpu.io"] = json!("10Gi");
     evaluate(
         &team_policy(&governed(), DEFAULT_OPERATOR_USER),
         object,
@@ -459,9 +459,46 @@ fn a_memory_slice_class_takes_exactly_one_slice_per_device() {
         assert_eq!(
             denials,
             [
-                "a request of a memory-slice class must ask for exactly one slice per device, capacity.requests: {memory: <slice>}; slices: h100-10g.teamgpu.io 10Gi (namespace ml-dev belongs to TeamGpuPolicy notebooks)"
+                "a request of a memory-slice class must ask for exactly one slice per device, as its ResourceClaimTemplates do: capacity.requests: {memory: <the slice in annotation teamgpu.io/slice-<class> of the namespace's ResourceQuota teamgpu>} (namespace ml-dev belongs to TeamGpuPolicy notebooks)"
             ],
             "{refused}"
         );
+    }
+}
+
+#[test]
+fn a_class_of_team_gpus_takes_the_teams_gpus_and_no_others() {
+    let own = "has(device.attributes['gpu.nvidia.com'].uuid) && device.attributes['gpu.nvidia.com'].uuid in ['GPU-1']";
+    let mut params = quota_params("notebooks", "h100-own.teamgpu.io");
+    params["metadata"]["annotations"]["teamgpu.io/gpus-h100-own.teamgpu.io"] = json!(own);
+    params["metadata"]["annotations"]["teamgpu.io/slice-h100-own.teamgpu.io"] = json!("10Gi");
+    let denials = |object: &Value| {
+        let kind = object["kind"].as_str().unwrap();
+        evaluate(
+            &team_policy(&governed(), DEFAULT_OPERATOR_USER),
+            object,
+            request(kind, "ml-dev"),
+            Some(&params),
+        )
+        .unwrap()
+    };
+    let request = |selectors: Value| {
+        json!({"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "h100-own.teamgpu.io", "selectors": selectors,
+            "capacity": {"requests": {"memory": "10Gi"}}}}]})
+    };
+    let ok = claim(request(json!([{"cel": {"expression": own}}])));
+    assert_eq!(denials(&ok), Vec::<String>::new());
+    let says = "a request of a class whose teams get GPUs of their own must select the team's GPUs exactly as its ResourceClaimTemplates do";
+    for refused in [
+        claim(request(json!([]))),
+        template(request(json!([{"cel": {"expression": "true"}}]))),
+        claim(json!({"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "h100-own.teamgpu.io",
+            "capacity": {"requests": {"memory": "10Gi"}}}}]})),
+    ] {
+        let denials = denials(&refused);
+        assert_eq!(denials.len(), 1, "{refused}: {denials:?}");
+        assert!(denials[0].starts_with(says), "{}", denials[0]);
     }
 }

@@ -50,6 +50,40 @@ async fn create_slices_policy(client: &Client) {
         .unwrap();
 }
 
+/// The API server's refusal of `claim`. Admission reads the namespace's quota from a cache of
+/// its own, a moment behind the quota teamgpu just wrote; a claim admitted meanwhile is deleted
+/// and made again (and the time until the refusal printed).
+async fn refused_once_admission_has_the_quota(
+    claims: &Api<ResourceClaim>,
+    claim: &ResourceClaim,
+) -> String {
+    let started = Instant::now();
+    eventually("the claim refused", CONVERGE, || async {
+        match claims.create(&PostParams::default(), claim).await {
+            Err(refused) => {
+                println!(
+                    "refused {} ms after the first try",
+                    started.elapsed().as_millis()
+                );
+                Ok(refused.to_string())
+            }
+            Ok(admitted) => {
+                let name = admitted.name_any();
+                let _ = claims.delete(&name, &DeleteParams::default()).await;
+                eventually("gone", CONVERGE, || async {
+                    match claims.get_opt(&name).await {
+                        Ok(None) => Ok(()),
+                        other => Err(format!("{other:?}")),
+                    }
+                })
+                .await;
+                Err("admitted".to_owned())
+            }
+        }
+    })
+    .await
+}
+
 impl World {
     async fn create_team(&self, name: &str, spec: serde_json::Value) {
         self.namespace(name, None).await;
@@ -140,9 +174,32 @@ async fn memory_slices_are_counted_allocated_and_held_to_the_quota_exactly() {
     let capacity = request.exactly.as_ref().unwrap().capacity.clone().unwrap();
     assert_eq!(capacity.requests.unwrap()["memory"].0, "10Gi");
 
+    let ns = world.ns("notebooks");
+    // A claim of the class that asks for another amount, or for none, is refused by admission
+    // (while the quota has room: quota admission may judge first).
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
+    for capacity in [json!({"requests": {"memory": "20Gi"}}), json!(null)] {
+        let mut exactly = json!({"deviceClassName": "h100-10g.teamgpu.io"});
+        if !capacity.is_null() {
+            exactly["capacity"] = capacity.clone();
+        }
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "odd"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}))
+        .unwrap();
+        let refused = refused_once_admission_has_the_quota(&claims, &claim).await;
+        assert!(
+            refused.contains(
+                "a request of a memory-slice class must ask for exactly one slice per device"
+            ),
+            "{capacity}: {refused}"
+        );
+    }
+
     // Six one-slice Pods: the scheduler gives five of them a slice that consumes 10Gi; quota
     // refuses the sixth's claim.
-    let ns = world.ns("notebooks");
+
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for i in 0..6 {
         pods.create(
@@ -190,30 +247,6 @@ async fn memory_slices_are_counted_allocated_and_held_to_the_quota_exactly() {
         }
     })
     .await;
-
-    // A claim of the class that asks for another amount, or for none, is refused by admission.
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
-    for capacity in [json!({"requests": {"memory": "20Gi"}}), json!(null)] {
-        let mut exactly = json!({"deviceClassName": "h100-10g.teamgpu.io"});
-        if !capacity.is_null() {
-            exactly["capacity"] = capacity.clone();
-        }
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "odd"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}))
-        .unwrap();
-        let refused = claims
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect_err("refused");
-        assert!(
-            refused.to_string().contains(
-                "a request of a memory-slice class must ask for exactly one slice per device"
-            ),
-            "{capacity}: {refused}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,5 +324,93 @@ async fn a_budget_in_gpu_equivalents_holds_whole_gpus_and_slices_together() {
     assert!(
         train.metadata.deletion_timestamp.is_none() && train.spec.unwrap().node_name.is_some(),
         "the running Pod keeps its GPU"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_team_gpus_no_gpu_holds_slices_of_two_teams() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let client = world.client.clone();
+    publish_h100_node(&client).await;
+    let policy: GpuSharingPolicy = serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "h100-own"},
+        "spec": {"selector": {"productNames": ["NVIDIA H100 80GB HBM3"]},
+                 "sharing": {"strategy": "MemorySlices",
+                             "memorySlices": {"size": "10Gi", "placement": "TeamGpus"}}}}))
+    .unwrap();
+    Api::<GpuSharingPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    // 10 slices (two GPUs of 7) and 5 (one GPU).
+    for (team, slices) in [("notebooks", 10), ("inference", 5)] {
+        world
+            .create_team(
+                team,
+                json!({"quotas": [{"sharingPolicy": "h100-own", "guaranteed": slices, "limit": slices}]}),
+            )
+            .await;
+    }
+    let _operator = world.operator();
+    world.hard_is("notebooks", "h100-own", "10").await;
+    world.hard_is("inference", "h100-own", "5").await;
+    // Slices of both teams, as their Pods come.
+    for (team, n) in [("notebooks", 8), ("inference", 4)] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &world.ns(team));
+        for i in 0..n {
+            pods.create(
+                &PostParams::default(),
+                &gpu_pod(&format!("{team}-{i}"), "h100-own"),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let gpus_of = |team: &'static str| {
+        let world = &world;
+        async move {
+            let held = world.consumed(team).await;
+            (held.iter())
+                .map(|d| d.split(':').next().unwrap().to_owned())
+                .collect::<BTreeSet<String>>()
+        }
+    };
+    eventually("12 slices allocated", Duration::from_secs(60), || async {
+        let (nb, inf) = (
+            world.consumed("notebooks").await,
+            world.consumed("inference").await,
+        );
+        if nb.len() == 8 && inf.len() == 4 {
+            Ok(())
+        } else {
+            Err(format!("{nb:?} {inf:?}"))
+        }
+    })
+    .await;
+    let (notebooks, inference) = (gpus_of("notebooks").await, gpus_of("inference").await);
+    assert!(
+        notebooks.len() <= 2 && inference.len() == 1 && notebooks.is_disjoint(&inference),
+        "notebooks on {notebooks:?}, inference on {inference:?}"
+    );
+    let gsp: Api<GpuSharingPolicy> = Api::all(client.clone());
+    let status = gsp.get("h100-own").await.unwrap().status.unwrap();
+    let shared = condition(&status.conditions, "GpusSharedByTeams").unwrap();
+    assert_eq!(shared.status, "False", "{}", shared.message);
+
+    // A claim of the class that selects no GPUs, or others, is refused.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &world.ns("inference"));
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "anywhere"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "h100-own.teamgpu.io",
+            "capacity": {"requests": {"memory": "10Gi"}}}}]}}}))
+    .unwrap();
+    let refused = refused_once_admission_has_the_quota(&claims, &claim).await;
+    assert!(
+        refused.contains("must select the team's GPUs exactly as its ResourceClaimTemplates do"),
+        "{refused}"
     );
 }

@@ -214,6 +214,13 @@ impl Sharing {
             _ => None,
         }
     }
+
+    /// Whether each team's slices go on GPUs of its own.
+    pub fn team_gpus(&self) -> bool {
+        self.strategy == SharingStrategy::MemorySlices
+            && (self.memory_slices.as_ref())
+                .is_some_and(|m| m.placement == SlicePlacement::TeamGpus)
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -276,6 +283,18 @@ pub struct MemorySlices {
          "message": "memorySlices.size must be a positive quantity such as 10Gi"}
     ]))]
     pub size: String,
+    /// `Shared` (the default): the scheduler puts slices of several teams on one GPU.
+    /// `TeamGpus`: each team's slices go only on GPUs of its own, as many as its entitlement
+    /// needs; the team's templates select them by the driver's `uuid` attribute.
+    #[serde(default)]
+    pub placement: SlicePlacement,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum SlicePlacement {
+    #[default]
+    Shared,
+    TeamGpus,
 }
 
 /// Shapes offered to teams as ResourceClaimTemplates.

@@ -34,6 +34,8 @@ fn sharing_policy(name: &str) -> teamgpu::api::GpuSharingPolicy {
         "h100-20g" => json!({"strategy": "MemorySlices", "memorySlices": {"size": "20Gi"}}),
         "h100-100g" => json!({"strategy": "MemorySlices", "memorySlices": {"size": "100Gi"}}),
         "h100" => json!({"strategy": "Exclusive"}),
+        "h100-own" => json!({"strategy": "MemorySlices",
+                             "memorySlices": {"size": "10Gi", "placement": "TeamGpus"}}),
         other => panic!("no policy {other}"),
     };
     policy(json!({"metadata": {"name": name}, "spec": {
@@ -230,5 +232,87 @@ fn the_templates_ask_for_exactly_one_slice_per_device() {
     assert!(
         expressions.contains(&"has(device.capacity['gpu.nvidia.com'].memory) && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('10Gi')) >= 0"),
         "{expressions:?}"
+    );
+}
+
+/// The CEL selection of `namespace`'s template `template`, if it has one.
+fn template_selection(planned: &Plan, namespace: &str, template: &str) -> Option<String> {
+    let t = (planned.objects.claim_templates.iter())
+        .find(|t| t.name() == template && &*t.namespace == namespace)
+        .expect("template");
+    let object = serde_json::to_value(t.to_object()).unwrap();
+    let selectors = &object["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"];
+    selectors[0]["cel"]["expression"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[test]
+fn with_team_gpus_each_team_selects_gpus_of_its_own() {
+    // notebooks: 10 slices (2 GPUs of 7), inference: 5 (1 GPU); inference already holds a
+    // slice on gpu-2, notebooks on gpu-0 (and a claim of inference there too, fewer).
+    let teams = vec![
+        team_of(
+            "notebooks",
+            json!([{"sharingPolicy": "h100-own", "guaranteed": 10, "limit": 10}]),
+        ),
+        team_of(
+            "inference",
+            json!([{"sharingPolicy": "h100-own", "guaranteed": 5, "limit": 5}]),
+        ),
+    ];
+    let mut cluster = state(MEMORY_MODE, &["h100-own"], teams);
+    let class = "h100-own.teamgpu.io";
+    for (ns, name, device) in [
+        ("notebooks", "nb-0", "gpu-0"),
+        ("notebooks", "nb-1", "gpu-0"),
+        ("inference", "inf-0", "gpu-0"),
+        ("inference", "inf-1", "gpu-2"),
+    ] {
+        cluster.claims.push(share(ns, name, class, device, "10Gi"));
+    }
+    let planned = plan(&cluster);
+    let uuid = |i: u32| format!("GPU-5e1f0c6a-{i:04}-4c2b-9d1e-7a3f00c0ffee");
+    let selects = |uuids: &[String]| {
+        let list: Vec<String> = uuids.iter().map(|u| format!("'{u}'")).collect();
+        format!(
+            "has(device.attributes['gpu.nvidia.com'].uuid) && device.attributes['gpu.nvidia.com'].uuid in [{}]",
+            list.join(", ")
+        )
+    };
+    // notebooks keeps gpu-0 (2 of its slices against 1) and gets gpu-1, the first empty GPU;
+    // inference keeps gpu-2, which holds its 5 slices (7).
+    let notebooks = selects(&[uuid(0), uuid(1)]);
+    let inference = selects(&[uuid(2)]);
+    assert_eq!(
+        template_selection(&planned, "notebooks", "h100-own").as_deref(),
+        Some(notebooks.as_str())
+    );
+    assert_eq!(
+        template_selection(&planned, "inference", "h100-own").as_deref(),
+        Some(inference.as_str())
+    );
+    let quota = (planned.objects.resource_quotas.iter())
+        .find(|q| &*q.namespace == "notebooks")
+        .unwrap()
+        .to_object();
+    assert_eq!(
+        quota.metadata.annotations.unwrap()["teamgpu.io/gpus-h100-own.teamgpu.io"],
+        notebooks
+    );
+    let explanation = &(planned
+        .teams
+        .iter()
+        .find(|t| t.name == "notebooks")
+        .unwrap())
+    .quotas[0]
+        .explanation;
+    assert!(
+        explanation.ends_with(&format!(
+            "; its slices go on 2 GPUs of its own, which hold 13 ({}, {})",
+            uuid(0),
+            uuid(1)
+        )),
+        "{explanation}"
     );
 }

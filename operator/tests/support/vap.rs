@@ -11,12 +11,16 @@
 //! (`e2e/tests/generated_objects.rs`, and the scenarios under `e2e/tests/scenarios/`).
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-use teamgpu::core::plan::objects::{QUOTA_CLASSES_ANNOTATION, QUOTA_TEAM_ANNOTATION};
+use teamgpu::core::plan::objects::{
+    OWN_GPUS_ANNOTATION_PREFIX, QUOTA_CLASSES_ANNOTATION, QUOTA_TEAM_ANNOTATION,
+    SLICE_ANNOTATION_PREFIX,
+};
 
 /// `expr` as kube-cel needs it, which escapes every key of the values it binds where
 /// Kubernetes 1.36 escapes only some schema property names:
 /// - the quota annotation keys the policy looks up (`.` → `__dot__`, `-` → `__dash__`, `/` →
-///   `__slash__`): Kubernetes never escapes the keys of a map such as `annotations`;
+///   `__slash__`), also those it computes from a class name: Kubernetes never escapes the keys
+///   of a map such as `annotations`;
 /// - the property `namespace` (a member's, an object's), which kube-cel escapes as a CEL reserved
 ///   word (`__namespace__`) and Kubernetes does not (checked on the API server). kube-cel's own
 ///   `request.namespace` is not escaped.
@@ -30,8 +34,35 @@ fn escaped_for_kube_cel(expr: &str) -> String {
                 .replace('/', "__slash__");
             expr.replace(&format!("'{key}'"), &format!("'{escaped}'"))
         });
+    // A key computed from a class (`'teamgpu.io/gpus-' + r.exactly.deviceClassName`): escaped
+    // as kube-cel escaped the keys, by CEL string replacements.
+    let expr = [OWN_GPUS_ANNOTATION_PREFIX, SLICE_ANNOTATION_PREFIX]
+        .iter()
+        .fold(expr, |expr, prefix| escape_computed_keys(expr, prefix));
     replace_identifier(&expr, ".namespace", ".__namespace__")
         .replace("request.__namespace__", "request.namespace")
+}
+
+/// `expr` with every `'<prefix>' + <operand>` escaped as kube-cel escapes map keys.
+fn escape_computed_keys(mut expr: String, prefix: &str) -> String {
+    let escape = |s: &str| {
+        s.replace('.', "__dot__")
+            .replace('-', "__dash__")
+            .replace('/', "__slash__")
+    };
+    let escaped_prefix = format!("'{}' + ", escape(prefix));
+    let prefix = format!("'{prefix}' + ");
+    while let Some(at) = expr.find(&prefix) {
+        let operand_at = at + prefix.len();
+        let operand_len = expr[operand_at..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_'))
+            .unwrap_or(expr.len() - operand_at);
+        let operand = expr[operand_at..operand_at + operand_len].to_owned();
+        let replaced =
+            format!("{escaped_prefix}{operand}.replace('-', '__dash__').replace('.', '__dot__')");
+        expr.replace_range(at..operand_at + operand_len, &replaced);
+    }
+    expr
 }
 
 /// Why a policy could not be evaluated.

@@ -33,7 +33,7 @@
 //! The governed classes (teamgpu's and foreign ones that select the same devices) are compiled
 //! into both policies as a variable, so a change of the set rewrites two objects.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
@@ -45,7 +45,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 
 use super::objects::{
-    QUOTA_CLASSES_ANNOTATION, QUOTA_NAME, QUOTA_TEAM_ANNOTATION, SLICE_CAPACITY, managed_labels,
+    OWN_GPUS_ANNOTATION_PREFIX, QUOTA_CLASSES_ANNOTATION, QUOTA_NAME, QUOTA_TEAM_ANNOTATION,
+    SLICE_ANNOTATION_PREFIX, SLICE_CAPACITY, managed_labels,
 };
 
 pub const TEAM_POLICY_NAME: &str = "teamgpu-team-requests";
@@ -119,9 +120,6 @@ pub struct GovernedClasses {
     pub foreign: BTreeSet<String>,
     /// Every extended resource name that reaches a governed class, teamgpu's included.
     pub extended: BTreeSet<String>,
-    /// teamgpu's classes of MemorySlices policies, with the memory of one slice: every device
-    /// a request of such a class asks for must ask for exactly that.
-    pub slices: BTreeMap<String, String>,
 }
 
 /// Whether a request `r` (a DeviceRequest) names a DeviceClass for which `pred(class)` holds.
@@ -201,28 +199,35 @@ fn rules() -> MatchResources {
     }
 }
 
-/// Whether request (or subrequest) `r` names a memory-slice class and asks for anything but
-/// exactly its slice of memory.
+/// The annotation of the namespace's quota (the team policy's params) at `prefix` + the class
+/// of request (or subrequest) `r`, or `''`. The quota that lets a team use a class also says what
+/// its requests of the class must be: one object, so that admission never sees one without the
+/// other (a policy's text reaches admission a moment after it is written).
+fn class_annotation(prefix: &str, r: &str) -> String {
+    let annotations = "params.metadata.annotations";
+    let key = format!("('{prefix}' + {r}.deviceClassName)");
+    format!("(has({annotations}) && {key} in {annotations} ? {annotations}[{key}] : '')")
+}
+
+/// Whether request (or subrequest) `r` names a memory-slice class (its slice in the quota's
+/// [`SLICE_ANNOTATION_PREFIX`] annotation) and asks for anything but exactly one slice.
 fn not_one_slice(r: &str) -> String {
     let requests = format!("{r}.capacity.requests");
+    let slice = class_annotation(SLICE_ANNOTATION_PREFIX, r);
     format!(
-        "({r}.deviceClassName in variables.slices && !(has({r}.capacity) && has({requests}) && size({requests}) == 1 &&          '{SLICE_CAPACITY}' in {requests} && quantity(string({requests}['{SLICE_CAPACITY}'])).compareTo(quantity(variables.slices[{r}.deviceClassName])) == 0))"
+        "({slice} != '' && !(has({r}.capacity) && has({requests}) && size({requests}) == 1 && \
+         '{SLICE_CAPACITY}' in {requests} && quantity(string({requests}['{SLICE_CAPACITY}'])).compareTo(quantity({slice})) == 0))"
     )
 }
 
-/// A CEL map literal of string keys and values.
-fn cel_map(items: &BTreeMap<String, String>) -> String {
-    let items: Vec<String> = items
-        .iter()
-        .map(|(k, v)| {
-            format!(
-                "{}: {}",
-                super::cel::string_literal(k),
-                super::cel::string_literal(v)
-            )
-        })
-        .collect();
-    format!("{{{}}}", items.join(", "))
+/// Whether request (or subrequest) `r` names a class whose teams get GPUs of their own (the
+/// selection in the quota's [`OWN_GPUS_ANNOTATION_PREFIX`] annotation) and does not select them
+/// with exactly that expression.
+fn not_own_gpus(r: &str) -> String {
+    let own = class_annotation(OWN_GPUS_ANNOTATION_PREFIX, r);
+    format!(
+        "({own} != '' && !(has({r}.selectors) && {r}.selectors.exists(x, has(x.cel) && x.cel.expression == {own})))"
+    )
 }
 
 /// A CEL list literal of `items`.
@@ -279,10 +284,9 @@ pub(super) fn validation(expression: String, message_expression: &str) -> Valida
     }
 }
 
-/// The policy for team namespaces. `governed` are the foreign DeviceClass names that select
-/// devices teamgpu governs; teamgpu's own classes are recognised by their suffix. `operator` is
-/// the operator's user name, which the policy leaves alone.
-pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmissionPolicy {
+/// The team policy's variables: [`governed_variables`], the team and its classes (from the
+/// namespace's quota), the memory-slice classes and those of GPUs of a team's own.
+fn team_variables(governed: &GovernedClasses) -> Vec<Variable> {
     let mut variables = governed_variables(governed);
     let annotation = |key: &str| {
         format!(
@@ -300,18 +304,22 @@ pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmi
         name: "team".into(),
         expression: annotation(QUOTA_TEAM_ANNOTATION),
     });
-    variables.push(Variable {
-        name: "slices".into(),
-        expression: cel_map(&governed.slices),
-    });
     // Not a slice class: the claim the scheduler makes for an extended resource asks for no
     // memory, and takes the whole GPU or none of its memory.
     variables.push(Variable {
         name: "allowedExtended".into(),
         expression: format!(
-            "variables.allowed.filter(c, !(c in variables.slices)).map(c, '{IMPLICIT_EXTENDED_PREFIX}' + c)"
+            "variables.allowed.filter(c, !(has(params.metadata.annotations) && ('{SLICE_ANNOTATION_PREFIX}' + c) in params.metadata.annotations)).map(c, '{IMPLICIT_EXTENDED_PREFIX}' + c)"
         ),
     });
+    variables
+}
+
+/// The policy for team namespaces. `governed` are the foreign DeviceClass names that select
+/// devices teamgpu governs; teamgpu's own classes are recognised by their suffix. `operator` is
+/// the operator's user name, which the policy leaves alone.
+pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmissionPolicy {
+    let variables = team_variables(governed);
     let denied_class = "((CLASS.endsWith('.teamgpu.io') || CLASS in variables.governed) && !(CLASS in variables.allowed))";
     let who =
         "' (namespace ' + request.namespace + ' belongs to TeamGpuPolicy ' + variables.team + ')'";
@@ -340,7 +348,18 @@ pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmi
                 sub = not_one_slice("s"),
             ),
             &format!(
-                "'a request of a memory-slice class must ask for exactly one slice per device, capacity.requests: {{memory: <slice>}}; slices: ' + variables.slices.map(c, c + ' ' + variables.slices[c]).join(', ') + {who}"
+                "'a request of a memory-slice class must ask for exactly one slice per device, as its ResourceClaimTemplates do: capacity.requests: {{memory: <the slice in annotation {SLICE_ANNOTATION_PREFIX}<class> of the namespace\\'s ResourceQuota teamgpu>}}' + {who}"
+            ),
+
+        ),
+        validation(
+            format!(
+                "!variables.requests.exists(r, (has(r.exactly) && {exactly}) || (has(r.firstAvailable) && r.firstAvailable.exists(s, {sub})))",
+                exactly = not_own_gpus("r.exactly"),
+                sub = not_own_gpus("s"),
+            ),
+            &format!(
+                "'a request of a class whose teams get GPUs of their own must select the team\\'s GPUs exactly as its ResourceClaimTemplates do (a selector of the expression in annotation {OWN_GPUS_ANNOTATION_PREFIX}<class> of the namespace\\'s ResourceQuota teamgpu): use the templates' + {who}"
             ),
         ),
         validation(

@@ -19,6 +19,7 @@ use super::counters::{Contested, SharedCounters};
 use super::inventory::consumable::{consumption, how_many_fit};
 use super::inventory::{DeviceId, Drawing, Inventory, Pool, PoolKey};
 use super::objects::{SLICE_CAPACITY, device_class_name};
+use super::policies::Slicing;
 use super::usage::{ClaimDevice, ClaimView};
 use crate::dra_cel::CompiledExpressions;
 
@@ -38,6 +39,42 @@ pub struct SharedDevice {
     pub policies: Vec<String>,
 }
 
+/// A GPU of a policy whose teams get GPUs of their own ([`super::team_gpus`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceGpu {
+    pub id: DeviceId,
+    /// What the team's templates select it by (`None`: the driver publishes no `uuid`, so it
+    /// can be no team's).
+    pub uuid: Option<Arc<str>>,
+    /// The policy's slices it holds and could hold besides what is on it.
+    pub slices: u32,
+    /// The policy's slices on it now, by namespace.
+    pub held: BTreeMap<Arc<str>, u32>,
+}
+
+impl SliceGpu {
+    fn new(
+        id: &DeviceId,
+        uuid: Option<&Arc<str>>,
+        slices: u32,
+        on_device: &[(&Arc<str>, &ClaimDevice)],
+        class: &str,
+    ) -> Self {
+        let mut held: BTreeMap<Arc<str>, u32> = BTreeMap::new();
+        for (ns, result) in on_device {
+            if result.class.as_deref() == Some(class) {
+                *held.entry((*ns).clone()).or_default() += 1;
+            }
+        }
+        SliceGpu {
+            id: id.clone(),
+            uuid: uuid.cloned(),
+            slices,
+            held,
+        }
+    }
+}
+
 /// What a policy's claims meet on the devices that allow multiple allocations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Consumable {
@@ -53,13 +90,14 @@ pub struct Consumable {
 
 /// Adds to `out` what each of `sets` can hold of the devices of `inventory` that allow multiple
 /// allocations, given the allocations of `claims` (admin access left out: it takes nothing).
-/// `slices` are the slice sizes of the MemorySlices policies, in nano-units of memory.
+/// `slices` says the MemorySlices policies' slice sizes and which give teams GPUs of their own
+/// (for those, every device they match is noted in [`SharedCounters::slice_gpus`]).
 pub fn add_consumable<'c>(
     out: &mut SharedCounters,
     matches: &mut ConsumableMatches,
     inventory: &Inventory,
     (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
-    slices: &BTreeMap<String, i128>,
+    slices: &Slicing,
     claims: impl IntoIterator<Item = &'c ClaimView>,
 ) {
     let pools: Vec<(&PoolKey, &Pool)> = (inventory.pools().iter())
@@ -73,7 +111,7 @@ pub fn add_consumable<'c>(
     let results = allocations_by_device(claims, &keys);
     let names: Vec<&String> = sets.keys().collect();
     let draws_of: Vec<BTreeMap<&str, i128>> = (names.iter())
-        .map(|name| match slices.get(*name) {
+        .map(|name| match slices.sizes.get(*name) {
             Some(size) => [(SLICE_CAPACITY, *size)].into(),
             None => BTreeMap::new(),
         })
@@ -103,7 +141,7 @@ pub fn add_consumable<'c>(
                     .count();
                 let held = u32::try_from(held).unwrap_or(u32::MAX);
                 if let (Some(slice), Some(memory)) = (
-                    slices.get(name.as_str()),
+                    slices.sizes.get(name.as_str()),
                     capacities.iter().find(|c| &*c.name == SLICE_CAPACITY),
                 ) {
                     out.note_share(name, *slice, memory.value);
@@ -122,6 +160,16 @@ pub fn add_consumable<'c>(
                 };
                 *out.matched.entry(name.clone()).or_default() += 1;
                 *out.held.entry(name.clone()).or_default() += held;
+                if slices.team_gpus.contains(name.as_str()) {
+                    let gpus = out.slice_gpus.entry(name.clone()).or_default();
+                    gpus.push(SliceGpu::new(
+                        &id,
+                        device.uuid(),
+                        held + fits,
+                        on_device,
+                        class,
+                    ));
+                }
                 if fits > 0 {
                     more.insert(name.clone(), fits);
                 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::cache::Cache;
 use super::conditions::{DesiredCondition, types};
-use super::consumable::{Consumable, SharedDevice};
+use super::consumable::{Consumable, SharedDevice, SliceGpu};
 use super::inventory::{Drawing, Inventory, PoolKey};
 use super::placement::PoolRoom;
 use super::usage::ClaimView;
@@ -54,6 +54,8 @@ pub struct SharedCounters {
     pub consumable: BTreeMap<String, Consumable>,
     /// Devices that allow multiple allocations held by claims of two namespaces or more.
     pub shared_devices: Vec<SharedDevice>,
+    /// Per policy whose teams get GPUs of their own, every GPU it matches.
+    pub slice_gpus: BTreeMap<String, Vec<SliceGpu>>,
     /// Per policy, the largest share of its GPU one of its devices is, in millionths: a MIG
     /// device's compute (or memory) of its counter set, a slice's memory of its GPU's.
     pub shares: BTreeMap<String, u64>,

@@ -11,9 +11,13 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use super::cache::Cache;
 use super::identity::name_of;
 use super::membership::Membership;
-use super::objects::{self, TemplateShape, device_class_name, is_managed};
+use super::objects::{
+    self, OWN_GPUS_ANNOTATION_PREFIX, SLICE_ANNOTATION_PREFIX, TemplateShape, device_class_name,
+    is_managed,
+};
 use super::objects::{NamespacedQuota, NamespacedTemplate};
 use super::policies::CompiledPolicy;
+use super::team_gpus::{self, TeamGpus};
 use super::types::DesiredObjects;
 use super::usage::quota_resource_name as quota_resource;
 use super::{admission, namespace_admission, rbac};
@@ -31,6 +35,8 @@ pub struct Inputs<'a> {
     pub teams: &'a [&'a TeamGpuPolicy],
     pub membership: &'a Membership,
     pub shares: &'a BTreeMap<&'a str, &'a PoolShares>,
+    /// Per policy of `placement: TeamGpus`, the GPUs of each team.
+    pub team_gpus: &'a BTreeMap<String, TeamGpus>,
 }
 
 /// The objects of teams, kept until what they are made of changes: a team's claim templates
@@ -168,11 +174,13 @@ fn team_objects(
                 .find(|p| p.name == quota.sharing_policy && p.usable())
         })
         .collect();
+    let (own_gpus, selected) = own_gpus(inputs, &team_name, &usable, shapes);
     let templates_of: Vec<(&str, &[TemplateShape])> = usable
         .iter()
         .map(|p| {
-            let shapes = shapes.get(p.name.as_str()).map(Vec::as_slice);
-            (p.name.as_str(), shapes.unwrap_or_default())
+            let name = p.name.as_str();
+            let shapes = (selected.get(name)).or_else(|| shapes.get(name));
+            (name, shapes.map_or(&[][..], Vec::as_slice))
         })
         .collect();
     let templates_id = templates_identity(team, &templates_of);
@@ -184,7 +192,17 @@ fn team_objects(
             .collect()
     });
     let classes: Vec<String> = usable.iter().map(|p| device_class_name(&p.name)).collect();
-    let meta = Arc::new(objects::quota_meta(team, &classes));
+    // What the team's requests of a class must be, beside the grant of the class.
+    let slices = (usable.iter()).filter_map(|p| {
+        let key = format!("{SLICE_ANNOTATION_PREFIX}{}", device_class_name(&p.name));
+        Some((key, p.slice()?.to_owned()))
+    });
+    let own_gpus = (own_gpus.into_iter()).map(|(policy, expression)| {
+        let key = format!("{OWN_GPUS_ANNOTATION_PREFIX}{}", device_class_name(policy));
+        (key, expression)
+    });
+    let rules: Vec<(String, String)> = slices.chain(own_gpus).collect();
+    let meta = Arc::new(objects::quota_meta(team, &classes, &rules));
     for namespace in &namespaces {
         let mut hard: BTreeMap<Arc<str>, u32> = zero_hard.iter().map(|r| (r.clone(), 0)).collect();
         for policy in &usable {
@@ -219,6 +237,36 @@ fn team_objects(
         out.claim_templates.extend(templates.iter().cloned());
         out.resource_quotas.push(quota.clone());
     }
+}
+
+/// A policy whose teams get GPUs of their own: the CEL that selects `team`'s GPUs (which its
+/// quota names for the admission policy), and the team's templates that select them.
+type OwnGpus<'a> = (
+    BTreeMap<&'a str, String>,
+    BTreeMap<&'a str, Vec<TemplateShape>>,
+);
+
+fn own_gpus<'a>(
+    inputs: &Inputs,
+    team: &str,
+    usable: &[&'a CompiledPolicy],
+    shapes: &BTreeMap<&str, Vec<TemplateShape>>,
+) -> OwnGpus<'a> {
+    let expressions: BTreeMap<&str, String> = (usable.iter())
+        .filter_map(|p| {
+            let gpus = inputs.team_gpus.get(&p.name)?;
+            let uuids = gpus.teams.get(team).map_or(&[][..], |o| &o.uuids);
+            let expression = team_gpus::expression(&p.policy.spec.driver, uuids);
+            Some((p.name.as_str(), expression))
+        })
+        .collect();
+    let selected = (expressions.iter())
+        .filter_map(|(policy, expression)| {
+            let shapes = shapes.get(policy)?;
+            Some((*policy, objects::selecting(shapes, expression)))
+        })
+        .collect();
+    (expressions, selected)
 }
 
 /// Identity of what a team's templates are made of.
@@ -269,10 +317,6 @@ fn admission_objects(
                 std::iter::once(format!("{}{class}", admission::IMPLICIT_EXTENDED_PREFIX))
                     .chain(extended.iter().cloned())
             })
-            .collect(),
-        slices: (inputs.policies.iter())
-            .filter(|p| p.usable())
-            .filter_map(|p| Some((device_class_name(&p.name), p.slice()?.to_owned())))
             .collect(),
     };
     let operator = state

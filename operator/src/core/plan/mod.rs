@@ -30,6 +30,7 @@ pub mod rbac;
 mod shares;
 mod status;
 pub mod taints;
+pub mod team_gpus;
 mod types;
 pub mod usage;
 
@@ -90,13 +91,12 @@ fn shared_devices(
     inventory: &Inventory,
     claims: &claims::Claims,
     (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
-    policies: &[policies::CompiledPolicy],
+    slicing: &policies::Slicing,
 ) -> counters::SharedCounters {
     let all = || claims.all().map(|c| &**c);
     let mut shared = counters::shared_counters(groups, inventory, (sets, expressions), all());
-    let slices = policies::slice_sizes(policies);
     let with = (sets, expressions);
-    consumable::add_consumable(&mut shared, consumables, inventory, with, &slices, all());
+    consumable::add_consumable(&mut shared, consumables, inventory, with, slicing, all());
     shared
 }
 
@@ -288,7 +288,7 @@ impl Planner {
             inventory,
             &self.claims,
             (&sets, expressions),
-            &policies,
+            &policies::Slicing::of(&policies),
         );
         let per_device = equivalents::per_policy(&policies, &shared);
         let available = |name: &str| capacity::available(name, matches, &shared, &outside);
@@ -324,8 +324,8 @@ impl Planner {
         out.reclaims = findings.reclaims;
         out.placements = findings.placements;
         out.warnings.extend(findings.warnings);
-        let allotted = findings.allotted;
         let shares = shares::by_policy(&self.shares);
+        let team_gpus = team_gpus::of_policies(&shared, &shares, &membership);
 
         // 5. The objects.
         let inputs = desired::Inputs {
@@ -336,6 +336,7 @@ impl Planner {
             teams: &teams,
             membership: &membership,
             shares: &shares,
+            team_gpus: &team_gpus,
         };
         out.objects = desired::objects(&inputs, &mut self.objects);
 
@@ -350,9 +351,10 @@ impl Planner {
             outside: &outside,
             inventory,
             shared: &shared,
-            allotted: &allotted,
+            allotted: &findings.allotted,
             per_device: &per_device,
             budgets: &budgets,
+            team_gpus: &team_gpus,
         };
         status::reports(&inputs, &mut out);
         out

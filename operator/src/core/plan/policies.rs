@@ -76,15 +76,32 @@ pub fn compile<'a>(
     compiled
 }
 
-/// The slice size, in nano-units of memory, of every MemorySlices policy whose size parses (the
-/// CRD makes sure it does).
-pub fn slice_sizes(policies: &[CompiledPolicy]) -> BTreeMap<String, i128> {
-    (policies.iter())
-        .filter_map(|p| {
-            let size = crate::core::quantity::parse_nanos(p.slice()?).ok()?;
-            Some((p.name.clone(), size))
-        })
-        .collect()
+/// The MemorySlices policies: their slice sizes, and those whose teams get GPUs of their own.
+#[derive(Debug, Default)]
+pub struct Slicing {
+    /// The slice size, in nano-units of memory, of every MemorySlices policy whose size parses
+    /// (the CRD makes sure it does).
+    pub sizes: BTreeMap<String, i128>,
+    /// The policies of `placement: TeamGpus`.
+    pub team_gpus: std::collections::BTreeSet<String>,
+}
+
+impl Slicing {
+    pub fn of(policies: &[CompiledPolicy]) -> Self {
+        let mut out = Slicing::default();
+        for p in policies {
+            if let Some(size) = p
+                .slice()
+                .and_then(|s| crate::core::quantity::parse_nanos(s).ok())
+            {
+                out.sizes.insert(p.name.clone(), size);
+            }
+            if p.policy.spec.sharing.team_gpus() {
+                out.team_gpus.insert(p.name.clone());
+            }
+        }
+        out
+    }
 }
 
 /// The compiled class expressions of every policy whose expressions compile, by policy name.

@@ -128,6 +128,11 @@ impl<'a> InventoryDevice<'a> {
         (self.device.taint()).or(self.extra).map(|t| &**t)
     }
 
+    /// The driver's `uuid` attribute of a device that allows multiple allocations.
+    pub fn uuid(&self) -> Option<&'a Arc<str>> {
+        self.device.uuid()
+    }
+
     /// The device's capacities, when it allows multiple allocations ([`consumable`]).
     pub fn consumable(&self) -> Option<&'a [consumable::ConsumableCapacity]> {
         self.device.consumable()

@@ -45,6 +45,9 @@ struct Rare {
     draws: Box<[Draw]>,
     /// Every capacity, when the device allows multiple allocations (empty otherwise).
     consumable: Box<[ConsumableCapacity]>,
+    /// Its driver's `uuid` attribute, when it allows multiple allocations: what a team's
+    /// templates select it by when its slices go on GPUs of the team's own.
+    uuid: Option<Arc<str>>,
 }
 
 impl SliceDevice {
@@ -56,10 +59,22 @@ impl SliceDevice {
         self.rare.as_ref().map_or(&[], |r| &r.draws)
     }
 
+    /// The `uuid` attribute of a device that allows multiple allocations.
+    pub(super) fn uuid(&self) -> Option<&Arc<str>> {
+        self.rare.as_ref()?.uuid.as_ref()
+    }
+
     /// The device's capacities, when it allows multiple allocations.
     pub(super) fn consumable(&self) -> Option<&[ConsumableCapacity]> {
         (self.rare.as_ref()).and_then(|r| (!r.consumable.is_empty()).then_some(&*r.consumable))
     }
+}
+
+/// The driver's `uuid` attribute of `device` (`uuid` or `<driver>/uuid`), if a string.
+fn uuid_of(device: &k8s_openapi::api::resource::v1::Device, driver: &str) -> Option<Arc<str>> {
+    let attributes = device.attributes.as_ref()?;
+    let value = (attributes.get("uuid")).or_else(|| attributes.get(&format!("{driver}/uuid")))?;
+    value.string.as_deref().map(Arc::from)
 }
 
 impl SliceView {
@@ -87,6 +102,9 @@ impl SliceView {
                             .collect(),
                         _ => Box::default(),
                     },
+                    uuid: (d.allow_multiple_allocations == Some(true))
+                        .then(|| uuid_of(d, &spec.driver))
+                        .flatten(),
                 };
                 let rare = rare_value.taint.is_some()
                     || !rare_value.draws.is_empty()

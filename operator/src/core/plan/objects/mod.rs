@@ -289,17 +289,60 @@ pub fn resource_quota(
 /// the team and its DeviceClasses (`classes`) for the team admission policy, which takes the
 /// quota as params; and, for whoever may read the namespace (`view` is enough), the team's
 /// guarantee and limit of each of those classes' sharing policies ([`QUOTAS_ANNOTATION`]).
-pub fn quota_meta(team: &TeamGpuPolicy, classes: &[String]) -> ObjectMeta {
+/// `rules` are what the team's requests of some classes must be, as annotations
+/// ([`SLICE_ANNOTATION_PREFIX`], [`OWN_GPUS_ANNOTATION_PREFIX`]).
+pub fn quota_meta(
+    team: &TeamGpuPolicy,
+    classes: &[String],
+    rules: &[(String, String)],
+) -> ObjectMeta {
     let mut meta = owned_meta(team, QUOTA_NAME.to_owned(), None);
-    meta.annotations = Some(BTreeMap::from([
+    meta.annotations = Some(BTreeMap::from_iter(rules.iter().cloned().chain([
         (
             QUOTA_TEAM_ANNOTATION.to_owned(),
             team.metadata.name.clone().unwrap_or_default(),
         ),
         (QUOTA_CLASSES_ANNOTATION.to_owned(), classes.join(" ")),
         (QUOTAS_ANNOTATION.to_owned(), team_quotas(team, classes)),
-    ]));
+    ])));
     meta
+}
+
+/// The annotation of a team namespace's quota, one per class whose devices are GPUs of the
+/// team's own (`teamgpu.io/gpus-<class>`), holding the CEL expression the team's templates select
+/// its GPUs with: the team admission policy requires exactly it in the team's requests of the
+/// class.
+pub const OWN_GPUS_ANNOTATION_PREFIX: &str = "teamgpu.io/gpus-";
+
+/// The annotation of a team namespace's quota, one per MemorySlices class of the team
+/// (`teamgpu.io/slice-<class>`), holding the memory of one slice: the team admission policy
+/// requires exactly it per device in the team's requests of the class.
+pub const SLICE_ANNOTATION_PREFIX: &str = "teamgpu.io/slice-";
+
+/// `shapes` whose request selects devices with `expression` too (a team's GPUs).
+pub fn selecting(shapes: &[TemplateShape], expression: &str) -> Vec<TemplateShape> {
+    (shapes.iter())
+        .map(|shape| {
+            let mut spec = shape.spec.clone();
+            for request in
+                (spec.spec.devices.iter_mut()).flat_map(|d| d.requests.iter_mut().flatten())
+            {
+                if let Some(exactly) = request.exactly.as_mut() {
+                    exactly.selectors = Some(vec![DeviceSelector {
+                        cel: Some(CELDeviceSelector {
+                            expression: expression.to_owned(),
+                        }),
+                    }]);
+                }
+            }
+            let hash = content_hash(&spec);
+            TemplateShape {
+                name: shape.name.clone(),
+                spec,
+                hash,
+            }
+        })
+        .collect()
 }
 
 /// The annotation of a team namespace's quota that says, per sharing policy, what the team is

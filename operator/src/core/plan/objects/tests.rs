@@ -15,6 +15,7 @@ fn policy(strategy: SharingStrategy) -> GpuSharingPolicy {
         }),
         memory_slices: (strategy == SharingStrategy::MemorySlices).then(|| MemorySlices {
             size: "10Gi".into(),
+            placement: Default::default(),
         }),
     };
     let mut p = GpuSharingPolicy::new("a100", spec);
@@ -43,7 +44,8 @@ fn a_quota_is_applied_in_its_namespace_with_the_hash_of_its_spec() {
     ]
     .into();
     let classes = ["a.teamgpu.io".to_owned()];
-    let quota = resource_quota(Arc::new(quota_meta(&team, &classes)), "ml-dev", &hard).to_object();
+    let quota =
+        resource_quota(Arc::new(quota_meta(&team, &classes, &[])), "ml-dev", &hard).to_object();
     assert_eq!(quota.metadata.name.as_deref(), Some("teamgpu"));
     assert_eq!(quota.metadata.namespace.as_deref(), Some("ml-dev"));
     assert_eq!(

@@ -11,6 +11,7 @@ use super::membership::Membership;
 use super::objects::device_class_name;
 use super::policies::CompiledPolicy;
 use super::shares::{Budgets, Demand};
+use super::team_gpus::TeamGpus;
 use super::{Plan, SharingPolicyReport, clamp};
 use crate::api::{DEFAULT_DRIVER, SharingStrategy, TeamGpuPolicy};
 use crate::core::fairshare::PoolShares;
@@ -32,6 +33,8 @@ pub struct Inputs<'a> {
     /// Per policy, GPU-equivalents of one device.
     pub per_device: &'a BTreeMap<String, PerDevice>,
     pub budgets: &'a Budgets,
+    /// Per policy of `placement: TeamGpus`, the GPUs of each team.
+    pub team_gpus: &'a BTreeMap<String, TeamGpus>,
 }
 
 /// The reports of every policy and team, and the warnings, into `out`.
@@ -79,6 +82,7 @@ pub fn reports(inputs: &Inputs, out: &mut Plan) {
             inputs.demand,
         );
         equivalents_of_team(&mut report, inputs);
+        own_gpus_of_team(&mut report, inputs.team_gpus);
         out.teams.push(report);
     }
     warnings(inputs, &by_name, out);
@@ -336,6 +340,33 @@ fn device_conditions(
         )
     });
     conds
+}
+
+/// Says, in the explanation of a team's quota of a policy whose teams get GPUs of their own,
+/// which GPUs are the team's.
+fn own_gpus_of_team(report: &mut super::TeamReport, team_gpus: &BTreeMap<String, TeamGpus>) {
+    for quota in &mut report.quotas {
+        let Some(gpus) = team_gpus.get(&quota.sharing_policy) else {
+            continue;
+        };
+        let own = gpus.teams.get(&report.name);
+        let (n, slices) = own.map_or((0, 0), |o| (o.uuids.len(), o.slices));
+        let listed: Vec<&str> = (own.into_iter().flat_map(|o| o.uuids.iter()))
+            .take(4)
+            .map(|u| &**u)
+            .collect();
+        let more = if n > listed.len() { ", ..." } else { "" };
+        quota.explanation.push_str(&format!(
+            "; its slices go on {n} GPUs of its own, which hold {slices} ({}{more})",
+            listed.join(", ")
+        ));
+        if gpus.without_uuid > 0 {
+            quota.explanation.push_str(&format!(
+                "; {} GPUs publish no uuid attribute and are nobody's",
+                gpus.without_uuid
+            ));
+        }
+    }
 }
 
 mod gpu_equivalents;
