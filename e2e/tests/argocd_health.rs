@@ -232,6 +232,10 @@ fn a_team_not_ready_for_a_reason_that_waits_for_a_person_is_degraded_with_its_me
             "NoNamespaces",
             "no namespace belongs to the team; listed namespaces not found: ml-research-dev",
         ),
+        (
+            "InvalidQuota",
+            "quota for h100: 80Gi is an amount of memory, but sharing policy h100 does not cut memory slices: give a number of devices: these entries get no devices (a hard of 0; what runs keeps running)",
+        ),
     ] {
         let ready = condition("Ready", "False", reason, message, 2);
         let obj = team(2, Some(team_status(2, ready)));
