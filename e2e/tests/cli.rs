@@ -323,7 +323,7 @@ async fn plan_live_and_top_read_the_cluster() {
     assert_eq!(row["allocated"], 0);
     assert_eq!(
         top["sharingPolicies"],
-        json!([{"name": "pcie", "deviceClass": "pcie.teamgpu.io", "devices": 16, "usedOutsideTeams": 0}])
+        json!([{"name": "pcie", "deviceClass": "pcie.teamgpu.io", "devices": 16, "gpuEquivalentsPerDevice": "1", "usedOutsideTeams": 0}])
     );
     let (table, _) = cli.run(&["top"], None).await;
     let cells: Vec<&str> = table

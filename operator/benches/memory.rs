@@ -12,10 +12,10 @@ use std::sync::Arc;
 use kube::core::DynamicObject;
 use teamgpu::core::diff::{Differ, Kind, LiveObject};
 use teamgpu::core::plan::Planner;
+use teamgpu::core::plan::inventory::SliceValues;
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::state::Delta;
-use teamgpu::dra_cel::DeviceEnvs;
 use teamgpu_synthetic::{Scale, synthetic};
 
 /// Resident memory of this process (Linux `/proc/self/statm`), 0 where it cannot be read.
@@ -87,7 +87,7 @@ fn main() {
     // expressions read, claims to what the planner reads.
     let before = held();
     let reads = teamgpu::core::plan::device_reads(&state);
-    let mut envs = DeviceEnvs::default();
+    let mut envs = SliceValues::default();
     let slices: Vec<Arc<SliceView>> = state
         .slices
         .iter()
@@ -147,7 +147,7 @@ fn main() {
     println!(
         "watch caches of slices and claims, projected ({} distinct device environments, \
          keeping {}): {}",
-        envs.len(),
+        envs.envs.len(),
         reads.describe(),
         mib(caches_held)
     );

@@ -4,8 +4,10 @@
 //! event: its kept planner and differ taking in one change.
 //!
 //! `cargo bench -p teamgpu --bench plan`; with `TEAMGPU_BENCH_COUNTER_SETS=1` every GPU draws on
-//! a counter set of its own (as the NVIDIA driver publishes GPUs with dynamic MIG), so that the
-//! two runs compare what counting through shared counters costs.
+//! a counter set of its own (as the NVIDIA driver publishes GPUs with dynamic MIG), and with
+//! `=both` the same cluster is measured without and then with them in one run, then the two
+//! alternately pass by pass (`=interleaved`: only that), so that what counting through shared
+//! counters costs is compared on a machine in one state.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -19,11 +21,128 @@ use teamgpu::core::plan::inventory::{Inventory, SliceView};
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::plan::{Planner, cel, plan};
 use teamgpu::core::state::{ClusterState, Delta};
-use teamgpu::dra_cel::{CompiledExpressions, DeviceEnvs, DeviceReads};
+use teamgpu::dra_cel::{CompiledExpressions, DeviceReads};
 use teamgpu_synthetic::{Scale, synthetic};
 
 fn bench(c: &mut Criterion) {
-    let counter_sets = std::env::var_os("TEAMGPU_BENCH_COUNTER_SETS").is_some();
+    let variants: &[bool] = match std::env::var("TEAMGPU_BENCH_COUNTER_SETS").as_deref() {
+        Ok("both") => &[false, true],
+        // Only the interleaved comparison.
+        Ok("interleaved") => {
+            interleaved();
+            return;
+        }
+        Ok(_) => &[true],
+        Err(_) => &[false],
+    };
+    for &counter_sets in variants {
+        bench_cluster(c, counter_sets);
+    }
+    if variants.len() == 2 {
+        interleaved();
+    }
+}
+
+/// The cluster of the benchmark as the operator's caches hold it, and the changes its passes
+/// take in.
+struct Setup {
+    state: ClusterState,
+    cached: Cached,
+    /// (what, the state after it, its caches, which cache it touched).
+    changes: Vec<(&'static str, ClusterState, Cached, Watched)>,
+    live: Live,
+}
+
+fn setup(counter_sets: bool) -> Setup {
+    let mut state = synthetic(Scale {
+        counter_sets,
+        ..Scale::BENCHMARK
+    })
+    .expect("synthetic cluster");
+    for s in &mut state.slices {
+        s.metadata.resource_version = Some("1".into());
+    }
+    for c in &mut state.claims {
+        c.metadata.resource_version = Some("1".into());
+    }
+    let mut caches = Caches::default();
+    let cached = caches.of(&state);
+    let changes = changes(&state)
+        .into_iter()
+        .map(|(what, changed, watched)| {
+            let changed_caches = caches.of(&changed);
+            (what, changed, changed_caches, watched)
+        })
+        .collect();
+    let live = Live::of(&plan(&state));
+    Setup {
+        state,
+        cached,
+        changes,
+        live,
+    }
+}
+
+/// What counter sets cost the operator, measured without and with them alternately (one
+/// pass of each, again and again), so that a machine whose speed drifts (a shared VM) slows
+/// both alike: the median of each and their ratio.
+fn interleaved() {
+    use std::time::{Duration, Instant};
+    let setups = [setup(false), setup(true)];
+    let median = |mut d: Vec<Duration>| {
+        d.sort();
+        d[d.len() / 2]
+    };
+    let report = |what: &str, times: [Vec<Duration>; 2]| {
+        let [plain, counters] = times.map(median);
+        println!(
+            "interleaved {what}: {plain:.2?} without counter sets, {counters:.2?} with ({:.2}x)",
+            counters.as_secs_f64() / plain.as_secs_f64()
+        );
+    };
+    for change in 0..setups[0].changes.len() {
+        let mut kept: Vec<(Planner, Differ)> = (setups.iter())
+            .map(|s| started(&s.state, &s.cached, s.live.objects()))
+            .collect();
+        let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..60 {
+            for (i, s) in setups.iter().enumerate() {
+                let (what, changed, changed_caches, watched) = &s.changes[change];
+                let _ = what;
+                let (now, caches) = if round % 2 == 0 {
+                    (changed, changed_caches)
+                } else {
+                    (&s.state, &s.cached)
+                };
+                let (planner, differ) = &mut kept[i];
+                let started = Instant::now();
+                black_box(pass(planner, differ, now, caches, *watched));
+                times[i].push(started.elapsed());
+            }
+        }
+        report(setups[0].changes[change].0, times);
+    }
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..10 {
+        for (i, s) in setups.iter().enumerate() {
+            let started_at = Instant::now();
+            black_box(started(&s.state, &s.cached, s.live.objects()));
+            times[i].push(started_at.elapsed());
+        }
+    }
+    report("first pass of a started operator", times);
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..10 {
+        for (i, s) in setups.iter().enumerate() {
+            let started_at = Instant::now();
+            black_box(plan(&s.state));
+            times[i].push(started_at.elapsed());
+        }
+    }
+    report("full plan", times);
+}
+
+fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
     let state = synthetic(Scale {
         counter_sets,
         ..Scale::BENCHMARK
@@ -96,39 +215,7 @@ fn bench(c: &mut Criterion) {
     for c in &mut state.claims {
         c.metadata.resource_version = Some("1".into());
     }
-    // Which caches each change touches: the operator takes in only the caches whose watch saw an
-    // event.
-    let mut changes: Vec<(&str, ClusterState, Watched)> = Vec::new();
-    let mut claim = state.clone();
-    claim.claims[0].status = None;
-    claim.claims[0].metadata.resource_version = Some("changed".into());
-    changes.push(("one claim changed", claim, Watched::Claims));
-    let mut slice = state.clone();
-    if let Some(d) = slice.slices[0].spec.devices.iter_mut().flatten().next() {
-        d.taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
-            key: "gpu.nvidia.com/xid".into(),
-            effect: "NoSchedule".into(),
-            value: None,
-            time_added: None,
-        }]);
-    }
-    slice.slices[0].metadata.resource_version = Some("changed".into());
-    changes.push(("one ResourceSlice changed", slice, Watched::Slices));
-    let mut relabelled = state.clone();
-    let moved = relabelled
-        .namespaces
-        .iter_mut()
-        .find(|n| n.labels.contains_key("teamgpu.io/team"))
-        .expect("a team namespace");
-    std::sync::Arc::make_mut(moved)
-        .labels
-        .insert("teamgpu.io/team".into(), "team-0".into());
-    changes.push((
-        "one namespace moved to another team",
-        relabelled,
-        Watched::Other,
-    ));
-    changes.push(("nothing changed (resync)", state.clone(), Watched::Other));
+    let changes = changes(&state);
 
     let converged = plan(&state);
     let live = Live::of(&converged);
@@ -172,6 +259,43 @@ fn bench(c: &mut Criterion) {
     events.finish();
 }
 
+/// The changes the passes take in, each with the state after it and the cache it touched:
+/// the operator takes in only the caches whose watch saw an event.
+fn changes(state: &ClusterState) -> Vec<(&'static str, ClusterState, Watched)> {
+    let mut changes: Vec<(&str, ClusterState, Watched)> = Vec::new();
+    let mut claim = state.clone();
+    claim.claims[0].status = None;
+    claim.claims[0].metadata.resource_version = Some("changed".into());
+    changes.push(("one claim changed", claim, Watched::Claims));
+    let mut slice = state.clone();
+    if let Some(d) = slice.slices[0].spec.devices.iter_mut().flatten().next() {
+        d.taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+            key: "gpu.nvidia.com/xid".into(),
+            effect: "NoSchedule".into(),
+            value: None,
+            time_added: None,
+        }]);
+    }
+    slice.slices[0].metadata.resource_version = Some("changed".into());
+    changes.push(("one ResourceSlice changed", slice, Watched::Slices));
+    let mut relabelled = state.clone();
+    let moved = relabelled
+        .namespaces
+        .iter_mut()
+        .find(|n| n.labels.contains_key("teamgpu.io/team"))
+        .expect("a team namespace");
+    std::sync::Arc::make_mut(moved)
+        .labels
+        .insert("teamgpu.io/team".into(), "team-0".into());
+    changes.push((
+        "one namespace moved to another team",
+        relabelled,
+        Watched::Other,
+    ));
+    changes.push(("nothing changed (resync)", state.clone(), Watched::Other));
+    changes
+}
+
 /// Converged live objects, as the operator's watch caches hold them.
 struct Live {
     classes: Vec<Arc<DeviceClass>>,
@@ -213,7 +337,7 @@ impl Live {
 /// The slices and claims of a state, as the operator's watch caches keep them.
 #[derive(Default)]
 struct Caches {
-    envs: DeviceEnvs,
+    envs: teamgpu::core::plan::inventory::SliceValues,
     names: Names,
 }
 

@@ -23,13 +23,13 @@ use super::projected::{self, Projected, Projector};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
 use crate::core::effects::PodView;
-use crate::core::plan::inventory::SliceView;
+use crate::core::plan::inventory::{SliceValues, SliceView};
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::core::plan::taints::TaintRuleView;
 use crate::core::plan::usage::{ClaimView, Names};
 use crate::core::state::{ClusterState, NamespaceInfo};
 use crate::core::{engine, plan};
-use crate::dra_cel::{DeviceEnvs, DeviceReads};
+use crate::dra_cel::DeviceReads;
 
 /// The watch caches.
 #[derive(Clone)]
@@ -457,7 +457,7 @@ impl Projector<PartialObjectMeta<Namespace>> for NamespaceProjector {
 /// ResourceSlices as [`SliceView`]s, their devices' CEL input shared.
 #[derive(Debug, Default)]
 struct SliceProjector {
-    envs: DeviceEnvs,
+    values: SliceValues,
 }
 
 impl Projector<ResourceSlice> for SliceProjector {
@@ -466,7 +466,7 @@ impl Projector<ResourceSlice> for SliceProjector {
     const TRACKED: bool = true;
 
     fn project(&mut self, slice: &ResourceSlice, reads: &Arc<DeviceReads>) -> SliceView {
-        SliceView::project(slice, reads, &mut self.envs)
+        SliceView::project(slice, reads, &mut self.values)
     }
 
     fn same(kept: &SliceView, new: &SliceView) -> bool {
@@ -474,9 +474,9 @@ impl Projector<ResourceSlice> for SliceProjector {
     }
 
     fn relisted(&mut self) {
-        self.envs.prune();
+        self.values.prune();
         tracing::debug!(
-            distinct = self.envs.len(),
+            distinct = self.values.envs.len(),
             "device environments after a list"
         );
     }

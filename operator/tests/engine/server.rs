@@ -17,7 +17,7 @@ use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::objects::is_managed;
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::state::{NamespaceInfo, NamespaceView, Taken};
-use teamgpu::dra_cel::{DeviceEnvs, DeviceReads};
+use teamgpu::dra_cel::DeviceReads;
 
 /// One watch of the operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,7 +46,7 @@ pub struct Server {
     pub owned: BTreeMap<ObjectKey, DynamicObject>,
     /// What the slices are projected to, as the operator's slice watch does.
     slice_reads: DeviceReads,
-    envs: DeviceEnvs,
+    envs: teamgpu::core::plan::inventory::SliceValues,
     names: Names,
     changed: BTreeSet<Watch>,
 }

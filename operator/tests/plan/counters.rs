@@ -219,11 +219,7 @@ fn a_gpu_its_driver_marks_lost_is_not_counted_and_the_status_says_why() {
     // The NVIDIA driver's health monitor taints a lost GPU `gpu.nvidia.com/gpu-lost`,
     // NoSchedule (device_health.go); a non-fatal XID gets effect None and still counts.
     let mut cluster = state(&["a100"], Vec::new());
-    for device in cluster
-        .slices
-        .iter_mut()
-        .flat_map(|s| s.spec.devices.iter_mut().flatten())
-    {
+    for device in devices_mut(&mut cluster) {
         let (key, effect) = match device.name.as_str() {
             "gpu-1" => ("gpu.nvidia.com/gpu-lost", "NoSchedule"),
             "gpu-0" => ("gpu.nvidia.com/xid", "None"),
@@ -242,6 +238,25 @@ fn a_gpu_its_driver_marks_lost_is_not_counted_and_the_status_says_why() {
     assert_eq!(
         condition(&report.conditions, "DevicesFound").message,
         "1 devices match; 1 more are tainted NoSchedule or NoExecute (gpu.nvidia.com/gpu-lost) and not counted"
+    );
+}
+
+#[test]
+fn a_device_drawing_on_a_counter_set_its_pool_lacks_is_not_counted_and_the_status_says_why() {
+    // A driver bug: gpu-1's full device names a counter set no slice of the pool publishes. The
+    // allocator cannot allocate it; the other GPU still counts.
+    let mut cluster = state(&["a100"], Vec::new());
+    for device in devices_mut(&mut cluster).filter(|d| d.name == "gpu-1") {
+        for draw in device.consumes_counters.iter_mut().flatten() {
+            draw.counter_set = "gpu-9-counter-set".into();
+        }
+    }
+    let planned = plan(&cluster);
+    let report = report_of(&planned, "a100");
+    assert_eq!(report.capacity, 1);
+    assert_eq!(
+        condition(&report.conditions, "DevicesFound").message,
+        "1 devices match; 1 more draw on counters their pool does not publish, which no claim can get, and are not counted (gpu-1: draws on counter set gpu-9-counter-set, which the pool does not publish)"
     );
 }
 
@@ -302,4 +317,61 @@ fn a_gpu_running_slices_is_no_room_for_a_waiting_whole_gpu_claim() {
         .map(|r| (r.borrower.as_str(), r.for_team.as_str()))
         .collect();
     assert_eq!(orders, [("borrower", "owner")]);
+}
+
+const H100: &str = include_str!(
+    "../../testdata/nvidia-dra-driver-gpu/resourceslice/h100-dynamic-mig-node.teamgpu.yaml"
+);
+
+#[test]
+fn on_h100s_each_profile_counts_what_fits_at_once() {
+    // Two H100 80GB GPUs with dynamic MIG: 26 device entries each. Counted one by one (before),
+    // against what the counters let the allocator give at once (now): the +me profiles share the
+    // GPU's one optical-flow engine, 1g.20gb takes two of its eight memory slices.
+    let slices: Vec<ResourceSlice> = (H100.split("\n---\n"))
+        .filter(|doc| doc.contains("kind: ResourceSlice"))
+        .map(|doc| serde_saphyr::from_str(doc).expect("slice"))
+        .collect();
+    for (profiles, entries, fits) in [
+        (json!([]), 2, 2),
+        (json!(["1g.10gb"]), 14, 14),
+        (json!(["1g.10gb+me"]), 14, 2),
+        (json!(["1g.20gb"]), 8, 8),
+        (json!(["2g.20gb"]), 6, 6),
+        (json!(["3g.40gb"]), 4, 4),
+        (json!(["4g.40gb"]), 2, 2),
+        (json!(["7g.80gb"]), 2, 2),
+        // Any MIG device: as many as the smallest profiles fit, 7 a GPU.
+        (json!(null), 50, 14),
+    ] {
+        let selector = match &profiles {
+            serde_json::Value::Null => json!({"deviceType": "mig"}),
+            p if p.as_array().is_some_and(Vec::is_empty) => json!({"deviceType": "gpu"}),
+            p => json!({"deviceType": "mig", "migProfiles": p}),
+        };
+        let cluster = ClusterState {
+            slices: slices.clone(),
+            sharing_policies: vec![policy(json!({"metadata": {"name": "h100"}, "spec": {
+                "selector": selector, "sharing": {"strategy": "Exclusive"}}}))],
+            ..Default::default()
+        };
+        let planned = plan(&cluster);
+        let report = report_of(&planned, "h100");
+        assert_eq!(report.capacity, fits, "{profiles}");
+        let shared = condition(&report.conditions, "SharedCounters");
+        assert!(
+            shared.message.starts_with(&format!(
+                "{entries} matching devices draw on shared counters"
+            )),
+            "{profiles}: {}",
+            shared.message
+        );
+    }
+}
+
+/// Every device of the cluster's slices, to change.
+fn devices_mut(
+    cluster: &mut ClusterState,
+) -> impl Iterator<Item = &mut k8s_openapi::api::resource::v1::Device> {
+    (cluster.slices.iter_mut()).flat_map(|s| s.spec.devices.iter_mut().flatten())
 }

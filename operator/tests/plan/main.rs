@@ -351,7 +351,7 @@ proptest::proptest! {
         let mut deltas = teamgpu::core::plan::Planner::default();
         let (mut slices, mut claims) = (Watched::<SliceView>::new(), Watched::<ClaimView>::new());
         let mut reads = teamgpu::dra_cel::DeviceReads::default();
-        let mut envs = teamgpu::dra_cel::DeviceEnvs::default();
+        let mut envs = teamgpu::core::plan::inventory::SliceValues::default();
         let mut names = teamgpu::core::plan::usage::Names::default();
         for change in &changes {
             apply(&mut state, change, &mut version, versioned);

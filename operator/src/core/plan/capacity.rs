@@ -19,7 +19,8 @@ use crate::dra_cel::CompiledExpressions;
 /// expressions' identity; all pools together, for the inventory's version and the expressions.
 #[derive(Debug)]
 pub struct Matching {
-    pools: Cache<PoolKey, (u64, u64), PoolMatch>,
+    /// Per pool, its report and, for a pool with counters, what its groups' devices match.
+    pools: Cache<PoolKey, (u64, u64), (PoolMatch, Option<inventory::GroupMatches>)>,
     total: Cache<(), (u64, u64), MatchReport>,
 }
 
@@ -38,7 +39,8 @@ impl PoolMatch {
         let only_counts = report.overlaps.is_empty()
             && report.overlap_pairs.is_empty()
             && report.errors.is_empty()
-            && report.tainted.is_empty();
+            && report.tainted.is_empty()
+            && report.undeclared.is_empty();
         let place = |name: &String| {
             let place = names.iter().position(|n| *n == name)?;
             u32::try_from(place).ok()
@@ -106,7 +108,8 @@ impl Matching {
         self.total.get((), (inventory.version(), expressions), |_| {
             for (key, pool) in inventory.pools() {
                 pools.get(key.clone(), (pool.fingerprint(), expressions), |_| {
-                    PoolMatch::new(inventory::match_pool(pool, sets), &names)
+                    let (report, groups) = inventory::match_pool_and_groups(pool, sets);
+                    (PoolMatch::new(report, &names), groups)
                 });
             }
             pools.sweep();
@@ -114,7 +117,7 @@ impl Matching {
                 counts: sets.keys().map(|k| (k.clone(), 0)).collect(),
                 ..MatchReport::default()
             };
-            for (_, report) in pools.values() {
+            for (_, (report, _)) in pools.values() {
                 report.add_to(&mut total, &names);
             }
             total
@@ -129,6 +132,7 @@ static NOTHING: MatchReport = MatchReport {
     overlap_pairs: BTreeMap::new(),
     errors: BTreeMap::new(),
     tainted: BTreeMap::new(),
+    undeclared: BTreeMap::new(),
 };
 
 impl Matching {
@@ -148,9 +152,16 @@ impl Matching {
             return Vec::new();
         };
         (self.pools.values())
-            .map(|(pool, found)| (pool, found.count(name, place)))
+            .map(|(pool, (found, _))| (pool, found.count(name, place)))
             .filter(|(_, n)| *n > 0)
             .collect()
+    }
+}
+
+impl Matching {
+    /// What the devices of `pool`'s counter groups match, as of the last [`Matching::update`].
+    pub fn group_matches(&self, pool: &PoolKey) -> Option<&inventory::GroupMatches> {
+        self.pools.value(pool)?.1.as_ref()
     }
 }
 

@@ -118,7 +118,6 @@ pub fn add_consumable<'c>(
         .collect();
     let classes: Vec<String> = names.iter().map(|n| device_class_name(n)).collect();
     for (key, pool) in pools {
-        out.pools.insert(key.clone());
         let found = matches.get(key.clone(), (pool.fingerprint(), expressions), |_| {
             match_devices(pool, sets)
         });
@@ -262,8 +261,7 @@ impl SharedCounters {
     ) {
         if more.len() == 1 {
             for (name, n) in more {
-                let free = self.free.entry(name).or_default();
-                *free.entry(pool.clone()).or_default() += n;
+                self.free.entry(name).or_default().push((pool.clone(), n));
             }
         } else if more.len() > 1 {
             self.contested.push(Contested {

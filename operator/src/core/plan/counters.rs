@@ -13,24 +13,16 @@
 //! their limits, then one by one in name order. A policy's teams are never promised a contested
 //! GPU that another policy's capacity also counts.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::cache::Cache;
+use super::claims::Claims;
 use super::conditions::{DesiredCondition, types};
 use super::consumable::{Consumable, SharedDevice, SliceGpu};
-use super::inventory::{Drawing, Inventory, PoolKey};
+use super::inventory::{GroupMatches, Inventory, PoolKey};
 use super::placement::PoolRoom;
-use super::usage::ClaimView;
 use crate::core::fairshare::PoolInput;
 use crate::dra_cel::CompiledExpressions;
-
-/// Per counter group of a pool, per device of the group (in the group's order), the places of
-/// the expression sets that match it.
-type PoolGroupMatches = Box<[Box<[Box<[u16]>]>]>;
-
-/// [`PoolGroupMatches`] per pool, for the pool's fingerprint and the expressions' identity.
-pub type GroupMatches = Cache<PoolKey, (u64, u64), PoolGroupMatches>;
 
 /// What the policies can hold of the devices that draw on counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,11 +36,9 @@ pub struct SharedCounters {
     pub contested: Vec<Contested>,
     /// Groups where the search settled for a count it could not prove the most.
     pub approximate: u32,
-    /// Per policy and pool, what more fits in the groups whose free counters only its devices
-    /// fit.
-    pub free: BTreeMap<String, BTreeMap<PoolKey, u32>>,
-    /// The pools with counters, or devices that allow multiple allocations.
-    pub pools: BTreeSet<PoolKey>,
+    /// Per policy, what more fits in the groups (or devices) whose free counters only its
+    /// devices fit, by pool (a pool may come more than once).
+    pub free: BTreeMap<String, Vec<(PoolKey, u32)>>,
     /// Per policy, what its claims meet on devices that allow multiple allocations (their
     /// count is part of `matched`, their allocations of `held`).
     pub consumable: BTreeMap<String, Consumable>,
@@ -94,7 +84,10 @@ impl SharedCounters {
     /// counters one by one), before contested groups are given out.
     pub fn capacity(&self, policy: &str, matched: u32) -> u32 {
         let get = |m: &BTreeMap<String, u32>| m.get(policy).copied().unwrap_or(0);
-        let free: u32 = self.free.get(policy).map_or(0, |f| f.values().sum());
+        let free: u32 = self
+            .free
+            .get(policy)
+            .map_or(0, |f| f.iter().map(|(_, n)| n).sum());
         matched.saturating_sub(get(&self.matched)) + get(&self.held) + free
     }
 
@@ -110,117 +103,207 @@ impl SharedCounters {
     }
 }
 
+/// What one pool's counter groups give the expression sets (by place among the sets), for the
+/// pool, the expressions and the devices allocated in it: computed again only when one of
+/// those changed, so a claim changes one pool's fits, not the cluster's.
+#[derive(Debug, Clone, Default)]
+pub struct PoolFits {
+    /// Per set that matches a device of the pool: (set, matched, held, more in the groups only
+    /// its devices fit).
+    sets: Box<[(u16, u32, u32, u32)]>,
+    /// Per set, the largest (draw, whole) share of a group one of its devices is.
+    shares: Box<[(u16, i128, i128)]>,
+    /// Groups two or more sets' devices fit: the group's sets, and per set what more fits.
+    contested: Box<[ContestedFit]>,
+    approximate: u32,
+}
+
+/// A group of [`PoolFits::contested`]: its counter sets, and per set what more fits.
+type ContestedFit = (Box<[Arc<str>]>, Box<[(u16, u32)]>);
+
+/// [`PoolFits`] per pool, for (fingerprint, expressions' identity, version of the pool's
+/// allocations), in pool order: a pass walks the inventory's pools and this list side by side,
+/// so that a pool's kept fits cost no lookup (5,000 pools are walked at every pass).
+#[derive(Debug)]
+pub struct Fits {
+    kept: Vec<(PoolKey, (u64, u64, u64), PoolFits)>,
+    keep: bool,
+}
+
+impl Default for Fits {
+    fn default() -> Self {
+        Self::new(true)
+    }
+}
+
+impl Fits {
+    /// Fits kept between passes (`keep`), or computed at every pass, for a planner that plans
+    /// once.
+    pub fn new(keep: bool) -> Self {
+        Self {
+            kept: Vec::new(),
+            keep,
+        }
+    }
+}
+
 /// What each of `sets` can hold of the counter groups of `inventory`, given the devices the
 /// `claims` have allocated (admin access left out: it takes no device from anyone).
-pub fn shared_counters<'c>(
-    matches: &mut GroupMatches,
+pub fn shared_counters(
+    (matching, fits): (&super::capacity::Matching, &mut Fits),
     inventory: &Inventory,
     (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
-    claims: impl IntoIterator<Item = &'c ClaimView>,
+    claims: &Claims,
 ) -> SharedCounters {
     let mut out = SharedCounters::default();
     let pools: Vec<(&PoolKey, &super::inventory::Pool)> = (inventory.pools().iter())
         .filter(|(_, p)| p.counters().is_some())
         .collect();
     if pools.is_empty() {
-        matches.sweep();
+        fits.kept.clear();
         return out;
     }
-    let counted: BTreeSet<&PoolKey> = pools.iter().map(|(k, _)| *k).collect();
-    let mut allocated: HashMap<&PoolKey, BTreeSet<&str>> = HashMap::new();
-    for claim in claims {
-        for d in claim.devices.iter().filter(|d| !d.admin_access) {
-            let key = PoolKey {
-                driver: d.id.driver.clone(),
-                pool: d.id.pool.clone(),
-            };
-            if let Some(key) = counted.get(&key) {
-                allocated.entry(*key).or_default().insert(&d.id.device);
-            }
-        }
-    }
     let names: Vec<&String> = sets.keys().collect();
-    out.pools = counted.iter().map(|k| (*k).clone()).collect();
+    // Per set: matched, held; and what more fits alone, per pool.
+    let mut totals: Vec<(u32, u32)> = vec![(0, 0); names.len()];
+    let mut free: Vec<Vec<(PoolKey, u32)>> = vec![Vec::new(); names.len()];
+    let mut touched = vec![false; names.len()];
+    // The kept fits and the allocations, in pool order like `pools`: walked side by side.
+    let mut kept = std::mem::take(&mut fits.kept).into_iter().peekable();
+    let mut allocations = claims.allocations().iter().peekable();
+    let mut next = Vec::with_capacity(pools.len());
     for (key, pool) in pools {
-        let Some(counters) = pool.counters() else {
-            continue;
+        while allocations.next_if(|(k, _)| *k < key).is_some() {}
+        let taken = allocations.next_if(|(k, _)| *k == key).map(|(_, a)| a);
+        let input = (
+            pool.fingerprint(),
+            expressions,
+            taken.map_or(0, |t| t.version),
+        );
+        while kept.next_if(|(k, _, _)| k < key).is_some() {}
+        let (key, reused) = match kept.next_if(|(k, _, _)| k == key) {
+            Some((k, i, found)) if i == input && fits.keep => (k, Some(found)),
+            Some((k, _, _)) => (k, None),
+            None => (key.clone(), None),
         };
-        let found = matches.get(key.clone(), (pool.fingerprint(), expressions), |_| {
-            match_groups(pool, sets)
+        let found = reused.unwrap_or_else(|| {
+            // Kept by the matching of the same pool and expressions, which ran this pass.
+            let no_groups = GroupMatches::default();
+            let by_group = matching.group_matches(&key).unwrap_or(&no_groups);
+            fit_pool(pool, by_group, taken.map(|t| &t.devices), names.len())
         });
-        let taken = allocated.get(key);
-        for (group, by_device) in counters.groups.iter().zip(found.iter()) {
-            let allocated: Vec<bool> = (group.device_places())
-                .map(|place| {
-                    (pool.device_at(place))
-                        .is_some_and(|d| taken.is_some_and(|t| t.contains(d.name())))
-                })
-                .collect();
-            let mut more = BTreeMap::new();
-            for (set, name) in names.iter().enumerate() {
-                let set = u16::try_from(set).unwrap_or(u16::MAX);
-                let candidate = |i: usize| by_device[i].contains(&set);
-                let matched = (0..by_device.len()).filter(|i| candidate(*i)).count();
-                if matched == 0 {
-                    continue;
-                }
-                *out.matched.entry((*name).clone()).or_default() +=
-                    u32::try_from(matched).unwrap_or(u32::MAX);
-                if let Some((part, whole)) = (0..by_device.len())
-                    .filter(|i| candidate(*i))
-                    .filter_map(|i| group.share(i))
-                    .max()
-                {
-                    out.note_share(name, part, whole);
-                }
-                let fit = group.fit(&allocated, candidate);
-                out.approximate += u32::from(!fit.exact);
-                *out.held.entry((*name).clone()).or_default() += fit.held;
-                if fit.more > 0 {
-                    more.insert((*name).clone(), fit.more);
-                }
+        next.push((key, input, found));
+        let (key, _, found) = next.last().expect("just pushed");
+        for &(set, matched, held, more) in found.sets.iter() {
+            let set = usize::from(set);
+            touched[set] = true;
+            totals[set].0 += matched;
+            totals[set].1 += held;
+            if more > 0 {
+                free[set].push((key.clone(), more));
             }
-            out.give_out(key, group.sets.clone(), more);
+        }
+        for &(set, part, whole) in found.shares.iter() {
+            out.note_share(names[usize::from(set)], part, whole);
+        }
+        for (group_sets, more) in found.contested.iter() {
+            out.contested.push(Contested {
+                pool: key.clone(),
+                sets: group_sets.clone(),
+                more: (more.iter())
+                    .map(|&(set, n)| (names[usize::from(set)].clone(), n))
+                    .collect(),
+            });
+        }
+        out.approximate += found.approximate;
+    }
+    for (set, ((matched, held), free)) in totals.into_iter().zip(free).enumerate() {
+        if !touched[set] {
+            continue;
+        }
+        let name = names[set];
+        out.matched.insert(name.clone(), matched);
+        out.held.insert(name.clone(), held);
+        if !free.is_empty() {
+            out.free.insert(name.clone(), free);
         }
     }
-    matches.sweep();
+    fits.kept = next;
     out
 }
 
-/// Per group of `pool`, per device of the group, the places of the sets that match it (counted
-/// devices only: a tainted device still draws on the counters when allocated, but no claim gets
-/// it anew).
-fn match_groups(
+/// [`PoolFits`] of `pool`, its groups' devices matching the sets of `by_group`, the devices
+/// `taken` allocated.
+fn fit_pool(
     pool: &super::inventory::Pool,
-    sets: &BTreeMap<String, &CompiledExpressions>,
-) -> PoolGroupMatches {
+    by_group: &GroupMatches,
+    taken: Option<&BTreeMap<Arc<str>, u32>>,
+    sets: usize,
+) -> PoolFits {
     let Some(counters) = pool.counters() else {
-        return Box::default();
+        return PoolFits::default();
     };
-    let usable = pool.status.usable();
-    (counters.groups.iter())
-        .map(|group| {
-            group
-                .device_places()
-                .map(|place| {
-                    let Some(device) = pool.device_at(place) else {
-                        return Box::default();
-                    };
-                    // As [`Pool::counted`](super::inventory::Pool::counted) counts.
-                    if !usable
-                        || device.tainted()
-                        || !matches!(counters.drawing[place as usize], Drawing::Group(_))
-                    {
-                        return Box::default();
-                    }
-                    (sets.values().enumerate())
-                        .filter(|(_, set)| set.matches(device.env()).unwrap_or(false))
-                        .map(|(i, _)| u16::try_from(i).unwrap_or(u16::MAX))
-                        .collect()
-                })
-                .collect()
-        })
-        .collect()
+    // Per set: matched, held, more alone; and its largest share.
+    let mut per_set: Vec<Option<(u32, u32, u32)>> = vec![None; sets];
+    let mut shares: Vec<Option<(i128, i128)>> = vec![None; sets];
+    let mut contested = Vec::new();
+    let mut approximate = 0;
+    let mut allocated: Vec<bool> = Vec::new();
+    let mut matching: Vec<u16> = Vec::new();
+    for (group, by_device) in counters.groups.iter().zip(by_group.iter()) {
+        allocated.clear();
+        allocated.extend(group.device_places().map(|place| {
+            (pool.device_at(place)).is_some_and(|d| taken.is_some_and(|t| t.contains_key(d.name())))
+        }));
+        // The sets that match a device of the group (most groups: one).
+        matching.clear();
+        matching.extend(by_device.iter().flat_map(|d| d.iter().copied()));
+        matching.sort_unstable();
+        matching.dedup();
+        let mut more: Vec<(u16, u32)> = Vec::new();
+        for &set in &matching {
+            let candidate = |i: usize| by_device[i].contains(&set);
+            let matched = (0..by_device.len()).filter(|i| candidate(*i)).count();
+            if matched == 0 {
+                continue;
+            }
+            if let Some(share) = (0..by_device.len())
+                .filter(|i| candidate(*i))
+                .filter_map(|i| group.share(i))
+                .max()
+            {
+                let largest = shares[usize::from(set)].get_or_insert(share);
+                *largest = (*largest).max(share);
+            }
+            let fit = group.fit(&allocated, candidate);
+            approximate += u32::from(!fit.exact);
+            let entry = per_set[usize::from(set)].get_or_insert_default();
+            entry.0 += u32::try_from(matched).unwrap_or(u32::MAX);
+            entry.1 += fit.held;
+            if fit.more > 0 {
+                more.push((set, fit.more));
+            }
+        }
+        match more.as_slice() {
+            [] => {}
+            [(set, n)] => per_set[usize::from(*set)].get_or_insert_default().2 += n,
+            _ => contested.push((group.sets.clone(), more.into_boxed_slice())),
+        }
+    }
+    let index = |i: usize| u16::try_from(i).unwrap_or(u16::MAX);
+    PoolFits {
+        sets: (per_set.into_iter().enumerate())
+            .filter_map(|(set, found)| {
+                let (matched, held, more) = found?;
+                Some((index(set), matched, held, more))
+            })
+            .collect(),
+        shares: (shares.into_iter().enumerate())
+            .filter_map(|(set, share)| Some((index(set), share?.0, share?.1)))
+            .collect(),
+        contested: contested.into_boxed_slice(),
+        approximate,
+    }
 }
 
 /// Gives each contested group to one policy, adding what that policy's devices fit there to
@@ -309,14 +392,14 @@ pub fn rooms(
     allotted: &Allotted,
 ) -> Vec<PoolRoom> {
     let mut free: BTreeMap<&PoolKey, u32> = BTreeMap::new();
-    if let Some(own) = shared.free.get(name) {
-        free.extend(own.iter().map(|(pool, n)| (pool, *n)));
+    for (pool, n) in shared.free.get(name).into_iter().flatten() {
+        *free.entry(pool).or_default() += n;
     }
     for &place in allotted.get(name).into_iter().flatten() {
         let group = &shared.contested[place];
         *free.entry(&group.pool).or_default() += group.more.get(name).copied().unwrap_or(0);
     }
-    for room in rooms.iter_mut().filter(|r| shared.pools.contains(&r.pool)) {
+    for room in rooms.iter_mut().filter(|r| r.shared) {
         room.free = free.get(&room.pool).copied().unwrap_or(0);
     }
     rooms

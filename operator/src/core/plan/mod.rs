@@ -81,23 +81,55 @@ pub fn device_reads(state: &ClusterState) -> dra_cel::DeviceReads {
     reads
 }
 
-/// What the policies can hold of devices whose capacity is shared: those drawing on counter sets
-/// and those many claims share (see [`counters`], [`consumable`]).
-fn shared_devices(
-    (groups, consumables): (
-        &mut counters::GroupMatches,
-        &mut consumable::ConsumableMatches,
-    ),
-    inventory: &Inventory,
-    claims: &claims::Claims,
-    (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
-    slicing: &policies::Slicing,
-) -> counters::SharedCounters {
-    let all = || claims.all().map(|c| &**c);
-    let mut shared = counters::shared_counters(groups, inventory, (sets, expressions), all());
-    let with = (sets, expressions);
-    consumable::add_consumable(&mut shared, consumables, inventory, with, slicing, all());
-    shared
+/// What the policies can hold of devices whose capacity is shared (those drawing on counter
+/// sets and those many claims share: see [`counters`], [`consumable`]), kept until the inventory,
+/// the policies or the devices the claims hold change; and the per-pool caches it is made from.
+#[derive(Debug, Default)]
+struct SharedDevices {
+    fits: counters::Fits,
+    consumables: consumable::ConsumableMatches,
+    /// For (inventory version, expressions, allocation version, slicing).
+    last: Cache<(), (u64, u64, u64, u64), Arc<counters::SharedCounters>>,
+}
+
+impl SharedDevices {
+    fn new(keep: bool) -> Self {
+        Self {
+            fits: counters::Fits::new(keep),
+            consumables: Cache::new(keep),
+            last: Cache::new(keep),
+        }
+    }
+
+    fn of(
+        &mut self,
+        (inventory, matching): (&Inventory, &capacity::Matching),
+        claims: &claims::Claims,
+        (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
+        slicing: &policies::Slicing,
+    ) -> Arc<counters::SharedCounters> {
+        let mut hasher = std::hash::DefaultHasher::new();
+        slicing.hash(&mut hasher);
+        let input = (
+            inventory.version(),
+            expressions,
+            claims.allocation_version(),
+            hasher.finish(),
+        );
+        let Self {
+            fits,
+            consumables,
+            last,
+        } = self;
+        last.get((), input, |_| {
+            let with = (sets, expressions);
+            let mut shared = counters::shared_counters((matching, fits), inventory, with, claims);
+            let all = claims.all().map(|c| &**c);
+            consumable::add_consumable(&mut shared, consumables, inventory, with, slicing, all);
+            Arc::new(shared)
+        })
+        .clone()
+    }
 }
 
 /// The planner the operator keeps between events. It gives the same plan as [`plan`], but
@@ -122,8 +154,7 @@ pub struct Planner {
     usage: Cache<String, u64, usage::Usage>,
     classes: policies::CompiledClasses,
     matching: capacity::Matching,
-    group_matches: counters::GroupMatches,
-    consumable_matches: consumable::ConsumableMatches,
+    shared: SharedDevices,
     governed: capacity::Governed,
     shares: shares::Shares,
     objects: desired::Kept,
@@ -140,8 +171,7 @@ impl Planner {
             usage: Cache::new(false),
             classes: Cache::new(false),
             matching: capacity::Matching::new(false),
-            group_matches: Cache::new(false),
-            consumable_matches: Cache::new(false),
+            shared: SharedDevices::new(false),
             governed: Cache::new(false),
             shares: Cache::new(false),
             objects: desired::Kept::new(false),
@@ -154,7 +184,7 @@ impl Planner {
         &mut self,
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
     ) -> Vec<inventory::PoolKey> {
-        let mut envs = dra_cel::DeviceEnvs::default();
+        let mut envs = inventory::SliceValues::default();
         let everything = dra_cel::DeviceReads::everything();
         let views: Vec<Arc<inventory::SliceView>> = slices
             .into_iter()
@@ -283,12 +313,12 @@ impl Planner {
             .extend(capacity::incomplete_pool_warnings(inventory));
         let outside =
             capacity::used_outside_teams(self.usage.values().map(|(_, u)| u), inventory, &sets);
-        let shared = shared_devices(
-            (&mut self.group_matches, &mut self.consumable_matches),
-            inventory,
+        let slicing = policies::Slicing::of(&policies);
+        let shared = (self.shared).of(
+            (inventory, &self.matching),
             &self.claims,
             (&sets, expressions),
-            &policies::Slicing::of(&policies),
+            &slicing,
         );
         let per_device = equivalents::per_policy(&policies, &shared);
         let available = |name: &str| capacity::available(name, matches, &shared, &outside);

@@ -41,6 +41,9 @@ pub struct PoolRoom {
     pub pool: PoolKey,
     pub node: Option<Arc<str>>,
     pub free: u32,
+    /// Whether the pool's devices draw on shared counters or are shared by many claims: its
+    /// free devices are then as [`super::counters::rooms`] counts them.
+    pub shared: bool,
 }
 
 /// The placement of `policy`'s waiting claims on its free devices `pools`, `claims_of(team)`
@@ -196,10 +199,12 @@ pub fn rooms<'u>(
         .iter()
         .map(|(pool, matched)| {
             let used = used.get(&(&*pool.driver, &*pool.pool)).copied();
+            let found = inventory.pools().get(*pool);
             PoolRoom {
                 pool: (*pool).clone(),
-                node: inventory.pools().get(*pool).and_then(|p| p.node()).cloned(),
+                node: found.and_then(|p| p.node()).cloned(),
                 free: matched.saturating_sub(clamp(used.unwrap_or(0))),
+                shared: found.is_some_and(|p| p.counters().is_some() || p.has_consumable()),
             }
         })
         .collect()

@@ -77,7 +77,7 @@ pub fn compile<'a>(
 }
 
 /// The MemorySlices policies: their slice sizes, and those whose teams get GPUs of their own.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Hash)]
 pub struct Slicing {
     /// The slice size, in nano-units of memory, of every MemorySlices policy whose size parses
     /// (the CRD makes sure it does).

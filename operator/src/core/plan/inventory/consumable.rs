@@ -28,7 +28,7 @@ use crate::core::quantity;
 
 /// One capacity of a device that allows multiple allocations, in nano-units. A value that does
 /// not parse (the API server validates them) counts as 0: nothing fits.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ConsumableCapacity {
     /// The name as the device publishes it, and as requests and allocation results name it.
     pub name: Arc<str>,
@@ -37,7 +37,7 @@ pub struct ConsumableCapacity {
 }
 
 /// `capacity.requestPolicy`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RequestPolicy {
     pub default: Option<i128>,
     /// Ascending, as the API server requires.
@@ -45,7 +45,7 @@ pub struct RequestPolicy {
     pub valid_range: Option<ValidRange>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ValidRange {
     pub min: i128,
     pub max: Option<i128>,

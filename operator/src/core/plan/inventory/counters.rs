@@ -12,59 +12,148 @@
 //! [`most_that_fit`], over each [`CounterGroup`] (the sets tied together by devices drawing on
 //! several; with the NVIDIA driver, one GPU).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
 
+use super::most_that_fit::{Fit, fits_alone, most_that_fit};
 use crate::core::quantity;
 
 /// Counter name → amount in nano-units, sorted by name. A quantity that does not parse (the
 /// API server validates them, so only a hand-made object has one) counts as nothing available
 /// in a set and as more than any set holds in a draw: such a device never fits.
-pub type Amounts = Box<[(Arc<str>, i128)]>;
+/// Shared between the sets and draws of equal counters (every GPU of a model publishes the same).
+pub type Amounts = Arc<[(Arc<str>, i128)]>;
 
-/// What one device draws, by slot of its group's budget.
-pub type Slots = Box<[(u16, i128)]>;
+/// What one device draws, by slot of its group's budget: shared between the devices that draw
+/// alike (the same MIG placement of every GPU of a model), as budgets are.
+pub type Slots = Arc<[(u16, i128)]>;
+
+/// Shares the budgets and draws of counter groups between pools as they are built (every GPU
+/// of a model has the same).
+#[derive(Debug, Default)]
+pub struct GroupValues {
+    budgets: crate::intern::Interner<[i128]>,
+    slots: crate::intern::Interner<[(u16, i128)]>,
+}
+
+/// A copy shares with the pools built before it through their values, not through the
+/// interners: it starts empty.
+impl Clone for GroupValues {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl GroupValues {
+    /// Forgets what no pool holds any more.
+    pub fn prune(&mut self) {
+        self.budgets.prune();
+        self.slots.prune();
+    }
+}
 
 /// A counter set as its slice publishes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CounterSetView {
     pub name: Arc<str>,
     pub counters: Amounts,
 }
 
 /// What a device draws from one counter set.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Draw {
     pub set: Arc<str>,
     pub counters: Amounts,
 }
 
-fn amounts(counters: &BTreeMap<String, Counter>, unparsed: i128) -> Amounts {
-    counters
-        .iter()
-        .map(|(name, c)| {
-            let nanos = quantity::parse_nanos(&c.value.0).unwrap_or(unparsed);
-            (Arc::from(name.as_str()), nanos)
-        })
-        .collect()
+/// Shares the names and amounts of counters across slices as they are projected: thousands of
+/// GPUs of one model publish the same counters, parsed and held once.
+#[derive(Debug, Default)]
+pub struct CounterValues {
+    names: crate::intern::Interner<str>,
+    amounts: crate::intern::Interner<[(Arc<str>, i128)]>,
+    /// Quantities parsed, by their text (`None`: not a quantity).
+    parsed: HashMap<Box<str>, Option<i128>, rustc_hash::FxBuildHasher>,
+    /// Amounts already made, by the hash of the counters' text (and `unparsed`): the text and
+    /// what it was made into.
+    made: HashMap<u64, Vec<Made>, rustc_hash::FxBuildHasher>,
+}
+
+/// Counters' text (name, quantity) and the amounts made of it.
+type Made = (Box<[(Box<str>, Box<str>)]>, Amounts);
+
+impl CounterValues {
+    fn amounts(&mut self, counters: &BTreeMap<String, Counter>, unparsed: i128) -> Amounts {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut hasher = rustc_hash::FxBuildHasher.build_hasher();
+        unparsed.hash(&mut hasher);
+        for (name, c) in counters {
+            (name, &c.value.0).hash(&mut hasher);
+        }
+        let key = hasher.finish();
+        let same = |text: &[(Box<str>, Box<str>)]| {
+            text.len() == counters.len()
+                && (text.iter().zip(counters))
+                    .all(|((n, v), (name, c))| **n == **name && **v == *c.value.0)
+        };
+        if let Some((_, made)) = (self.made.get(&key).into_iter().flatten()).find(|(t, _)| same(t))
+        {
+            return made.clone();
+        }
+        let made = self.make(counters, unparsed);
+        let text = (counters.iter())
+            .map(|(name, c)| (Box::from(name.as_str()), Box::from(c.value.0.as_str())))
+            .collect();
+        self.made.entry(key).or_default().push((text, made.clone()));
+        made
+    }
+
+    fn make(&mut self, counters: &BTreeMap<String, Counter>, unparsed: i128) -> Amounts {
+        let values: Vec<(Arc<str>, i128)> = counters
+            .iter()
+            .map(|(name, c)| {
+                let text = c.value.0.as_str();
+                let nanos = match self.parsed.get(text) {
+                    Some(parsed) => *parsed,
+                    None => {
+                        let parsed = quantity::parse_nanos(text).ok();
+                        self.parsed.insert(Box::from(text), parsed);
+                        parsed
+                    }
+                };
+                (self.names.intern(name.as_str()), nanos.unwrap_or(unparsed))
+            })
+            .collect();
+        self.amounts.intern(&values[..])
+    }
+
+    /// Forgets what no slice holds any more.
+    pub fn prune(&mut self) {
+        for made in self.made.values_mut() {
+            made.retain(|(_, amounts)| Arc::strong_count(amounts) > 2);
+        }
+        self.made.retain(|_, made| !made.is_empty());
+        self.amounts.prune();
+        self.names.prune();
+    }
 }
 
 impl CounterSetView {
-    pub fn project(set: &CounterSet) -> Self {
+    pub fn project(set: &CounterSet, values: &mut CounterValues) -> Self {
         Self {
-            name: Arc::from(set.name.as_str()),
-            counters: amounts(&set.counters, 0),
+            name: values.names.intern(set.name.as_str()),
+            counters: values.amounts(&set.counters, 0),
         }
     }
 }
 
 impl Draw {
-    pub fn project(draw: &DeviceCounterConsumption) -> Self {
+    pub fn project(draw: &DeviceCounterConsumption, values: &mut CounterValues) -> Self {
         Self {
-            set: Arc::from(draw.counter_set.as_str()),
-            counters: amounts(&draw.counters, i128::MAX),
+            set: values.names.intern(draw.counter_set.as_str()),
+            counters: values.amounts(&draw.counters, i128::MAX),
         }
     }
 }
@@ -75,7 +164,7 @@ pub struct CounterGroup {
     /// The sets' names, sorted.
     pub sets: Box<[Arc<str>]>,
     /// What every counter of the sets holds, by slot.
-    budget: Box<[i128]>,
+    budget: Arc<[i128]>,
     /// Each device of the group: its place in the pool's device order, and what it draws by
     /// slot of `budget`.
     devices: Box<[(u32, Slots)]>,
@@ -106,11 +195,12 @@ impl CounterGroup {
     /// [`CounterGroup::device_places`]' order) fit at once beside those `allocated` marks, which
     /// draw first; and how many of the allocated devices `candidate` also names.
     pub fn fit(&self, allocated: &[bool], candidate: impl Fn(usize) -> bool) -> Fit {
-        let mut left = self.budget.to_vec();
+        let mut left: std::borrow::Cow<[i128]> = std::borrow::Cow::Borrowed(&self.budget);
         let mut held = 0;
         let mut free: Vec<&[(u16, i128)]> = Vec::new();
         for (i, (_, draws)) in self.devices.iter().enumerate() {
             if allocated.get(i).copied().unwrap_or(false) {
+                let left = left.to_mut();
                 for &(slot, amount) in draws.iter() {
                     let slot = &mut left[usize::from(slot)];
                     *slot = slot.saturating_sub(amount);
@@ -120,7 +210,19 @@ impl CounterGroup {
                 free.push(draws);
             }
         }
-        let mut fit = most_that_fit(&left, &free);
+        let mut fit = match free.as_slice() {
+            // A GPU's full device, say: no search (most groups are one device of a policy).
+            [] => Fit {
+                exact: true,
+                ..Fit::default()
+            },
+            [one] => Fit {
+                more: u32::from(fits_alone(&left, one)),
+                exact: true,
+                ..Fit::default()
+            },
+            many => most_that_fit(&left, many),
+        };
         fit.held = held;
         fit
     }
@@ -148,7 +250,11 @@ impl PoolCounters {
     /// The counters of a pool whose slices publish `sets` and whose devices draw `draws` (in the
     /// pool's device order). `None` when no device draws on counters. A set published twice is
     /// the pool's error (see the caller), the first one is kept here.
-    pub fn build(sets: &[&CounterSetView], draws: &[&[Draw]]) -> Option<Self> {
+    pub fn build(
+        sets: &[&CounterSetView],
+        draws: &[&[Draw]],
+        shared: &mut GroupValues,
+    ) -> Option<Self> {
         if draws.iter().all(|d| d.is_empty()) {
             return None;
         }
@@ -156,66 +262,23 @@ impl PoolCounters {
         for (i, set) in sets.iter().enumerate() {
             by_name.entry(&set.name).or_insert(i);
         }
-        // Sets tied by a device drawing on several share a group (union-find by set index).
-        let mut parent: Vec<usize> = (0..sets.len()).collect();
-        fn root(parent: &mut [usize], mut i: usize) -> usize {
-            while parent[i] != i {
-                parent[i] = parent[parent[i]];
-                i = parent[i];
-            }
-            i
-        }
-        let mut drawing: Vec<Drawing> = Vec::with_capacity(draws.len());
-        for device_draws in draws {
-            let found: Result<Vec<usize>, String> = (device_draws.iter())
-                .map(|draw| set_of(draw, sets, &by_name))
-                .collect();
-            drawing.push(match found {
-                Err(reason) => Drawing::Unknown(reason),
-                Ok(found) if found.is_empty() => Drawing::Nothing,
-                Ok(found) => {
-                    let first = root(&mut parent, found[0]);
-                    for &other in &found[1..] {
-                        let other = root(&mut parent, other);
-                        parent[other] = first;
-                    }
-                    Drawing::Group(0)
-                }
-            });
-        }
+        let mut ties = Ties::new(sets.len());
+        let mut drawing: Vec<Drawing> = (draws.iter())
+            .map(|device_draws| ties.tie(device_draws, sets, &by_name))
+            .collect();
         // Groups numbered by their first set's name, slots by (set, counter).
-        let mut group_of_root: BTreeMap<usize, u32> = BTreeMap::new();
+        let mut group_of_root: Vec<Option<u32>> = vec![None; sets.len()];
         let mut members: Vec<Vec<usize>> = Vec::new();
         for &i in by_name.values() {
-            let r = root(&mut parent, i);
-            let g = *group_of_root.entry(r).or_insert_with(|| {
+            let g = *group_of_root[ties.root(i)].get_or_insert_with(|| {
                 members.push(Vec::new());
                 u32::try_from(members.len() - 1).unwrap_or(u32::MAX)
             });
             members[g as usize].push(i);
         }
-        let mut slots: BTreeMap<(usize, &str), u16> = BTreeMap::new();
-        let mut groups: Vec<CounterGroup> = members
-            .iter()
-            .map(|sets_of| {
-                let mut budget = Vec::new();
-                for &i in sets_of {
-                    for (name, amount) in sets[i].counters.iter() {
-                        slots.insert((i, name), u16::try_from(budget.len()).unwrap_or(u16::MAX));
-                        budget.push(*amount);
-                    }
-                }
-                let first = sets_of.first().copied();
-                let share_slot = ["multiprocessors", "memory"]
-                    .iter()
-                    .find_map(|name| slots.get(&(first?, *name)).copied());
-                CounterGroup {
-                    sets: sets_of.iter().map(|&i| sets[i].name.clone()).collect(),
-                    budget: budget.into_boxed_slice(),
-                    devices: Box::default(),
-                    share_slot,
-                }
-            })
+        let mut slots = SlotPlaces::new(sets);
+        let mut groups: Vec<CounterGroup> = (members.iter())
+            .map(|sets_of| slots.group(sets_of, &mut shared.budgets))
             .collect();
         let mut devices: Vec<Vec<(u32, Slots)>> = vec![Vec::new(); groups.len()];
         for (place, (device_draws, how)) in draws.iter().zip(drawing.iter_mut()).enumerate() {
@@ -226,14 +289,15 @@ impl PoolCounters {
             let mut group = 0;
             for draw in device_draws.iter() {
                 let i = by_name[&*draw.set];
-                group = group_of_root[&root(&mut parent, i)];
+                group = group_of_root[ties.root(i)].unwrap_or(0);
                 for (name, amount) in draw.counters.iter() {
-                    taken.push((slots[&(i, &**name)], *amount));
+                    // `set_of` made sure the set has every counter the draw names.
+                    taken.push((slots.of(i, name).unwrap_or(u16::MAX), *amount));
                 }
             }
             *how = Drawing::Group(group);
             let place = u32::try_from(place).unwrap_or(u32::MAX);
-            devices[group as usize].push((place, taken.into_boxed_slice()));
+            devices[group as usize].push((place, shared.slots.intern(&taken[..])));
         }
         for (group, devices) in groups.iter_mut().zip(devices) {
             group.devices = devices.into_boxed_slice();
@@ -242,6 +306,99 @@ impl PoolCounters {
             groups: groups.into_boxed_slice(),
             drawing: drawing.into_boxed_slice(),
         })
+    }
+}
+
+/// Counter sets tied together by devices drawing on several (union-find by set index).
+struct Ties(Vec<usize>);
+
+impl Ties {
+    fn new(sets: usize) -> Self {
+        Self((0..sets).collect())
+    }
+
+    fn root(&mut self, mut i: usize) -> usize {
+        let parent = &mut self.0;
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+
+    /// Ties the sets one device draws on, and says how it draws. A draw the pool cannot serve
+    /// ties nothing: the device is never allocated.
+    fn tie(
+        &mut self,
+        device_draws: &[Draw],
+        sets: &[&CounterSetView],
+        by_name: &BTreeMap<&str, usize>,
+    ) -> Drawing {
+        if let Some(reason) = (device_draws.iter()).find_map(|d| set_of(d, sets, by_name).err()) {
+            return Drawing::Unknown(reason);
+        }
+        let mut first: Option<usize> = None;
+        for draw in device_draws {
+            let Ok(i) = set_of(draw, sets, by_name) else {
+                continue;
+            };
+            let root = self.root(i);
+            match first {
+                None => first = Some(root),
+                Some(f) => self.0[root] = f,
+            }
+        }
+        match first {
+            None => Drawing::Nothing,
+            // Numbered once the groups are known.
+            Some(_) => Drawing::Group(0),
+        }
+    }
+}
+
+/// Where each counter of a pool's sets sits in its group's budget: a set's first counter at
+/// `first[set]`, its others after it in name order (a set's counters are sorted by name).
+struct SlotPlaces<'a> {
+    sets: &'a [&'a CounterSetView],
+    first: Vec<u16>,
+}
+
+impl<'a> SlotPlaces<'a> {
+    fn new(sets: &'a [&'a CounterSetView]) -> Self {
+        Self {
+            sets,
+            first: vec![0; sets.len()],
+        }
+    }
+
+    fn of(&self, set: usize, counter: &str) -> Option<u16> {
+        let counters = &self.sets[set].counters;
+        let at = (counters.binary_search_by(|(n, _)| (**n).cmp(counter))).ok()?;
+        Some(self.first[set] + u16::try_from(at).unwrap_or(u16::MAX))
+    }
+
+    /// The group of sets `sets_of` (indices, by name), its budget laid out; no devices yet.
+    fn group(
+        &mut self,
+        sets_of: &[usize],
+        budgets: &mut crate::intern::Interner<[i128]>,
+    ) -> CounterGroup {
+        let mut budget = Vec::new();
+        for &i in sets_of {
+            self.first[i] = u16::try_from(budget.len()).unwrap_or(u16::MAX);
+            budget.extend(self.sets[i].counters.iter().map(|(_, amount)| *amount));
+        }
+        let share_slot = (sets_of.first()).and_then(|&first| {
+            ["multiprocessors", "memory"]
+                .iter()
+                .find_map(|name| self.of(first, name))
+        });
+        CounterGroup {
+            sets: sets_of.iter().map(|&i| self.sets[i].name.clone()).collect(),
+            budget: budgets.intern(&budget[..]),
+            devices: Box::default(),
+            share_slot,
+        }
     }
 }
 
@@ -257,7 +414,13 @@ fn set_of(
             draw.set
         )
     })?;
-    match (draw.counters.iter()).find(|(name, _)| !sets[i].counters.iter().any(|(n, _)| n == name))
+    // A full GPU draws its whole set: the same (shared) counters.
+    let set = &sets[i].counters;
+    if Arc::ptr_eq(&draw.counters, set) {
+        return Ok(i);
+    }
+    match (draw.counters.iter())
+        .find(|(name, _)| set.binary_search_by(|(n, _)| n.cmp(name)).is_err())
     {
         Some((name, _)) => Err(format!(
             "draws counter {name} of counter set {}, which has no such counter",
@@ -267,137 +430,9 @@ fn set_of(
     }
 }
 
-/// What [`CounterGroup::fit`] finds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Fit {
-    /// Allocated devices among the candidates.
-    pub held: u32,
-    /// The most further candidates that fit at once.
-    pub more: u32,
-    /// Whether `more` is proven the most; else it is what the search found in its budget, a
-    /// count that fits but may not be the most.
-    pub exact: bool,
-}
-
-/// Search steps [`most_that_fit`] takes before it settles for the best it has found.
-const STEPS: u32 = 200_000;
-
-/// The most of `devices` (each a list of (slot, amount) drawn from `left`) that fit `left` at
-/// the same time. An exact branch-and-bound search, smallest devices first: a counter group of
-/// the NVIDIA driver (a full GPU and some twenty MIG placements) takes a few hundred steps. Past
-/// [`STEPS`] it answers the best count found, which fits: a capacity may then be low, never more
-/// than the allocator can give.
-pub fn most_that_fit(left: &[i128], devices: &[&[(u16, i128)]]) -> Fit {
-    // What each device draws per slot (a slot named twice draws twice); a device that does not
-    // fit alone never fits.
-    let merged: Vec<Vec<(u16, i128)>> = (devices.iter())
-        .map(|d| {
-            let mut by_slot: BTreeMap<u16, i128> = BTreeMap::new();
-            for &(s, a) in d.iter() {
-                let slot = by_slot.entry(s).or_default();
-                *slot = slot.saturating_add(a);
-            }
-            by_slot.into_iter().collect()
-        })
-        .collect();
-    let mut order: Vec<&[(u16, i128)]> = (merged.iter())
-        .map(Vec::as_slice)
-        .filter(|d| d.iter().all(|&(s, a)| a <= left[usize::from(s)]))
-        .collect();
-    let share = |d: &[(u16, i128)]| -> u128 {
-        d.iter()
-            .map(|&(s, a)| {
-                let total = left[usize::from(s)].max(1);
-                u128::try_from(a.max(0)).unwrap_or(0) * 1_000_000
-                    / u128::try_from(total).unwrap_or(1)
-            })
-            .sum()
-    };
-    order.sort_by_key(|d| share(d));
-    let mut search = Search {
-        devices: &order,
-        left: left.to_vec(),
-        best: 0,
-        steps: 0,
-    };
-    search.run(0, 0);
-    Fit {
-        held: 0,
-        more: search.best,
-        exact: search.steps < STEPS,
-    }
-}
-
-struct Search<'a> {
-    devices: &'a [&'a [(u16, i128)]],
-    left: Vec<i128>,
-    best: u32,
-    steps: u32,
-}
-
-impl Search<'_> {
-    fn run(&mut self, next: usize, taken: u32) {
-        self.best = self.best.max(taken);
-        let remaining = u32::try_from(self.devices.len() - next).unwrap_or(u32::MAX);
-        if next == self.devices.len() || taken + remaining <= self.best || self.steps >= STEPS {
-            return;
-        }
-        self.steps += 1;
-        let device = self.devices[next];
-        if device.iter().all(|&(s, a)| a <= self.left[usize::from(s)]) {
-            for &(s, a) in device {
-                self.left[usize::from(s)] -= a;
-            }
-            self.run(next + 1, taken + 1);
-            for &(s, a) in device {
-                self.left[usize::from(s)] += a;
-            }
-        }
-        self.run(next + 1, taken);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    /// Every subset of `devices`: the most that fit `left`.
-    fn most_by_every_subset(left: &[i128], devices: &[&[(u16, i128)]]) -> u32 {
-        (0u32..1 << devices.len())
-            .filter(|mask| {
-                let mut used = vec![0i128; left.len()];
-                for (i, d) in devices.iter().enumerate() {
-                    if mask & (1 << i) != 0 {
-                        for &(s, a) in d.iter() {
-                            used[usize::from(s)] += a;
-                        }
-                    }
-                }
-                used.iter().zip(left).all(|(u, l)| u <= l)
-            })
-            .map(u32::count_ones)
-            .max()
-            .unwrap_or(0)
-    }
-
-    proptest! {
-        #[test]
-        fn the_search_finds_as_many_as_the_best_subset(
-            left in proptest::collection::vec(0..12i128, 1..4),
-            raw in proptest::collection::vec(proptest::collection::vec((0..4u16, 0..7i128), 0..4), 0..11),
-        ) {
-            let slots = u16::try_from(left.len()).unwrap();
-            let devices: Vec<Vec<(u16, i128)>> = raw
-                .into_iter()
-                .map(|d| d.into_iter().map(|(s, a)| (s % slots, a)).collect())
-                .collect();
-            let refs: Vec<&[(u16, i128)]> = devices.iter().map(Vec::as_slice).collect();
-            let fit = most_that_fit(&left, &refs);
-            prop_assert!(fit.exact);
-            prop_assert_eq!(fit.more, most_by_every_subset(&left, &refs));
-        }
-    }
 
     fn set(name: &str, counters: &[(&str, i128)]) -> CounterSetView {
         CounterSetView {
@@ -425,7 +460,12 @@ mod tests {
         let missing_set = [draw("d", &[("x", 1)])];
         let missing_counter = [draw("a", &[("w", 1)])];
         let draws: [&[Draw]; 5] = [&both, &only_c, &[], &missing_set, &missing_counter];
-        let counters = PoolCounters::build(&sets.iter().collect::<Vec<_>>(), &draws).unwrap();
+        let counters = PoolCounters::build(
+            &sets.iter().collect::<Vec<_>>(),
+            &draws,
+            &mut Default::default(),
+        )
+        .unwrap();
         let groups: Vec<Vec<&str>> = (counters.groups.iter())
             .map(|g| g.sets.iter().map(|s| &**s).collect())
             .collect();
@@ -451,6 +491,11 @@ mod tests {
         );
         let fit = g.fit(&[true], |i| i == 0);
         assert_eq!((fit.held, fit.more), (1, 0));
-        assert!(PoolCounters::build(&sets.iter().collect::<Vec<_>>(), &[&[], &[]]).is_none());
+        let no_draws = PoolCounters::build(
+            &sets.iter().collect::<Vec<_>>(),
+            &[&[], &[]],
+            &mut Default::default(),
+        );
+        assert!(no_draws.is_none());
     }
 }

@@ -3,7 +3,8 @@
 //! matching devices a taint keeps from claims.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::{DeviceId, Pool};
 use crate::dra_cel::{CompiledExpressions, ExpressionError};
@@ -30,6 +31,10 @@ pub struct MatchReport {
     pub errors: BTreeMap<String, EvaluationErrors>,
     /// Per name, the matching devices of usable pools that a taint keeps from claims.
     pub tainted: BTreeMap<String, Tainted>,
+    /// Per name, the matching devices of usable pools that draw on a counter set (or counter)
+    /// their pool does not publish, which the allocator cannot allocate; the "keys" are the
+    /// first few devices with why.
+    pub undeclared: BTreeMap<String, Tainted>,
 }
 
 /// Matching devices a taint keeps from claims (NoSchedule or NoExecute, as drivers mark
@@ -70,6 +75,10 @@ impl MatchReport {
             let mine = self.tainted.entry(name.clone()).or_default();
             mine.add(tainted.devices, tainted.keys.iter().cloned());
         }
+        for (name, undeclared) in &next.undeclared {
+            let mine = self.undeclared.entry(name.clone()).or_default();
+            mine.add(undeclared.devices, undeclared.keys.iter().cloned());
+        }
         for (name, errors) in &next.errors {
             let mine = self.errors.entry(name.clone()).or_default();
             mine.devices += errors.devices;
@@ -86,25 +95,33 @@ pub fn match_pool<S: Borrow<CompiledExpressions>>(
     pool: &Pool,
     sets: &BTreeMap<String, S>,
 ) -> MatchReport {
+    match_pool_and_groups(pool, sets).0
+}
+
+/// Per counter group of a pool, per device of the group (in the group's order), the places of
+/// the expression sets that match it (counted devices only: a tainted device still draws on the
+/// counters when allocated, but no claim gets it anew).
+pub type GroupMatches = Box<[Box<[Arc<[u16]>]>]>;
+
+/// [`match_pool`], and for a pool with counters, what its groups' devices match.
+pub fn match_pool_and_groups<S: Borrow<CompiledExpressions>>(
+    pool: &Pool,
+    sets: &BTreeMap<String, S>,
+) -> (MatchReport, Option<GroupMatches>) {
     let mut report = MatchReport::default();
-    if pool.status.usable() {
-        for device in pool.devices().filter(|d| d.tainted()) {
-            for (name, set) in sets {
-                if set.borrow().matches(device.env()) == Ok(true) {
-                    let key = device.taint().unwrap_or_default().to_owned();
-                    report
-                        .tainted
-                        .entry(name.clone())
-                        .or_default()
-                        .add(1, [key]);
-                }
-            }
-        }
-    }
+    report_uncounted(pool, sets, &mut report);
+    // Devices of one model share their CEL input (a node's 8 GPUs): evaluated once per input.
+    let mut by_env: HashMap<*const crate::dra_cel::DeviceEnv, Vec<_>> = HashMap::new();
     for device in pool.counted() {
+        let env = device.env();
+        let results = by_env.entry(std::ptr::from_ref(env)).or_insert_with(|| {
+            (sets.values())
+                .map(|set| set.borrow().matches(env))
+                .collect()
+        });
         let mut names: Vec<&String> = Vec::new();
-        for (name, set) in sets {
-            match set.borrow().matches(device.env()) {
+        for ((name, _), result) in sets.iter().zip(results.iter().cloned()) {
+            match result {
                 Ok(true) => {
                     names.push(name);
                     match report.counts.get_mut(name) {
@@ -138,5 +155,85 @@ pub fn match_pool<S: Borrow<CompiledExpressions>>(
                 .push((device.id(), names.into_iter().cloned().collect()));
         }
     }
-    report
+    let groups = pool
+        .counters()
+        .map(|counters| group_matches(pool, counters, &by_env));
+    (report, groups)
+}
+
+/// What of a usable pool the sets match but no claim can get: tainted devices, and devices that
+/// draw on counters the pool does not publish.
+fn report_uncounted<S: Borrow<CompiledExpressions>>(
+    pool: &Pool,
+    sets: &BTreeMap<String, S>,
+    report: &mut MatchReport,
+) {
+    if !pool.status.usable() {
+        return;
+    }
+    for device in pool.devices().filter(|d| d.tainted()) {
+        for (name, set) in sets {
+            if set.borrow().matches(device.env()) == Ok(true) {
+                let key = device.taint().unwrap_or_default().to_owned();
+                report
+                    .tainted
+                    .entry(name.clone())
+                    .or_default()
+                    .add(1, [key]);
+            }
+        }
+    }
+    if let Some(drawing) = pool.counters().map(|c| &c.drawing) {
+        for (place, device) in pool.devices().enumerate() {
+            let Some(super::Drawing::Unknown(why)) = drawing.get(place) else {
+                continue;
+            };
+            if device.tainted() {
+                continue;
+            }
+            for (name, set) in sets {
+                if set.borrow().matches(device.env()) == Ok(true) {
+                    let entry = report.undeclared.entry(name.clone()).or_default();
+                    entry.add(1, [format!("{}: {why}", device.name())]);
+                }
+            }
+        }
+    }
+}
+
+/// Per group of `counters`, per device, the places of the sets that match it (see
+/// [`GroupMatches`]), from the results `by_env` holds per CEL input.
+fn group_matches(
+    pool: &Pool,
+    counters: &super::PoolCounters,
+    by_env: &HashMap<*const crate::dra_cel::DeviceEnv, Vec<Result<bool, ExpressionError>>>,
+) -> GroupMatches {
+    let none: Arc<[u16]> = Arc::new([]);
+    let mut places: HashMap<*const crate::dra_cel::DeviceEnv, Arc<[u16]>> = HashMap::new();
+    let counted: std::collections::HashSet<u32> =
+        pool.counted_places().map(|(place, _)| place).collect();
+    (counters.groups.iter())
+        .map(|group| {
+            (group.device_places())
+                .map(|place| {
+                    let Some(device) = pool.device_at(place) else {
+                        return none.clone();
+                    };
+                    let env = std::ptr::from_ref(device.env());
+                    match by_env.get(&env) {
+                        Some(results) if counted.contains(&place) => places
+                            .entry(env)
+                            .or_insert_with(|| {
+                                (results.iter().enumerate())
+                                    .filter(|(_, r)| matches!(r, Ok(true)))
+                                    .map(|(i, _)| u16::try_from(i).unwrap_or(u16::MAX))
+                                    .collect()
+                            })
+                            .clone(),
+                        _ => none.clone(),
+                    }
+                })
+                .collect()
+        })
+        .collect()
 }

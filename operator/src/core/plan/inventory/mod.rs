@@ -32,15 +32,21 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 pub mod consumable;
 mod counters;
 mod matches;
+mod most_that_fit;
 mod slice;
 
-pub use counters::{CounterGroup, CounterSetView, Draw, Drawing, Fit, PoolCounters, most_that_fit};
-pub use matches::{EvaluationErrors, MatchReport, Tainted, match_pool};
+pub use counters::{
+    CounterGroup, CounterSetView, CounterValues, Draw, Drawing, GroupValues, PoolCounters,
+};
+pub use matches::{
+    EvaluationErrors, GroupMatches, MatchReport, Tainted, match_pool, match_pool_and_groups,
+};
+pub use most_that_fit::{Fit, most_that_fit};
 use slice::SliceDevice;
-pub use slice::SliceView;
+pub use slice::{SliceValues, SliceView};
 
 use crate::core::state::Delta;
-use crate::dra_cel::{CompiledExpressions, DeviceEnv, DeviceEnvs, DeviceReads, ExpressionError};
+use crate::dra_cel::{CompiledExpressions, DeviceEnv, DeviceReads, ExpressionError};
 
 /// A device's identity (`<driver>/<pool>/<device>` in allocation results).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -303,12 +309,14 @@ pub struct Inventory {
     version: u64,
     /// The taints from outside the slices, sorted.
     extra_taints: Vec<ExtraTaint>,
+    /// Budgets and draws of counter groups, shared between pools.
+    group_values: GroupValues,
 }
 
 impl Inventory {
     /// The inventory of whole slices (every attribute kept), e.g. for a plan made once.
     pub fn from_slices(slices: &[ResourceSlice]) -> Self {
-        let mut envs = DeviceEnvs::default();
+        let mut envs = SliceValues::default();
         let views: Vec<Arc<SliceView>> = slices
             .iter()
             .map(|s| Arc::new(SliceView::project(s, &DeviceReads::everything(), &mut envs)))
@@ -323,6 +331,7 @@ impl Inventory {
     /// Slices are told apart by name, as the API server does.
     pub fn update(&mut self, slices: Delta<'_, SliceView>) -> Vec<PoolKey> {
         let mut touched = BTreeSet::new();
+        let relisted = matches!(slices, Delta::All(_));
         match slices {
             Delta::All(all) => {
                 touched.extend(self.slices.keys().cloned());
@@ -359,13 +368,16 @@ impl Inventory {
             if (self.pools.get(&key)).is_some_and(|p| p.slices_fingerprint == fingerprint) {
                 continue;
             }
-            let mut pool = build_pool(&key, &members, fingerprint);
+            let mut pool = build_pool(&key, &members, fingerprint, &mut self.group_values);
             pool.taint_from(&self.extra_taints);
             self.pools.insert(key.clone(), pool);
             changed.push(key);
         }
         if !changed.is_empty() {
             self.version += 1;
+        }
+        if relisted {
+            self.group_values.prune();
         }
         changed
     }
@@ -480,7 +492,12 @@ impl Inventory {
 }
 
 /// One pool from its slices (all generations, sorted by name): only the newest generation counts.
-fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Pool {
+fn build_pool(
+    key: &PoolKey,
+    slices: &[&Arc<SliceView>],
+    fingerprint: u64,
+    shared: &mut GroupValues,
+) -> Pool {
     let generation = slices
         .iter()
         .map(|s| s.generation)
@@ -520,7 +537,7 @@ fn build_pool(key: &PoolKey, slices: &[&Arc<SliceView>], fingerprint: u64) -> Po
         .iter()
         .map(|&(i, j)| newest[i as usize].devices[j as usize].draws())
         .collect();
-    let counters = PoolCounters::build(&sets, &draws);
+    let counters = PoolCounters::build(&sets, &draws, shared);
     let consumable = (newest.iter()).any(|s| s.devices.iter().any(|d| d.consumable().is_some()));
     let status = PoolStatus {
         generation,

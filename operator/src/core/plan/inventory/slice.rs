@@ -6,8 +6,24 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use super::consumable::ConsumableCapacity;
-use super::counters::{CounterSetView, Draw};
+use super::counters::{CounterSetView, CounterValues, Draw};
 use crate::dra_cel::{DeviceEnv, DeviceEnvs, DeviceReads};
+
+/// What projecting slices shares between them: the devices' CEL input ([`DeviceEnvs`]) and
+/// their counters ([`CounterValues`]). Keep one per watch cache.
+#[derive(Debug, Default)]
+pub struct SliceValues {
+    pub envs: DeviceEnvs,
+    pub counters: CounterValues,
+}
+
+impl SliceValues {
+    /// Forgets what no slice holds any more.
+    pub fn prune(&mut self) {
+        self.envs.prune();
+        self.counters.prune();
+    }
+}
 
 /// What the inventory keeps of a ResourceSlice: its pool, node and generation, and per device
 /// its name, whether a taint keeps it from claims, and its CEL input reduced to what expressions
@@ -37,7 +53,7 @@ pub(super) struct SliceDevice {
     rare: Option<Box<Rare>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Rare {
     /// The key of the first taint that keeps the device from claims (NoSchedule, NoExecute).
     taint: Option<Arc<str>>,
@@ -79,10 +95,7 @@ fn uuid_of(device: &k8s_openapi::api::resource::v1::Device, driver: &str) -> Opt
 
 impl SliceView {
     /// `slice` reduced to what the inventory and expressions reading `reads` need.
-    pub fn project(slice: &ResourceSlice, reads: &DeviceReads, envs: &mut DeviceEnvs) -> Self {
-        let mut hasher = std::hash::DefaultHasher::new();
-        super::super::identity(slice, &mut hasher);
-        reads.hash(&mut hasher);
+    pub fn project(slice: &ResourceSlice, reads: &DeviceReads, values: &mut SliceValues) -> Self {
         let spec = &slice.spec;
         let devices = spec
             .devices
@@ -94,7 +107,7 @@ impl SliceView {
                         .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
                         .map(|t| Arc::from(t.key.as_str())),
                     draws: (d.consumes_counters.iter().flatten())
-                        .map(Draw::project)
+                        .map(|draw| Draw::project(draw, &mut values.counters))
                         .collect(),
                     consumable: match d.allow_multiple_allocations {
                         Some(true) => (d.capacity.iter().flatten())
@@ -111,17 +124,17 @@ impl SliceView {
                     || !rare_value.consumable.is_empty();
                 SliceDevice {
                     name: Arc::from(d.name.as_str()),
-                    env: envs.project(&spec.driver, d, reads),
+                    env: values.envs.project(&spec.driver, d, reads),
                     rare: rare.then(|| Box::new(rare_value)),
                 }
             })
             .collect();
         let counter_sets = (spec.shared_counters.iter().flatten())
-            .map(CounterSetView::project)
+            .map(|set| CounterSetView::project(set, &mut values.counters))
             .collect();
-        SliceView {
+        let mut view = SliceView {
             name: Arc::from(slice.metadata.name.as_deref().unwrap_or_default()),
-            identity: hasher.finish(),
+            identity: 0,
             driver: Arc::from(spec.driver.as_str()),
             pool: Arc::from(spec.pool.name.as_str()),
             generation: spec.pool.generation,
@@ -129,7 +142,34 @@ impl SliceView {
             node: spec.node_name.as_deref().map(Arc::from),
             devices,
             counter_sets,
+        };
+        // uid and resourceVersion, as for any object of the API server; a slice read from a file
+        // has none and is told by what it holds (its projection: hashing that is cheaper than
+        // its whole text, twice as long with counter sets).
+        let mut hasher = std::hash::DefaultHasher::new();
+        let meta = &slice.metadata;
+        match &meta.resource_version {
+            Some(rv) => (&meta.name, &meta.uid, rv).hash(&mut hasher),
+            None => view.hash_content(&mut hasher),
         }
+        reads.hash(&mut hasher);
+        view.identity = hasher.finish();
+        view
+    }
+
+    /// Hashes what the view holds (its name and everything projected).
+    fn hash_content(&self, hasher: &mut impl Hasher) {
+        (&*self.name, &*self.driver, &*self.pool).hash(hasher);
+        (
+            self.generation,
+            self.resource_slice_count,
+            self.node.as_deref(),
+        )
+            .hash(hasher);
+        for d in self.devices.iter() {
+            (&*d.name, &*d.env, &d.rare).hash(hasher);
+        }
+        self.counter_sets.hash(hasher);
     }
 
     /// Whether `other` holds what this view holds, whatever its identity says (a new

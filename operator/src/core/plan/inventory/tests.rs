@@ -53,19 +53,19 @@ fn a_projected_slice_keeps_what_expressions_read_and_shares_one_env_per_model() 
         "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-PCIE-40GB'".into(),
     ])
     .unwrap();
-    let mut envs = DeviceEnvs::default();
+    let mut envs = SliceValues::default();
     let view = SliceView::project(&slice, &product.reads(), &mut envs);
     assert_eq!(view.device_count(), 8);
     // The 8 GPUs differ only in attributes no expression reads (uuid, index, ...).
-    assert_eq!(envs.len(), 1);
+    assert_eq!(envs.envs.len(), 1);
     let env = &view.devices[0].env;
     assert!(env.attribute("gpu.nvidia.com", "productName").is_some());
     assert!(env.attribute("gpu.nvidia.com", "uuid").is_none());
     assert!(env.capacity("gpu.nvidia.com", "memory").is_none());
 
-    let mut whole = DeviceEnvs::default();
+    let mut whole = SliceValues::default();
     let full = SliceView::project(&slice, &DeviceReads::everything(), &mut whole);
-    assert_eq!(whole.len(), 8);
+    assert_eq!(whole.envs.len(), 8);
     assert!(
         full.devices[0]
             .env

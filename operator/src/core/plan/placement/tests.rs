@@ -24,6 +24,7 @@ fn pools(free: &[u32]) -> Vec<PoolRoom> {
             },
             node: Some(Arc::from(format!("node-{i}").as_str())),
             free: *f,
+            shared: false,
         })
         .collect()
 }

@@ -250,32 +250,7 @@ fn device_conditions(
 ) -> Vec<DesiredCondition> {
     let mut conds = Vec::new();
     let found = capacity > 0;
-    let slices = inventory.device_count();
-    let message = match matches.errors.get(&policy.name) {
-        Some(errors) => format!(
-            "{capacity} devices match; the selectors failed to evaluate on {} devices",
-            errors.devices
-        ),
-        None if found => format!("{capacity} devices match"),
-        None => match policy.slice() {
-            Some(size) => format!(
-                "the selectors match none of the {slices} published devices (slices of {size} are cut only from GPUs that allow multiple allocations, allowMultipleAllocations, and have at least {size} of memory)"
-            ),
-            None => format!("the selectors match none of the {slices} published devices"),
-        },
-    };
-    let message = match matches.tainted.get(&policy.name) {
-        Some(t) => format!(
-            "{message}; {} more are tainted NoSchedule or NoExecute ({}) and not counted",
-            t.devices,
-            t.keys
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        None => message,
-    };
+    let message = devices_found_message(policy, capacity, matches, inventory.device_count());
     conds.push(DesiredCondition::new(
         types::DEVICES_FOUND,
         found,
@@ -340,6 +315,47 @@ fn device_conditions(
         )
     });
     conds
+}
+
+/// What `DevicesFound` says: how many devices match, and which matching devices do not count.
+fn devices_found_message(
+    policy: &CompiledPolicy,
+    capacity: u32,
+    matches: &MatchReport,
+    slices: usize,
+) -> String {
+    let message = match matches.errors.get(&policy.name) {
+        Some(errors) => format!(
+            "{capacity} devices match; the selectors failed to evaluate on {} devices",
+            errors.devices
+        ),
+        None if capacity > 0 => format!("{capacity} devices match"),
+        None => match policy.slice() {
+            Some(size) => format!(
+                "the selectors match none of the {slices} published devices (slices of {size} are cut only from GPUs that allow multiple allocations, allowMultipleAllocations, and have at least {size} of memory)"
+            ),
+            None => format!("the selectors match none of the {slices} published devices"),
+        },
+    };
+    let keys = |keys: &BTreeSet<String>, by: &str| {
+        keys.iter().map(String::as_str).collect::<Vec<_>>().join(by)
+    };
+    let message = match matches.tainted.get(&policy.name) {
+        Some(t) => format!(
+            "{message}; {} more are tainted NoSchedule or NoExecute ({}) and not counted",
+            t.devices,
+            keys(&t.keys, ", ")
+        ),
+        None => message,
+    };
+    match matches.undeclared.get(&policy.name) {
+        Some(u) => format!(
+            "{message}; {} more draw on counters their pool does not publish, which no claim can get, and are not counted ({})",
+            u.devices,
+            keys(&u.keys, "; ")
+        ),
+        None => message,
+    }
 }
 
 /// Says, in the explanation of a team's quota of a policy whose teams get GPUs of their own,
