@@ -332,8 +332,12 @@ async fn plan_live_and_top_read_the_cluster() {
         .unwrap_or_else(|| panic!("no row of team cli: {table}"))
         .split_whitespace()
         .collect();
-    // Team, sharing policy, guaranteed, entitlement, allocated, borrowed, pending, capacity.
-    assert_eq!(cells, ["cli", "pcie", "4", "8", "0", "4", "0", "16"]);
+    // Team, sharing policy, guaranteed, entitlement, allocated, borrowed, pending, capacity,
+    // then GPU-equivalents entitled and allocated (a whole device is 1).
+    assert_eq!(
+        cells,
+        ["cli", "pcie", "4", "8", "0", "4", "0", "16", "8", "0"]
+    );
 
     operator.stop().await;
     std::fs::remove_dir_all(&dir).ok();
