@@ -57,6 +57,7 @@ fn pool(seed: u64, member: impl Fn(usize) -> bool) -> PoolInput {
                 weight: 1 + rng.below(10),
                 namespaces,
                 lending_limit: None,
+                parent: None,
             }
         })
         .collect();
@@ -64,6 +65,7 @@ fn pool(seed: u64, member: impl Fn(usize) -> bool) -> PoolInput {
     PoolInput {
         capacity: guaranteed * (80 + rng.below(60)) / 100,
         teams,
+        departments: Vec::new(),
     }
 }
 

@@ -27,7 +27,10 @@ const COUNTS_REPEATED: &str = "claimTemplates.counts must not repeat a count";
 const ONE_ATTRIBUTE_VALUE: &str = "exactly one of string, int, bool or version must be set";
 const TIME_SLICING_ONLY: &str = "timeSlicing may only be set with strategy TimeSlicing";
 const MPS_ONLY: &str = "mps may only be set with strategy MPS";
-const NO_NAMESPACES: &str = "at least one of namespaceSelector or namespaces must be set";
+const NO_NAMESPACES: &str =
+    "at least one of namespaceSelector or namespaces must be set (or department: true)";
+const DEPARTMENT_NAMESPACES: &str =
+    "a department owns no namespaces, its member teams do: remove namespaceSelector and namespaces";
 const EMPTY_SELECTOR: &str =
     "namespaceSelector must not be empty: an empty selector would claim every namespace";
 const SYSTEM_NAMESPACE: &str =
@@ -433,6 +436,19 @@ fn team_without_namespaces_is_rejected() {
         "spec",
         NO_NAMESPACES,
     );
+}
+
+#[test]
+fn a_department_owns_no_namespaces() {
+    rejects(
+        tgp(json!({"department": true, "namespaces": ["research"]})),
+        "spec",
+        DEPARTMENT_NAMESPACES,
+    );
+    accepts(tgp(
+        json!({"department": true, "quotas": [{"sharingPolicy": "a100", "guaranteed": 16}]}),
+    ));
+    accepts(tgp(json!({"parent": "research", "namespaces": ["vision"]})));
 }
 
 #[test]
@@ -959,6 +975,7 @@ fn every_rule_is_known_and_covered_above() {
         ),
         ("TeamGpuPolicy", TGP_NAME_TOO_LONG),
         ("TeamGpuPolicy.spec", NO_NAMESPACES),
+        ("TeamGpuPolicy.spec", DEPARTMENT_NAMESPACES),
         ("TeamGpuPolicy.spec.members[]", MEMBER_NAMESPACE),
         ("TeamGpuPolicy.spec.namespaceSelector", EMPTY_SELECTOR),
         ("TeamGpuPolicy.spec.namespaces", SYSTEM_NAMESPACE),

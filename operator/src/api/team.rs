@@ -62,10 +62,25 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "has(self.namespaceSelector) || (has(self.namespaces) && size(self.namespaces) > 0)",
-     "message": "at least one of namespaceSelector or namespaces must be set"}
+    {"rule": "(has(self.department) && self.department) || has(self.namespaceSelector) || (has(self.namespaces) && size(self.namespaces) > 0)",
+     "message": "at least one of namespaceSelector or namespaces must be set (or department: true)"},
+    {"rule": "!(has(self.department) && self.department) || (!has(self.namespaceSelector) && !has(self.namespaces))",
+     "message": "a department owns no namespaces, its member teams do: remove namespaceSelector and namespaces"}
 ]))]
 pub struct TeamGpuPolicySpec {
+    /// This TeamGpuPolicy is a department: it owns no namespaces; the teams (and departments)
+    /// naming it as `parent` share its entitlement before anyone else may borrow it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub department: bool,
+    /// The department this team belongs to: another TeamGpuPolicy, whose entitlement its
+    /// members share first (see docs/fair-sharing.md, "Departments"): a TeamGpuPolicy with
+    /// `department: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub parent: Option<String>,
     /// Namespaces carrying these labels belong to the team (self-service: label a namespace to join).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-validations" = [

@@ -5,6 +5,7 @@ use super::*;
 #[test]
 fn no_contention_everyone_can_reach_its_limit() {
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 32,
         teams: vec![
             using("alpha", 8, 16, 1, 3),
@@ -30,6 +31,7 @@ fn no_contention_everyone_can_reach_its_limit() {
 #[test]
 fn one_team_idle_two_borrow_at_weights_1_and_3() {
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 24,
         teams: vec![
             using("alpha", 8, 24, 1, 8),
@@ -58,6 +60,7 @@ fn one_team_idle_two_borrow_at_weights_1_and_3() {
 fn owner_returns_and_the_reclaim_is_named() {
     // alpha and beta used what they borrowed; gamma's Pods now wait for 4 devices.
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 24,
         teams: vec![
             using("alpha", 8, 24, 1, 10),
@@ -81,6 +84,7 @@ fn owner_returns_and_the_reclaim_is_named() {
 #[test]
 fn guarantees_above_capacity_are_scaled_down() {
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 20,
         teams: vec![
             using("alpha", 12, 12, 1, 8),
@@ -106,6 +110,7 @@ fn guarantees_above_capacity_are_scaled_down() {
 #[test]
 fn limit_reached_the_rest_goes_to_the_other_borrower() {
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 16,
         teams: vec![using("alpha", 4, 6, 1, 4), using("beta", 4, 16, 1, 4)],
     });
@@ -119,6 +124,7 @@ fn limit_reached_the_rest_goes_to_the_other_borrower() {
 #[test]
 fn zero_guarantee_team_only_borrows() {
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 10,
         teams: vec![using("guest", 0, 10, 1, 0), using("owner", 6, 6, 1, 2)],
     });
@@ -129,6 +135,7 @@ fn zero_guarantee_team_only_borrows() {
     );
     // When the owner needs its devices back, the guest is named.
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 10,
         teams: vec![
             using("guest", 0, 10, 1, 8),
@@ -142,6 +149,7 @@ fn zero_guarantee_team_only_borrows() {
 #[test]
 fn namespace_split_serves_pending_demand_first_then_evenly() {
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 20,
         teams: vec![team(
             "alpha",
@@ -168,6 +176,7 @@ fn namespace_split_serves_pending_demand_first_then_evenly() {
 fn use_above_limit_keeps_existing_claims_valid() {
     // The limit was lowered below what the team already uses.
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 20,
         teams: vec![using("alpha", 2, 4, 1, 7)],
     });

@@ -8,6 +8,7 @@ fn lending_limit_lends_only_part_of_an_unused_guarantee() {
     // alpha is idle but lends at most 2 of its 8 guaranteed devices; beta is busy. beta may
     // borrow those 2 plus the 4 devices nobody is guaranteed (16 - 8 - 4).
     let pool = |alpha_usage: NamespaceUsage, beta_in_use: u32| PoolInput {
+        departments: Vec::new(),
         capacity: 16,
         teams: vec![
             lending(2, team("alpha", 8, 8, 1, vec![alpha_usage])),
@@ -55,6 +56,7 @@ fn lending_limit_lends_only_part_of_an_unused_guarantee() {
 #[test]
 fn lending_limit_zero_keeps_the_guarantee_and_needs_no_reclaim() {
     let pool = |alpha_usage: NamespaceUsage, beta_in_use: u32| PoolInput {
+        departments: Vec::new(),
         capacity: 16,
         teams: vec![
             lending(0, team("alpha", 8, 8, 1, vec![alpha_usage])),
@@ -86,6 +88,7 @@ fn lending_limit_zero_keeps_the_guarantee_and_needs_no_reclaim() {
 #[test]
 fn nothing_to_borrow_when_lending_limits_keep_every_idle_device() {
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 8,
         teams: vec![
             using("guest", 0, 8, 1, 0),
@@ -105,6 +108,7 @@ fn free_devices_serve_what_was_never_lent_first() {
     // guest borrowed alpha's 8 devices (beta lends none) and uses them; then both owners' Pods
     // wait for 8 devices. The 8 free devices are beta's, never lent: guest gives 8 back to alpha.
     let pool = |beta_lends: Option<u32>| PoolInput {
+        departments: Vec::new(),
         capacity: 16,
         teams: vec![
             team("alpha", 8, 8, 1, vec![ns("alpha-ns", 0, 0, 8)]),
@@ -127,6 +131,7 @@ fn free_devices_serve_what_was_never_lent_first() {
 fn duplicate_lending_limits_merge_to_the_largest() {
     let merged = |a: Option<u32>, b: Option<u32>| {
         let out = compute_pool(&PoolInput {
+            departments: Vec::new(),
             capacity: 10,
             teams: vec![
                 TeamInput {
@@ -150,6 +155,7 @@ fn duplicate_lending_limits_merge_to_the_largest() {
 #[test]
 fn duplicate_teams_are_merged() {
     let a = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 10,
         teams: vec![
             team("alpha", 2, 3, 1, vec![ns("x", 1, 1, 0)]),
@@ -157,6 +163,7 @@ fn duplicate_teams_are_merged() {
         ],
     });
     let b = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: 10,
         teams: vec![team(
             "alpha",
@@ -174,6 +181,7 @@ fn duplicate_teams_are_merged() {
 fn extreme_values_do_not_panic() {
     let huge = ns("n", u32::MAX, u32::MAX, u32::MAX);
     let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
         capacity: u32::MAX,
         teams: vec![
             team(

@@ -6,6 +6,7 @@ use teamgpu::core::fairshare::{
     NamespaceUsage, PoolInput, PoolShares, TeamInput, TeamShare, compute_pool, compute_pool_into,
 };
 
+mod departments;
 mod examples;
 mod lending_limits;
 
@@ -35,6 +36,7 @@ fn team(
         weight,
         namespaces,
         lending_limit: None,
+        parent: None,
     }
 }
 
@@ -141,6 +143,7 @@ fn pool_strategy(max_teams: usize) -> impl Strategy<Value = PoolInput> {
             (Just(raw), capacity.prop_map(|c| c.min(10_000)))
         })
         .prop_map(|(raw, capacity)| PoolInput {
+            departments: Vec::new(),
             capacity,
             teams: raw
                 .into_iter()
@@ -172,7 +175,11 @@ trait ShuffleTeams: Strategy<Value = PoolInput> + Sized {
             let capacity = pool.capacity;
             Just(pool.teams)
                 .prop_shuffle()
-                .prop_map(move |teams| PoolInput { capacity, teams })
+                .prop_map(move |teams| PoolInput {
+                    departments: Vec::new(),
+                    capacity,
+                    teams,
+                })
         })
         .boxed()
     }
@@ -519,7 +526,7 @@ proptest! {
              any::<Option<u32>>()),
             0..8),
     ) {
-        let pool = PoolInput {
+        let pool = PoolInput { departments: Vec::new(),
             capacity,
             teams: teams.into_iter().map(|(name, g, l, w, nss, lending_limit)| TeamInput {
                 lending_limit,

@@ -11,6 +11,7 @@ use teamgpu::core::plan::{Plan, plan};
 use teamgpu::core::state::{ClusterState, NamespaceInfo};
 
 mod counters;
+mod departments;
 mod objects;
 mod slices;
 

@@ -25,6 +25,8 @@ pub struct Explanation {
     pub(super) over_by: u64,
     pub(super) can_borrow: bool,
     pub(super) over_lent: bool,
+    /// A department's unused guaranteed devices kept for its own waiting members.
+    pub(super) kept_for_members: u32,
 }
 
 impl fmt::Display for Explanation {
@@ -89,6 +91,13 @@ impl fmt::Display for Explanation {
             } else {
                 f.write_str("; the idle devices went to other borrowers")?;
             }
+        }
+        if self.kept_for_members > 0 {
+            write!(
+                f,
+                "; {} of {} unused kept for its members who wait",
+                self.kept_for_members, self.unused
+            )?;
         }
         if self.reserved > 0 {
             write!(

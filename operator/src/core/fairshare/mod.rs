@@ -17,9 +17,13 @@
 
 mod apportion;
 mod explain;
+mod reclaim;
+mod tree;
 
 use apportion::{dhondt, water_fill};
 pub use explain::Explanation;
+use reclaim::reclaims;
+pub use tree::DepartmentInput;
 
 /// Smallest accepted weight; lower values (0) are raised to it.
 pub const MIN_WEIGHT: u32 = 1;
@@ -35,6 +39,9 @@ pub struct PoolInput {
     /// merged: the largest guarantee, limit, weight and lending limit (`None` counting as the
     /// largest) win and the namespaces are combined.
     pub teams: Vec<TeamInput>,
+    /// Departments the teams (and other departments) may belong to. Without any, the pool is
+    /// flat and the teams' parents are not read.
+    pub departments: Vec<DepartmentInput>,
 }
 
 /// One team's quota for a pool and its usage, per namespace.
@@ -56,6 +63,8 @@ pub struct TeamInput {
     /// reserved for the team. The unused devices beyond the limit count in the team's
     /// entitlement but are not lent.
     pub lending_limit: Option<u32>,
+    /// The department the team belongs to ([`PoolInput::departments`]), if any.
+    pub parent: Option<String>,
 }
 
 /// What one namespace of a team uses and waits for in a pool.
@@ -85,6 +94,8 @@ pub struct PoolShares {
     pub lendable: u32,
     /// One entry per team, sorted by team name.
     pub teams: Vec<TeamShare>,
+    /// One entry per department, sorted by name, its share at its level (no namespaces).
+    pub departments: Vec<TeamShare>,
     /// Devices borrowers must give back so that waiting owners reach their guarantee, sorted by
     /// owner then borrower. Empty when nobody waits below its guarantee.
     pub reclaims: Vec<Reclaim>,
@@ -97,6 +108,8 @@ pub struct PoolShares {
 pub struct TeamShare {
     /// Team name.
     pub team: String,
+    /// The department it belongs to: its entitlement is what the team's level divides.
+    pub parent: Option<String>,
     /// Configured guarantee.
     pub guaranteed: u32,
     /// Guarantee after scaling for overcommit: the team can always claim this many devices.
@@ -204,6 +217,17 @@ pub fn compute_pool(input: &PoolInput) -> PoolShares {
 /// names, vectors). Recomputing into the previous answer of the same pool allocates almost
 /// nothing.
 pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
+    if !input.departments.is_empty() {
+        tree::compute(input, out);
+        return;
+    }
+    out.departments.clear();
+    compute_level(input, 0, out);
+}
+
+/// [`compute_pool_into`] for a flat pool, with `withheld` of its idle devices not lent (a
+/// department's level: what the department lends outside it).
+fn compute_level(input: &PoolInput, withheld: u64, out: &mut PoolShares) {
     let teams = normalize(&input.teams);
     let n = teams.len();
     let capacity = u64::from(input.capacity);
@@ -222,7 +246,7 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
         over_lent,
         lent,
         borrower_weight,
-    } = lend(&teams, capacity, &effective);
+    } = lend(&teams, capacity, &effective, withheld);
 
     let entitlement: Vec<u64> = (0..n).map(|i| base[i] + lent[i]).collect();
     let reclaims = reclaims(&teams, capacity, &effective);
@@ -264,8 +288,10 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
             over_by: guaranteed_sum.saturating_sub(capacity),
             can_borrow: u64::from(team.limit) > base[i],
             over_lent,
+            kept_for_members: 0,
         };
         set_str(&mut share.team, team.name);
+        share.parent = None;
         share.guaranteed = team.guaranteed;
         share.effective_guarantee = to_u32(effective[i]);
         share.limit = team.limit;
@@ -301,7 +327,7 @@ struct Lending {
     borrower_weight: u64,
 }
 
-fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Lending {
+fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], withheld: u64) -> Lending {
     let n = teams.len();
     // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
     // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
@@ -314,6 +340,7 @@ fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Lending {
         .map(|t| t.requested.min(u64::from(u32::MAX)))
         .collect();
     let used_sum: u64 = used.iter().sum();
+    let capacity = capacity.saturating_sub(withheld);
     let idle = capacity.saturating_sub(used_sum);
     let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
     // Lending limits: of a team's unused guarantee (base - used), only `lending_limit` devices
@@ -496,91 +523,4 @@ fn split_namespaces(
         let even = each + u64::from((i as u64) < remainder);
         share.hard = to_u32(u64::from(ns.requested) + for_pending + even);
     }
-}
-
-/// Rule 6: owners below their effective guarantee with pending demand, when the free devices do
-/// not cover them, get devices back from teams holding more than their fair entitlement. An
-/// owner with a lending limit lent at most that many devices: the rest of its need is served
-/// from the free devices first.
-fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Vec<Reclaim> {
-    let needs: Vec<u64> = teams
-        .iter()
-        .zip(effective)
-        .map(|(t, &eg)| t.pending.min(eg.saturating_sub(t.allocated)))
-        .collect();
-    let need_sum: u64 = needs.iter().sum();
-    let allocated_sum: u64 = teams.iter().map(|t| t.allocated).sum();
-    let free = capacity.saturating_sub(allocated_sum);
-    if need_sum <= free {
-        return Vec::new();
-    }
-    // Fair entitlement: effective guarantee plus a water-filled share of the capacity nobody is
-    // guaranteed. What a team holds above it (never counting below its guarantee) is excess.
-    let unguaranteed = capacity.saturating_sub(effective.iter().sum());
-    let room: Vec<(u64, u32)> = teams
-        .iter()
-        .zip(effective)
-        .map(|(t, &eg)| (u64::from(t.limit).saturating_sub(eg), t.weight))
-        .collect();
-    let fair_extra = water_fill(unguaranteed, &room);
-    let excess: Vec<(u64, u32)> = teams
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            (
-                t.allocated.saturating_sub(effective[i] + fair_extra[i]),
-                t.weight,
-            )
-        })
-        .collect();
-    let excess_sum: u64 = excess.iter().map(|e| e.0).sum();
-    let wanted = (need_sum - free).min(excess_sum);
-    if wanted == 0 {
-        return Vec::new();
-    }
-    // Largest excess per weight gives back first: keep the lowest-level excess units.
-    let keep = water_fill(excess_sum - wanted, &excess);
-    let mut gives: Vec<(usize, u64)> = (0..teams.len())
-        .map(|i| (i, excess[i].0 - keep[i]))
-        .filter(|g| g.1 > 0)
-        .collect();
-    // Free devices serve first what owners never lent (need beyond the lending limit), then the
-    // rest of the needs, both in name order; what is left is matched to borrowers in name order.
-    let mut free_left = free;
-    let never_lent: Vec<u64> = teams
-        .iter()
-        .zip(&needs)
-        .map(|(t, &need)| {
-            let kept = t
-                .lending_limit
-                .map_or(0, |limit| need.saturating_sub(u64::from(limit)));
-            let from_free = kept.min(free_left);
-            free_left -= from_free;
-            from_free
-        })
-        .collect();
-    let mut out = Vec::new();
-    let mut giver = 0;
-    for (owner, &need) in needs.iter().enumerate() {
-        let need = need - never_lent[owner];
-        let from_free = need.min(free_left);
-        free_left -= from_free;
-        let mut short = need - from_free;
-        while short > 0 && giver < gives.len() {
-            let (borrower, left) = &mut gives[giver];
-            let take = short.min(*left);
-            *left -= take;
-            short -= take;
-            if *left == 0 {
-                giver += 1;
-            }
-            out.push(Reclaim {
-                borrower: teams[*borrower].name.to_owned(),
-                devices: to_u32(take),
-                for_team: teams[owner].name.to_owned(),
-            });
-        }
-    }
-    out.sort_by(|a, b| (&a.for_team, &a.borrower).cmp(&(&b.for_team, &b.borrower)));
-    out
 }

@@ -45,6 +45,8 @@ pub mod types {
     pub const GPUS_SHARED_BY_TEAMS: &str = "GpusSharedByTeams";
     /// Only on a team with `spec.budget`.
     pub const BUDGET: &str = "Budget";
+    /// Only on a team or department with `spec.parent`.
+    pub const PARENT: &str = "Parent";
     /// Only while the API server refuses a write of the policy's objects (set by
     /// `core::effects::refusals`, not by the planner): status then tells what was applied.
     pub const APPLIED: &str = "Applied";

@@ -69,6 +69,110 @@ pub struct Membership {
     pub label_selector_errors: BTreeMap<String, LabelSelectorError>,
     /// Team name -> namespaces it lists by name that do not exist.
     pub missing: BTreeMap<String, Vec<String>>,
+    /// The departments and who belongs to which (see [`Tree`]).
+    pub tree: Tree,
+}
+
+/// Departments (TeamGpuPolicies with `department: true`) and their members.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Tree {
+    /// Team or department -> the department it belongs to, when that is usable.
+    pub parent: BTreeMap<String, String>,
+    /// Department -> its members (teams and departments), sorted.
+    pub children: BTreeMap<String, Vec<String>>,
+    /// Team or department -> why its `parent` is not used (it is planned at the top).
+    pub problems: BTreeMap<String, String>,
+    /// Department -> the sharing policies it has a quota for.
+    pub quotas: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// Levels a tree may have: departments up to three deep, teams under them.
+pub const MAX_LEVELS: usize = 4;
+
+impl Tree {
+    /// Resolves every policy's `parent`: it must name a department; a chain that comes back to
+    /// where it started, or runs deeper than [`MAX_LEVELS`], is cut where it goes wrong.
+    pub fn resolve(teams: &[TeamGpuPolicy]) -> Self {
+        let departments: BTreeSet<&str> = (teams.iter())
+            .filter(|t| t.spec.department)
+            .filter_map(|t| t.metadata.name.as_deref())
+            .collect();
+        let names: BTreeSet<&str> = teams
+            .iter()
+            .filter_map(|t| t.metadata.name.as_deref())
+            .collect();
+        let mut tree = Tree::default();
+        for team in teams.iter().filter(|t| t.spec.department) {
+            let quotas = team.spec.quotas.iter().map(|q| q.sharing_policy.clone());
+            tree.quotas
+                .insert(super::identity::name_of(team), quotas.collect());
+        }
+        let mut wanted: BTreeMap<&str, &str> = BTreeMap::new();
+        for team in teams {
+            let (Some(name), Some(parent)) =
+                (team.metadata.name.as_deref(), team.spec.parent.as_deref())
+            else {
+                continue;
+            };
+            if departments.contains(parent) {
+                wanted.insert(name, parent);
+            } else {
+                let why = if names.contains(parent) {
+                    format!("parent {parent} is a team, not a department (department: true)")
+                } else {
+                    format!("parent {parent} does not exist")
+                };
+                tree.problems
+                    .insert(name.to_owned(), format!("{why}: planned at the top level"));
+            }
+        }
+        for (&name, &parent) in &wanted {
+            let mut chain = vec![name, parent];
+            let mut at = parent;
+            let problem = loop {
+                let Some(&up) = wanted.get(at) else {
+                    break None;
+                };
+                if chain.contains(&up) {
+                    chain.push(up);
+                    break Some(format!("parents form a cycle ({})", chain.join(" -> ")));
+                }
+                chain.push(up);
+                at = up;
+            };
+            let problem = problem.or_else(|| {
+                (chain.len() > MAX_LEVELS)
+                    .then(|| format!("more than {MAX_LEVELS} levels ({})", chain.join(" -> ")))
+            });
+            match problem {
+                Some(why) => {
+                    tree.problems
+                        .insert(name.to_owned(), format!("{why}: planned at the top level"));
+                }
+                None => {
+                    tree.parent.insert(name.to_owned(), parent.to_owned());
+                    tree.children
+                        .entry(parent.to_owned())
+                        .or_default()
+                        .push(name.to_owned());
+                }
+            }
+        }
+        tree
+    }
+
+    /// The nearest department above `team` for which `has` holds (a department without a quota
+    /// for a sharing policy is passed through in that policy's pool).
+    pub fn ancestor(&self, team: &str, has: impl Fn(&str) -> bool) -> Option<&str> {
+        let mut at = self.parent.get(team)?;
+        for _ in 0..MAX_LEVELS {
+            if has(at) {
+                return Some(at);
+            }
+            at = self.parent.get(at.as_str())?;
+        }
+        None
+    }
 }
 
 impl Membership {
@@ -155,6 +259,13 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
     for list in membership.namespaces.values_mut() {
         list.sort();
     }
+    membership.tree = Tree::resolve(teams);
+    // A department owns no namespaces (the CRD refuses them; an object stored before keeps none).
+    for team in teams.iter().filter(|t| t.spec.department) {
+        if let Some(name) = team.metadata.name.as_deref() {
+            membership.namespaces.remove(name);
+        }
+    }
     membership
 }
 
@@ -188,6 +299,8 @@ mod tests {
                 reclaim: None,
                 budget: None,
                 members: vec![],
+                department: false,
+                parent: None,
             },
         )
     }

@@ -134,6 +134,7 @@ pub fn fair_shares(
                 capacity: available(&policy.name),
                 teams: teams
                     .iter()
+                    .filter(|team| !team.spec.department)
                     .filter_map(|team| {
                         let mut input = team_input(team, policy, membership, demand, &class)?;
                         if let Some(budget) = budgets.get(&input.team) {
@@ -142,6 +143,7 @@ pub fn fair_shares(
                         Some(input)
                     })
                     .collect(),
+                departments: departments(teams, policy, membership),
             };
             (policy.name.clone(), input)
         })
@@ -202,6 +204,7 @@ fn team_input(
     let entitlement = quota.entitlement(policy.slice()).ok()?;
     let namespaces = membership.namespaces.get(&name)?;
     Some(TeamInput {
+        parent: parent_in_pool(&name, &policy.name, membership),
         team: name,
         guaranteed: entitlement.guaranteed,
         limit: entitlement.limit,
@@ -209,6 +212,38 @@ fn team_input(
         lending_limit: entitlement.lending_limit,
         namespaces: namespaces.iter().map(|ns| demand.of(ns, class)).collect(),
     })
+}
+
+/// The department `team` belongs to in `policy`'s pool: the nearest above it with a quota there.
+fn parent_in_pool(team: &str, policy: &str, membership: &Membership) -> Option<String> {
+    let tree = &membership.tree;
+    let has_quota = |d: &str| tree.quotas.get(d).is_some_and(|q| q.contains(policy));
+    tree.ancestor(team, has_quota).map(str::to_owned)
+}
+
+/// The departments with a usable quota for `policy`, each under the nearest department above
+/// it that has one too (a department without one is passed through in this pool).
+fn departments(
+    teams: &[&TeamGpuPolicy],
+    policy: &CompiledPolicy,
+    membership: &Membership,
+) -> Vec<fairshare::DepartmentInput> {
+    (teams.iter())
+        .filter(|team| team.spec.department)
+        .filter_map(|team| {
+            let quota = (team.spec.quotas.iter()).find(|q| q.sharing_policy == policy.name)?;
+            let entitlement = quota.entitlement(policy.slice()).ok()?;
+            let name = name_of(*team);
+            Some(fairshare::DepartmentInput {
+                parent: parent_in_pool(&name, &policy.name, membership),
+                guaranteed: entitlement.guaranteed,
+                limit: entitlement.limit,
+                weight: quota.weight.unwrap_or(team.spec.weight),
+                lending_limit: entitlement.lending_limit,
+                name,
+            })
+        })
+        .collect()
 }
 
 /// The shares of every pool, by policy name.

@@ -9,7 +9,7 @@ use super::super::policies::CompiledPolicy;
 use super::super::shares::Demand;
 use super::super::{TeamReport, clamp, name_of};
 use crate::api::{QuotaStatus, QuotaTotals, TeamGpuPolicy};
-use crate::core::fairshare::PoolShares;
+use crate::core::fairshare::{PoolShares, TeamShare};
 
 /// A team's devices summed over its quota entries, for `kubectl get tgp`.
 pub fn totals(quotas: &[QuotaStatus]) -> QuotaTotals {
@@ -70,6 +70,18 @@ pub fn team_report(
                 unknown.join(", ")
             ),
         ),
+        None if team.spec.department => match membership.tree.children.get(&name) {
+            Some(members) => (
+                true,
+                "Planned",
+                format!("department of {}: {}", members.len(), members.join(", ")),
+            ),
+            None => (
+                false,
+                "NoMembers",
+                "no team names the department as its parent".to_owned(),
+            ),
+        },
         None if namespaces.is_empty() => (
             false,
             "NoNamespaces",
@@ -92,6 +104,7 @@ pub fn team_report(
         ));
     }
     conds.push(DesiredCondition::new(types::READY, ready, reason, message));
+    conds.extend(parent_condition(team, &name, membership));
     TeamReport {
         name,
         generation: team.metadata.generation,
@@ -102,6 +115,24 @@ pub fn team_report(
         budget: None,
         conditions: conds,
     }
+}
+
+/// Whether a team or department with `spec.parent` is planned under it, and if not, why.
+fn parent_condition(
+    team: &TeamGpuPolicy,
+    name: &str,
+    membership: &Membership,
+) -> Option<DesiredCondition> {
+    let parent = team.spec.parent.as_ref()?;
+    Some(match membership.tree.problems.get(name) {
+        Some(why) => DesiredCondition::new(types::PARENT, false, "ParentIgnored", why.clone()),
+        None => DesiredCondition::new(
+            types::PARENT,
+            true,
+            "InDepartment",
+            format!("shares department {parent}'s entitlement with its other members first"),
+        ),
+    })
 }
 
 /// A team's conditions besides Ready: namespaces claimed twice, guarantees scaled down, quotas
@@ -210,9 +241,11 @@ fn quota_statuses(
                 continue;
             }
         };
-        let share = shares
-            .get(quota.sharing_policy.as_str())
-            .and_then(|pool| Some((pool.capacity, pool.teams.iter().find(|t| t.team == name)?)));
+        let pool = shares.get(quota.sharing_policy.as_str());
+        let share = pool.and_then(|pool| {
+            let mut all = pool.teams.iter().chain(&pool.departments);
+            Some((pool.capacity, all.find(|t| t.team == name)?))
+        });
         if !by_name
             .get(quota.sharing_policy.as_str())
             .is_some_and(|p| p.usable())
@@ -245,7 +278,7 @@ fn quota_statuses(
                         .then(|| demand.oldest_pending(namespaces, &class))
                         .flatten()
                         .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time),
-                    explanation: s.explanation.to_string(),
+                    explanation: explain_in_tree(s, pool.map_or(&[][..], |p| &p.departments)),
                     gpu_equivalents: None,
                 }
             }
@@ -264,6 +297,24 @@ fn quota_statuses(
         scaled,
         invalid,
     }
+}
+
+/// A share's explanation, and for a member of a department what each department above it holds
+/// for its members (the capacity its level divides).
+fn explain_in_tree(share: &TeamShare, departments: &[TeamShare]) -> String {
+    let mut out = share.explanation.to_string();
+    let mut parent = share.parent.as_deref();
+    while let Some(name) = parent {
+        let Some(department) = departments.iter().find(|d| d.team == name) else {
+            break;
+        };
+        out.push_str(&format!(
+            "; within department {name}: {} ({})",
+            department.entitlement, department.explanation
+        ));
+        parent = department.parent.as_deref();
+    }
+    out
 }
 
 /// A quota entry no pool holds: its policy is missing or not ready, or the team owns no

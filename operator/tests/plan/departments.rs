@@ -1,0 +1,94 @@
+//! Departments in the built-in example: research (ml-research, data-science) beside inference,
+//! on the 32 A100-80GB devices.
+
+use serde_json::json;
+use teamgpu::api::TeamGpuPolicy;
+
+use super::{condition, example, hard, team};
+
+fn a100(guaranteed: u32, limit: u32) -> serde_json::Value {
+    json!([{"sharingPolicy": "a100-80gb", "guaranteed": guaranteed, "limit": limit}])
+}
+
+fn tree(research_parent: Option<&str>) -> Vec<TeamGpuPolicy> {
+    vec![
+        team(json!({"metadata": {"name": "research"}, "spec": {
+            "department": true, "parent": research_parent, "quotas": a100(16, 32)}})),
+        team(
+            json!({"metadata": {"name": "ml-research"}, "spec": {"parent": "research",
+            "namespaces": ["ml-research-dev", "ml-research-train"], "quotas": a100(8, 32)}}),
+        ),
+        team(
+            json!({"metadata": {"name": "data-science"}, "spec": {"parent": "research",
+            "namespaces": ["data-science"], "quotas": a100(8, 32)}}),
+        ),
+        team(json!({"metadata": {"name": "inference"}, "spec": {
+            "namespaces": ["inference-canary", "inference-prod"], "quotas": a100(16, 32)}})),
+    ]
+}
+
+#[test]
+fn a_department_divides_what_it_gets_among_its_teams_and_says_so() {
+    let mut state = example();
+    state.teams = tree(None);
+    let planned = teamgpu::core::plan::plan(&state);
+    let report = |name: &str| planned.teams.iter().find(|t| t.name == name).unwrap();
+    let research = report("research");
+    assert_eq!(
+        condition(&research.conditions, "Ready").message,
+        "department of 2: data-science, ml-research"
+    );
+    // research (14 requested of its 16) and inference (9 of its 16) share the 9 idle devices,
+    // each borrowing the other's unused guarantee: research 7 (of inference's 7), inference 2.
+    let quota = &research.quotas[0];
+    assert_eq!((quota.guaranteed, quota.entitlement), (16, 23));
+    assert_eq!(report("inference").quotas[0].entitlement, 18);
+    // Inside research, the 2 it lent out are not lent again: its members share the 7 it
+    // borrowed. ml-research (12 in use, limit 32) can take 7 more, data-science (2 of its 8)
+    // 1 beyond its own 6 unused: water-filled, 6 and 1.
+    let ml = &report("ml-research").quotas[0];
+    assert_eq!(ml.entitlement, 18);
+    assert_eq!(report("data-science").quotas[0].entitlement, 9);
+    assert!(
+        ml.explanation.ends_with(
+            "; within department research: 23 (16 guaranteed + 7 borrowed of 9 idle at weight 1/2)"
+        ),
+        "{}",
+        ml.explanation
+    );
+    assert_eq!(
+        condition(&report("ml-research").conditions, "Parent").reason,
+        "InDepartment"
+    );
+    // A department owns no namespace: no quota of its own, its teams' namespaces have theirs.
+    let key = "a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    let ml_hards: u32 = ["ml-research-dev", "ml-research-train"]
+        .iter()
+        .map(|ns| hard(&planned, ns)[key].parse::<u32>().unwrap())
+        .sum();
+    assert_eq!(ml_hards, 18);
+}
+
+#[test]
+fn a_department_in_a_cycle_is_planned_at_the_top_and_says_why() {
+    let mut state = example();
+    let mut teams = tree(Some("lab"));
+    teams.push(team(json!({"metadata": {"name": "lab"}, "spec": {
+        "department": true, "parent": "research", "quotas": a100(16, 32)}})));
+    state.teams = teams;
+    let planned = teamgpu::core::plan::plan(&state);
+    let research = planned.teams.iter().find(|t| t.name == "research").unwrap();
+    let parent = condition(&research.conditions, "Parent");
+    assert_eq!(parent.reason, "ParentIgnored");
+    assert_eq!(
+        parent.message,
+        "parents form a cycle (research -> lab -> research): planned at the top level"
+    );
+    // Its teams are still planned, under it.
+    let ml = planned
+        .teams
+        .iter()
+        .find(|t| t.name == "ml-research")
+        .unwrap();
+    assert!(ml.quotas[0].entitlement >= 8);
+}
