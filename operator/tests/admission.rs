@@ -76,12 +76,17 @@ fn exactly(class: &str) -> Value {
 }
 
 fn team_denials(object: &Value) -> Vec<String> {
+    denials_with(object, &team_params())
+}
+
+/// What the team policy says of `object` in namespace ml-dev, whose quota is `params`.
+fn denials_with(object: &Value, params: &Value) -> Vec<String> {
     let kind = object["kind"].as_str().unwrap();
     evaluate(
         &team_policy(&governed(), DEFAULT_OPERATOR_USER),
         object,
         request(kind, "ml-dev"),
-        Some(&team_params()),
+        Some(params),
     )
     .unwrap()
 }
@@ -412,16 +417,9 @@ fn ten_thousand_team_namespaces_fit_the_api_servers_expression_limit() {
 /// What a team with a quota for the memory-slice class `h100-10g.teamgpu.io` (slices of 10Gi)
 /// may submit.
 fn slice_denials(object: &Value) -> Vec<String> {
-    let kind = object["kind"].as_str().unwrap();
     let mut params = quota_params("notebooks", "a100-80gb.teamgpu.io h100-10g.teamgpu.io");
     params["metadata"]["annotations"]["teamgpu.io/slice-h100-10g.teamgpu.io"] = json!("10Gi");
-    evaluate(
-        &team_policy(&governed(), DEFAULT_OPERATOR_USER),
-        object,
-        request(kind, "ml-dev"),
-        Some(&params),
-    )
-    .unwrap()
+    denials_with(object, &params)
 }
 
 fn slice_request(capacity: Value) -> Value {
@@ -472,16 +470,7 @@ fn a_class_of_team_gpus_takes_the_teams_gpus_and_no_others() {
     let mut params = quota_params("notebooks", "h100-own.teamgpu.io");
     params["metadata"]["annotations"]["teamgpu.io/gpus-h100-own.teamgpu.io"] = json!(own);
     params["metadata"]["annotations"]["teamgpu.io/slice-h100-own.teamgpu.io"] = json!("10Gi");
-    let denials = |object: &Value| {
-        let kind = object["kind"].as_str().unwrap();
-        evaluate(
-            &team_policy(&governed(), DEFAULT_OPERATOR_USER),
-            object,
-            request(kind, "ml-dev"),
-            Some(&params),
-        )
-        .unwrap()
-    };
+    let denials = |object: &Value| denials_with(object, &params);
     let request = |selectors: Value| {
         json!({"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": "h100-own.teamgpu.io", "selectors": selectors,

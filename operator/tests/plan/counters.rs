@@ -9,18 +9,14 @@ use serde_json::json;
 use teamgpu::core::plan::{Plan, plan};
 use teamgpu::core::state::{ClusterState, NamespaceInfo};
 
-use super::{condition, policy, report_of, team};
+use super::{condition, fixture_slices, policy, report_of, team};
 
 const FIXTURE: &str = include_str!(
     "../../testdata/nvidia-dra-driver-gpu/resourceslice/a100-dynamic-mig-node.teamgpu.yaml"
 );
 
 fn slices() -> Vec<ResourceSlice> {
-    FIXTURE
-        .split("\n---\n")
-        .filter(|doc| doc.contains("kind: ResourceSlice"))
-        .map(|doc| serde_saphyr::from_str(doc).expect("slice"))
-        .collect()
+    fixture_slices(FIXTURE)
 }
 
 /// A policy per kind of device of the fixture: whole GPUs, and MIG devices of one profile.
@@ -328,10 +324,7 @@ fn on_h100s_each_profile_counts_what_fits_at_once() {
     // Two H100 80GB GPUs with dynamic MIG: 26 device entries each. Counted one by one (before),
     // against what the counters let the allocator give at once (now): the +me profiles share the
     // GPU's one optical-flow engine, 1g.20gb takes two of its eight memory slices.
-    let slices: Vec<ResourceSlice> = (H100.split("\n---\n"))
-        .filter(|doc| doc.contains("kind: ResourceSlice"))
-        .map(|doc| serde_saphyr::from_str(doc).expect("slice"))
-        .collect();
+    let slices = fixture_slices(H100);
     for (profiles, entries, fits) in [
         (json!([]), 2, 2),
         (json!(["1g.10gb"]), 14, 14),

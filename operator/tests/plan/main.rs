@@ -49,6 +49,15 @@ fn condition<'a>(
         .unwrap_or_else(|| panic!("no {type_} condition in {conds:?}"))
 }
 
+/// The ResourceSlices of a multi-document fixture.
+fn fixture_slices(fixture: &str) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
+    fixture
+        .split("\n---\n")
+        .filter(|doc| doc.contains("kind: ResourceSlice"))
+        .map(|doc| serde_saphyr::from_str(doc).expect("slice"))
+        .collect()
+}
+
 fn policy(yaml: serde_json::Value) -> GpuSharingPolicy {
     serde_json::from_value(yaml).unwrap()
 }

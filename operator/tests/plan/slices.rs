@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 use teamgpu::core::plan::{Plan, plan};
 use teamgpu::core::state::{ClusterState, NamespaceInfo};
 
-use super::{condition, hard, policy, report_of, team};
+use super::{condition, fixture_slices, hard, policy, report_of, team};
 
 const MEMORY_MODE: &str = include_str!(
     "../../testdata/nvidia-dra-driver-gpu/resourceslice/h100-consumable-memory-node.teamgpu.yaml"
@@ -18,14 +18,6 @@ const MEMORY_MODE: &str = include_str!(
 const SHARES_MODE: &str = include_str!(
     "../../testdata/nvidia-dra-driver-gpu/resourceslice/h100-consumable-shares-node.teamgpu.yaml"
 );
-
-fn slices(fixture: &str) -> Vec<ResourceSlice> {
-    fixture
-        .split("\n---\n")
-        .filter(|doc| doc.contains("kind: ResourceSlice"))
-        .map(|doc| serde_saphyr::from_str(doc).expect("slice"))
-        .collect()
-}
 
 /// `h100-10g` and `h100-20g`: slices of 10Gi and 20Gi; `h100`: whole GPUs, Exclusive.
 fn sharing_policy(name: &str) -> teamgpu::api::GpuSharingPolicy {
@@ -62,7 +54,7 @@ fn state(
         })
         .collect();
     ClusterState {
-        slices: slices(fixture),
+        slices: fixture_slices(fixture),
         sharing_policies: policies.iter().map(|p| sharing_policy(p)).collect(),
         teams,
         namespaces,

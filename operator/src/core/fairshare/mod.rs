@@ -222,12 +222,21 @@ pub fn compute_pool_into(input: &PoolInput, out: &mut PoolShares) {
         return;
     }
     out.departments.clear();
-    compute_level(input, 0, out);
+    compute_level(input, &LevelRules::default(), out);
 }
 
-/// [`compute_pool_into`] for a flat pool, with `withheld` of its idle devices not lent (a
-/// department's level: what the department lends outside it).
-fn compute_level(input: &PoolInput, withheld: u64, out: &mut PoolShares) {
+/// What a level of a tree of departments changes in a flat pool (nothing, by default).
+#[derive(Debug, Default)]
+struct LevelRules<'a> {
+    /// Idle devices not lent: what the department whose members these are lent outside it.
+    withheld: u64,
+    /// The teams that are departments: of their unused guarantee they keep as much as their
+    /// members wait for, unlent.
+    departments: std::collections::BTreeSet<&'a str>,
+}
+
+/// [`compute_pool_into`] for a flat pool, or one level of a tree.
+fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares) {
     let teams = normalize(&input.teams);
     let n = teams.len();
     let capacity = u64::from(input.capacity);
@@ -241,12 +250,13 @@ fn compute_level(input: &PoolInput, withheld: u64, out: &mut PoolShares) {
         used,
         base,
         reserved,
+        kept,
         idle,
         lendable,
         over_lent,
         lent,
         borrower_weight,
-    } = lend(&teams, capacity, &effective, withheld);
+    } = lend(&teams, capacity, &effective, level);
 
     let entitlement: Vec<u64> = (0..n).map(|i| base[i] + lent[i]).collect();
     let reclaims = reclaims(&teams, capacity, &effective);
@@ -269,7 +279,8 @@ fn compute_level(input: &PoolInput, withheld: u64, out: &mut PoolShares) {
     out.teams.truncate(n);
     out.teams.resize_with(n, TeamShare::default);
     for (i, (team, share)) in teams.iter().zip(&mut out.teams).enumerate() {
-        let reserved = reserved[i];
+        // What a lending limit keeps, beside what a department keeps for its members.
+        let by_limit = reserved[i] - kept[i];
         share.explanation = Explanation {
             guaranteed: team.guaranteed,
             effective: to_u32(effective[i]),
@@ -281,14 +292,14 @@ fn compute_level(input: &PoolInput, withheld: u64, out: &mut PoolShares) {
             idle: to_u32(idle),
             lendable: to_u32(lendable),
             unused: to_u32(base[i] - used[i]),
-            reserved: to_u32(reserved),
+            reserved: to_u32(by_limit),
             // Only a lending limit that keeps devices shows in the line.
-            lending_limit: team.lending_limit.filter(|_| reserved > 0).unwrap_or(0),
+            lending_limit: team.lending_limit.filter(|_| by_limit > 0).unwrap_or(0),
             borrower_weight,
             over_by: guaranteed_sum.saturating_sub(capacity),
             can_borrow: u64::from(team.limit) > base[i],
             over_lent,
-            kept_for_members: 0,
+            kept_for_members: to_u32(kept[i]),
         };
         set_str(&mut share.team, team.name);
         share.parent = None;
@@ -297,7 +308,7 @@ fn compute_level(input: &PoolInput, withheld: u64, out: &mut PoolShares) {
         share.limit = team.limit;
         share.weight = team.weight;
         share.lending_limit = team.lending_limit;
-        share.reserved = to_u32(reserved);
+        share.reserved = to_u32(reserved[i]);
         share.entitlement = to_u32(entitlement[i]);
         share.borrowed = to_u32(entitlement[i] - effective[i]);
         share.requested = to_u32(team.requested);
@@ -318,8 +329,11 @@ struct Lending {
     used: Vec<u64>,
     /// What the team holds without borrowing: max(effective guarantee, use).
     base: Vec<u64>,
-    /// Unused guaranteed devices a lending limit keeps out of the idle pool.
+    /// Unused guaranteed devices kept out of the idle pool (by a lending limit, or for a
+    /// department's waiting members).
     reserved: Vec<u64>,
+    /// Of `reserved`, what a department keeps for its waiting members.
+    kept: Vec<u64>,
     idle: u64,
     lendable: u64,
     over_lent: bool,
@@ -327,7 +341,7 @@ struct Lending {
     borrower_weight: u64,
 }
 
-fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], withheld: u64) -> Lending {
+fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], level: &LevelRules<'_>) -> Lending {
     let n = teams.len();
     // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
     // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
@@ -340,15 +354,25 @@ fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], withheld: u64) -> 
         .map(|t| t.requested.min(u64::from(u32::MAX)))
         .collect();
     let used_sum: u64 = used.iter().sum();
-    let capacity = capacity.saturating_sub(withheld);
+    let capacity = capacity.saturating_sub(level.withheld);
     let idle = capacity.saturating_sub(used_sum);
     let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
-    // Lending limits: of a team's unused guarantee (base - used), only `lending_limit` devices
-    // enter the pool others borrow from; the rest stays reserved for the team.
+    // A department keeps as much of its unused guarantee (base - used) as its members wait for.
+    let kept: Vec<u64> = (0..n)
+        .map(|i| match level.departments.contains(teams[i].name) {
+            true => (base[i] - used[i]).min(teams[i].pending),
+            false => 0,
+        })
+        .collect();
+    // Lending limits: of the rest, only `lending_limit` devices enter the pool others borrow
+    // from; the rest stays reserved for the team.
     let reserved: Vec<u64> = (0..n)
-        .map(|i| match teams[i].lending_limit {
-            None => 0,
-            Some(limit) => (base[i] - used[i]).saturating_sub(u64::from(limit)),
+        .map(|i| {
+            let lendable = base[i] - used[i] - kept[i];
+            let by_limit = teams[i]
+                .lending_limit
+                .map_or(0, |limit| lendable.saturating_sub(u64::from(limit)));
+            kept[i] + by_limit
         })
         .collect();
     let reserved_sum: u64 = reserved.iter().sum();
@@ -377,6 +401,7 @@ fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], withheld: u64) -> 
         used,
         base,
         reserved,
+        kept,
         idle,
         lendable,
         over_lent,

@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 
 use super::apportion::{dhondt, water_fill};
 use super::{
-    NamespaceUsage, PoolInput, PoolShares, Reclaim, TeamInput, TeamShare, compute_level, to_u32,
+    LevelRules, NamespaceUsage, PoolInput, PoolShares, Reclaim, TeamInput, TeamShare,
+    compute_level, to_u32,
 };
 
 /// Deepest chain of departments the engine follows; a longer one (or a cycle) is cut: the node
@@ -131,16 +132,13 @@ impl<'a> Tree<'a> {
 
     /// Departments without a team under them take no part: they would only borrow.
     fn drop_empty_departments(&mut self) {
-        let mut has_team: Vec<bool> = (self.nodes.iter())
-            .map(|n| matches!(n.kind, Kind::Team(_)))
-            .collect();
-        // Parents are acyclic and at most MAX_DEPTH deep: that many rounds reach every root.
-        for _ in 0..=MAX_DEPTH {
-            for i in 0..self.nodes.len() {
-                if has_team[i]
-                    && let Some(p) = self.nodes[i].parent
-                {
-                    has_team[p] = true;
+        let mut has_team = vec![false; self.nodes.len()];
+        for i in 0..self.nodes.len() {
+            if matches!(self.nodes[i].kind, Kind::Team(_)) {
+                let mut at = Some(i);
+                while let Some(node) = at.filter(|&n| !has_team[n]) {
+                    has_team[node] = true;
+                    at = self.nodes[node].parent;
                 }
             }
         }
@@ -183,14 +181,11 @@ impl<'a> Tree<'a> {
         sums
     }
 
-    /// The input of one level: `children` as teams of a pool of `capacity` devices.
+    /// The input of one level: `children` as teams of a pool of `capacity` devices, a
+    /// department with what its members request, hold and wait for.
     fn level_input(&self, children: &[usize], capacity: u32) -> PoolInput {
-        let guarantees: Vec<u64> = (children.iter())
-            .map(|&c| u64::from(self.guaranteed(c)))
-            .collect();
-        let effective = dhondt(u64::from(capacity), &guarantees);
-        let teams = (children.iter().zip(effective))
-            .map(|(&c, effective)| {
+        let teams = (children.iter())
+            .map(|&c| {
                 let node = &self.nodes[c];
                 match node.kind {
                     Kind::Team(t) => TeamInput {
@@ -202,11 +197,7 @@ impl<'a> Tree<'a> {
                         guaranteed: d.guaranteed,
                         limit: d.limit,
                         weight: d.weight,
-                        lending_limit: department_lending(
-                            d.lending_limit,
-                            effective.saturating_sub(node.requested),
-                            self.kept(c, effective),
-                        ),
+                        lending_limit: d.lending_limit,
                         namespaces: vec![NamespaceUsage {
                             namespace: d.name.clone(),
                             requested: to_u32(node.requested),
@@ -225,21 +216,6 @@ impl<'a> Tree<'a> {
         }
     }
 
-    fn guaranteed(&self, i: usize) -> u32 {
-        match self.nodes[i].kind {
-            Kind::Team(t) => t.guaranteed,
-            Kind::Department(d) => d.guaranteed,
-        }
-    }
-
-    /// What a department with `effective` guaranteed devices keeps of its unused guarantee for
-    /// its own waiting members: as many as they wait for.
-    fn kept(&self, i: usize, effective: u64) -> u64 {
-        let node = &self.nodes[i];
-        let unused = effective.saturating_sub(node.requested);
-        unused.min(node.pending)
-    }
-
     /// Computes the level below `parent` (the roots when `None`) with `capacity` devices, of
     /// which `withheld` are lent outside `parent` and not lent again inside it, and every level
     /// under it; the shares go to `out`, each department's level to `levels`.
@@ -254,8 +230,15 @@ impl<'a> Tree<'a> {
             None => &self.roots,
         };
         let input = self.level_input(children, capacity);
+        let rules = LevelRules {
+            withheld,
+            departments: (children.iter())
+                .filter(|&&c| matches!(self.nodes[c].kind, Kind::Department(_)))
+                .map(|&c| self.nodes[c].name)
+                .collect(),
+        };
         let mut shares = PoolShares::default();
-        compute_level(&input, withheld, &mut shares);
+        compute_level(&input, &rules, &mut shares);
         let lent_out = lent_out(&shares, u64::from(capacity).saturating_sub(withheld));
         // The pool merges a team given twice into one entry: match the entries by name.
         let mut level: Level = Vec::new();
@@ -264,17 +247,9 @@ impl<'a> Tree<'a> {
                 continue;
             };
             share.parent = parent.map(|p| self.nodes[p].name.to_owned());
-            if let Kind::Department(d) = self.nodes[child].kind {
-                // A department owns no namespace; what it keeps for its members is not a
-                // lending limit of its own.
+            if let Kind::Department(_) = self.nodes[child].kind {
+                // A department owns no namespace: its members do.
                 share.namespaces.clear();
-                share.lending_limit = d.lending_limit;
-                let kept = self.kept(child, u64::from(share.effective_guarantee));
-                let by_limit = u64::from(share.reserved).saturating_sub(kept);
-                share.explanation.kept_for_members = to_u32(kept);
-                share.explanation.reserved = to_u32(by_limit);
-                share.explanation.lending_limit =
-                    d.lending_limit.filter(|_| by_limit > 0).unwrap_or(0);
                 self.divide((Some(child), share.entitlement, withheld), out, levels);
                 out.departments.push(share.clone());
             } else {
@@ -453,20 +428,6 @@ fn reaches_root(i: usize, parents: &[Option<usize>]) -> bool {
         }
     }
     false
-}
-
-/// The lending limit a department takes part with at its level, `unused` of its guarantee
-/// unused: what it keeps for its waiting members never leaves it, its own `lendingLimit` caps
-/// the rest. (The pool keeps `unused - min(unused, L)`: with L = unused - kept, it keeps `kept`.)
-fn department_lending(configured: Option<u32>, unused: u64, kept: u64) -> Option<u32> {
-    if kept == 0 {
-        return configured;
-    }
-    let lendable = unused - kept;
-    Some(to_u32(match configured {
-        Some(limit) => lendable.min(u64::from(limit)),
-        None => lendable,
-    }))
 }
 
 /// Computes a pool whose teams form a tree under departments into `out`.

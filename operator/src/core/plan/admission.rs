@@ -124,10 +124,16 @@ pub struct GovernedClasses {
 
 /// Whether a request `r` (a DeviceRequest) names a DeviceClass for which `pred(class)` holds.
 fn request_uses(pred: &str) -> String {
-    let exactly = pred.replace("CLASS", "r.exactly.deviceClassName");
-    let sub = pred.replace("CLASS", "s.deviceClassName");
+    request_where(|r| pred.replace("CLASS", &format!("{r}.deviceClassName")))
+}
+
+/// Whether `holds(x)` is true of request `r`'s `exactly` (`x` = `r.exactly`) or of one of its
+/// `firstAvailable` subrequests (`x` = `s`).
+fn request_where(holds: impl Fn(&str) -> String) -> String {
     format!(
-        "((has(r.exactly) && {exactly}) || (has(r.firstAvailable) && r.firstAvailable.exists(s, {sub})))"
+        "((has(r.exactly) && {}) || (has(r.firstAvailable) && r.firstAvailable.exists(s, {})))",
+        holds("r.exactly"),
+        holds("s")
     )
 }
 
@@ -342,22 +348,14 @@ pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmi
             ),
         ),
         validation(
-            format!(
-                "!variables.requests.exists(r, (has(r.exactly) && {exactly}) || (has(r.firstAvailable) && r.firstAvailable.exists(s, {sub})))",
-                exactly = not_one_slice("r.exactly"),
-                sub = not_one_slice("s"),
-            ),
+            format!("!variables.requests.exists(r, {})", request_where(not_one_slice)),
             &format!(
                 "'a request of a memory-slice class must ask for exactly one slice per device, as its ResourceClaimTemplates do: capacity.requests: {{memory: <the slice in annotation {SLICE_ANNOTATION_PREFIX}<class> of the namespace\\'s ResourceQuota teamgpu>}}' + {who}"
             ),
 
         ),
         validation(
-            format!(
-                "!variables.requests.exists(r, (has(r.exactly) && {exactly}) || (has(r.firstAvailable) && r.firstAvailable.exists(s, {sub})))",
-                exactly = not_own_gpus("r.exactly"),
-                sub = not_own_gpus("s"),
-            ),
+            format!("!variables.requests.exists(r, {})", request_where(not_own_gpus)),
             &format!(
                 "'a request of a class whose teams get GPUs of their own must select the team\\'s GPUs exactly as its ResourceClaimTemplates do (a selector of the expression in annotation {OWN_GPUS_ANNOTATION_PREFIX}<class> of the namespace\\'s ResourceQuota teamgpu): use the templates' + {who}"
             ),
