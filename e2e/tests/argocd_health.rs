@@ -232,6 +232,7 @@ fn a_team_not_ready_for_a_reason_that_waits_for_a_person_is_degraded_with_its_me
             "NoNamespaces",
             "no namespace belongs to the team; listed namespaces not found: ml-research-dev",
         ),
+        ("NoMembers", "no team names the department as its parent"),
         (
             "InvalidQuota",
             "quota for h100: 80Gi is an amount of memory, but sharing policy h100 does not cut memory slices: give a number of devices: these entries get no devices (a hard of 0; what runs keeps running)",
