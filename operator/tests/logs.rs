@@ -4,13 +4,18 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// What `teamgpu run args` prints on stdout against a closed port, with `RUST_LOG` as given
 /// (`None`: unset): up to the first line containing `until` (waited for up to a minute, so a
 /// loaded machine only makes the test slower), or, without `until`, in 1.5 s.
 fn logs(args: &[&str], rust_log: Option<&str>, until: Option<&str>) -> String {
-    let dir = std::env::temp_dir().join(format!("teamgpu-logs-{}", std::process::id()));
+    // One kubeconfig per run: tests run in parallel, and a file rewritten while another
+    // teamgpu reads it makes that one fail at start-up with nothing on stdout.
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("teamgpu-logs-{}-{run}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
@@ -72,6 +77,7 @@ fn logs(args: &[&str], rust_log: Option<&str>, until: Option<&str>) -> String {
     }
     child.kill().expect("teamgpu is still running");
     child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     text
 }
 
