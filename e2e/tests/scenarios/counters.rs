@@ -16,7 +16,7 @@ const FIXTURE: &str = include_str!(
 
 /// Publishes the fixture's slices on the cluster's first Node (one pool, one node, as the
 /// driver does), labelled for the sandbox to delete.
-async fn publish_mig_node(client: &Client) {
+pub(crate) async fn publish_mig_node(client: &Client) {
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -37,7 +37,7 @@ async fn publish_mig_node(client: &Client) {
 
 impl World {
     /// `name`'s `status.devices` and its SharedCounters condition, once it has them.
-    async fn counted(&self, name: &str, devices: u32, shared: &str) {
+    pub(crate) async fn counted(&self, name: &str, devices: u32, shared: &str) {
         let gsp: Api<GpuSharingPolicy> = Api::all(self.client.clone());
         eventually(&format!("{name} counts {devices}"), CONVERGE, || async {
             let status =
@@ -58,7 +58,7 @@ impl World {
 }
 
 /// The devices allocated to `ns`'s claims.
-async fn allocated_devices(client: &Client, ns: &str) -> Vec<String> {
+pub(crate) async fn allocated_devices(client: &Client, ns: &str) -> Vec<String> {
     let claims = Api::<ResourceClaim>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
