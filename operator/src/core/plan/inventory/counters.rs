@@ -15,16 +15,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
-
+pub use super::counter_values::{Amounts, CounterSetView, CounterValues, Draw};
 use super::most_that_fit::{Fit, fits_alone, most_that_fit};
-use crate::core::quantity;
-
-/// Counter name → amount in nano-units, sorted by name. A quantity that does not parse (the
-/// API server validates them, so only a hand-made object has one) counts as nothing available
-/// in a set and as more than any set holds in a draw: such a device never fits.
-/// Shared between the sets and draws of equal counters (every GPU of a model publishes the same).
-pub type Amounts = Arc<[(Arc<str>, i128)]>;
 
 /// What one device draws, by slot of its group's budget: shared between the devices that draw
 /// alike (the same MIG placement of every GPU of a model), as budgets are.
@@ -36,6 +28,38 @@ pub type Slots = Arc<[(u16, i128)]>;
 pub struct GroupValues {
     budgets: crate::intern::Interner<[i128]>,
     slots: crate::intern::Interner<[(u16, i128)]>,
+    /// The counters of pools built, by what their slices publish: every node of a model
+    /// publishes the same sets and draws, so thousands of pools share a few.
+    pools: HashMap<PoolKey, Arc<PoolCounters>, rustc_hash::FxBuildHasher>,
+}
+
+/// The counter sets and draws of a pool, in the order [`PoolCounters::build`] takes them.
+/// Equal by content; hashed by where the values are, which is the same for equal values: they
+/// are interned by [`CounterValues`] (and held here, so no other value takes their place).
+#[derive(Debug, PartialEq, Eq)]
+struct PoolKey {
+    sets: Box<[CounterSetView]>,
+    draws: Box<[Draw]>,
+    /// Where each device's draws end in `draws`.
+    ends: Box<[u32]>,
+}
+
+impl std::hash::Hash for PoolKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let at = |name: &Arc<str>, amounts: &Amounts| {
+            (
+                Arc::as_ptr(name).cast::<u8>(),
+                Arc::as_ptr(amounts).cast::<u8>(),
+            )
+        };
+        for set in &self.sets {
+            at(&set.name, &set.counters).hash(state);
+        }
+        for draw in &self.draws {
+            at(&draw.set, &draw.counters).hash(state);
+        }
+        self.ends.hash(state);
+    }
 }
 
 /// A copy shares with the pools built before it through their values, not through the
@@ -49,112 +73,10 @@ impl Clone for GroupValues {
 impl GroupValues {
     /// Forgets what no pool holds any more.
     pub fn prune(&mut self) {
+        self.pools
+            .retain(|_, counters| Arc::strong_count(counters) > 1);
         self.budgets.prune();
         self.slots.prune();
-    }
-}
-
-/// A counter set as its slice publishes it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CounterSetView {
-    pub name: Arc<str>,
-    pub counters: Amounts,
-}
-
-/// What a device draws from one counter set.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Draw {
-    pub set: Arc<str>,
-    pub counters: Amounts,
-}
-
-/// Shares the names and amounts of counters across slices as they are projected: thousands of
-/// GPUs of one model publish the same counters, parsed and held once.
-#[derive(Debug, Default)]
-pub struct CounterValues {
-    names: crate::intern::Interner<str>,
-    amounts: crate::intern::Interner<[(Arc<str>, i128)]>,
-    /// Quantities parsed, by their text (`None`: not a quantity).
-    parsed: HashMap<Box<str>, Option<i128>, rustc_hash::FxBuildHasher>,
-    /// Amounts already made, by the hash of the counters' text (and `unparsed`): the text and
-    /// what it was made into.
-    made: HashMap<u64, Vec<Made>, rustc_hash::FxBuildHasher>,
-}
-
-/// Counters' text (name, quantity) and the amounts made of it.
-type Made = (Box<[(Box<str>, Box<str>)]>, Amounts);
-
-impl CounterValues {
-    fn amounts(&mut self, counters: &BTreeMap<String, Counter>, unparsed: i128) -> Amounts {
-        use std::hash::{BuildHasher, Hash, Hasher};
-        let mut hasher = rustc_hash::FxBuildHasher.build_hasher();
-        unparsed.hash(&mut hasher);
-        for (name, c) in counters {
-            (name, &c.value.0).hash(&mut hasher);
-        }
-        let key = hasher.finish();
-        let same = |text: &[(Box<str>, Box<str>)]| {
-            text.len() == counters.len()
-                && (text.iter().zip(counters))
-                    .all(|((n, v), (name, c))| **n == **name && **v == *c.value.0)
-        };
-        if let Some((_, made)) = (self.made.get(&key).into_iter().flatten()).find(|(t, _)| same(t))
-        {
-            return made.clone();
-        }
-        let made = self.make(counters, unparsed);
-        let text = (counters.iter())
-            .map(|(name, c)| (Box::from(name.as_str()), Box::from(c.value.0.as_str())))
-            .collect();
-        self.made.entry(key).or_default().push((text, made.clone()));
-        made
-    }
-
-    fn make(&mut self, counters: &BTreeMap<String, Counter>, unparsed: i128) -> Amounts {
-        let values: Vec<(Arc<str>, i128)> = counters
-            .iter()
-            .map(|(name, c)| {
-                let text = c.value.0.as_str();
-                let nanos = match self.parsed.get(text) {
-                    Some(parsed) => *parsed,
-                    None => {
-                        let parsed = quantity::parse_nanos(text).ok();
-                        self.parsed.insert(Box::from(text), parsed);
-                        parsed
-                    }
-                };
-                (self.names.intern(name.as_str()), nanos.unwrap_or(unparsed))
-            })
-            .collect();
-        self.amounts.intern(&values[..])
-    }
-
-    /// Forgets what no slice holds any more.
-    pub fn prune(&mut self) {
-        for made in self.made.values_mut() {
-            made.retain(|(_, amounts)| Arc::strong_count(amounts) > 2);
-        }
-        self.made.retain(|_, made| !made.is_empty());
-        self.amounts.prune();
-        self.names.prune();
-    }
-}
-
-impl CounterSetView {
-    pub fn project(set: &CounterSet, values: &mut CounterValues) -> Self {
-        Self {
-            name: values.names.intern(set.name.as_str()),
-            counters: values.amounts(&set.counters, 0),
-        }
-    }
-}
-
-impl Draw {
-    pub fn project(draw: &DeviceCounterConsumption, values: &mut CounterValues) -> Self {
-        Self {
-            set: values.names.intern(draw.counter_set.as_str()),
-            counters: values.amounts(&draw.counters, i128::MAX),
-        }
     }
 }
 
@@ -247,6 +169,34 @@ pub struct PoolCounters {
 }
 
 impl PoolCounters {
+    /// [`PoolCounters::build`], shared with the pools built before that publish the same.
+    pub fn shared(
+        sets: &[&CounterSetView],
+        draws: &[&[Draw]],
+        values: &mut GroupValues,
+    ) -> Option<Arc<Self>> {
+        if draws.iter().all(|d| d.is_empty()) {
+            return None;
+        }
+        let mut ends = Vec::with_capacity(draws.len());
+        let mut flat = Vec::with_capacity(draws.len());
+        for device_draws in draws {
+            flat.extend_from_slice(device_draws);
+            ends.push(u32::try_from(flat.len()).unwrap_or(u32::MAX));
+        }
+        let key = PoolKey {
+            sets: sets.iter().map(|&s| s.clone()).collect(),
+            draws: flat.into_boxed_slice(),
+            ends: ends.into_boxed_slice(),
+        };
+        if let Some(built) = values.pools.get(&key) {
+            return Some(Arc::clone(built));
+        }
+        let built = Arc::new(Self::build(sets, draws, values)?);
+        values.pools.insert(key, Arc::clone(&built));
+        Some(built)
+    }
+
     /// The counters of a pool whose slices publish `sets` and whose devices draw `draws` (in the
     /// pool's device order). `None` when no device draws on counters. A set published twice is
     /// the pool's error (see the caller), the first one is kept here.
@@ -435,17 +385,11 @@ mod tests {
     use super::*;
 
     fn set(name: &str, counters: &[(&str, i128)]) -> CounterSetView {
-        CounterSetView {
-            name: name.into(),
-            counters: counters.iter().map(|(n, a)| (Arc::from(*n), *a)).collect(),
-        }
+        CounterSetView::of(name, counters)
     }
 
     fn draw(set: &str, counters: &[(&str, i128)]) -> Draw {
-        Draw {
-            set: set.into(),
-            counters: counters.iter().map(|(n, a)| (Arc::from(*n), *a)).collect(),
-        }
+        Draw::of(set, counters)
     }
 
     #[test]

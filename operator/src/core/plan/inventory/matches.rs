@@ -209,9 +209,12 @@ fn group_matches(
     by_env: &HashMap<*const crate::dra_cel::DeviceEnv, Vec<Result<bool, ExpressionError>>>,
 ) -> GroupMatches {
     let none: Arc<[u16]> = Arc::new([]);
-    let mut places: HashMap<*const crate::dra_cel::DeviceEnv, Arc<[u16]>> = HashMap::new();
-    let counted: std::collections::HashSet<u32> =
-        pool.counted_places().map(|(place, _)| place).collect();
+    let mut places: rustc_hash::FxHashMap<*const crate::dra_cel::DeviceEnv, Arc<[u16]>> =
+        Default::default();
+    let mut counted = vec![false; pool.order.len()];
+    for (place, _) in pool.counted_places() {
+        counted[place as usize] = true;
+    }
     (counters.groups.iter())
         .map(|group| {
             (group.device_places())
@@ -220,18 +223,17 @@ fn group_matches(
                         return none.clone();
                     };
                     let env = std::ptr::from_ref(device.env());
-                    match by_env.get(&env) {
-                        Some(results) if counted.contains(&place) => places
-                            .entry(env)
-                            .or_insert_with(|| {
-                                (results.iter().enumerate())
-                                    .filter(|(_, r)| matches!(r, Ok(true)))
-                                    .map(|(i, _)| u16::try_from(i).unwrap_or(u16::MAX))
-                                    .collect()
-                            })
-                            .clone(),
-                        _ => none.clone(),
-                    }
+                    let results = match by_env.get(&env) {
+                        Some(results) if counted[place as usize] => results,
+                        _ => return none.clone(),
+                    };
+                    (places.entry(env).or_insert_with(|| {
+                        (results.iter().enumerate())
+                            .filter(|(_, r)| matches!(r, Ok(true)))
+                            .map(|(i, _)| u16::try_from(i).unwrap_or(u16::MAX))
+                            .collect()
+                    }))
+                    .clone()
                 })
                 .collect()
         })

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
 pub mod consumable;
+mod counter_values;
 mod counters;
 mod matches;
 mod most_that_fit;
@@ -163,7 +164,7 @@ pub struct Pool {
     /// Identity of every slice of the pool, all generations (see [`slice_identity`]).
     fingerprint: u64,
     /// The shared counters, when a device draws on them.
-    counters: Option<PoolCounters>,
+    counters: Option<Arc<PoolCounters>>,
     /// Taints from outside the slices, by place in [`Pool::devices`]' order, sorted.
     extra: Box<[(u32, Arc<str>)]>,
     /// The identity of the slices alone, before `extra` joins `fingerprint`.
@@ -216,7 +217,7 @@ impl Pool {
 
     /// The pool's shared counters, when a device draws on them.
     pub fn counters(&self) -> Option<&PoolCounters> {
-        self.counters.as_ref()
+        self.counters.as_deref()
     }
 
     /// Whether a device of the pool allows multiple allocations ([`consumable`]).
@@ -537,7 +538,7 @@ fn build_pool(
         .iter()
         .map(|&(i, j)| newest[i as usize].devices[j as usize].draws())
         .collect();
-    let counters = PoolCounters::build(&sets, &draws, shared);
+    let counters = PoolCounters::shared(&sets, &draws, shared);
     let consumable = (newest.iter()).any(|s| s.devices.iter().any(|d| d.consumable().is_some()));
     let status = PoolStatus {
         generation,

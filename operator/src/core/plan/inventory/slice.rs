@@ -9,18 +9,21 @@ use super::consumable::ConsumableCapacity;
 use super::counters::{CounterSetView, CounterValues, Draw};
 use crate::dra_cel::{DeviceEnv, DeviceEnvs, DeviceReads};
 
-/// What projecting slices shares between them: the devices' CEL input ([`DeviceEnvs`]) and
-/// their counters ([`CounterValues`]). Keep one per watch cache.
+/// What projecting slices shares between them: the devices' CEL input ([`DeviceEnvs`]), their
+/// counters ([`CounterValues`]) and what few devices have. Keep one per watch cache.
 #[derive(Debug, Default)]
 pub struct SliceValues {
     pub envs: DeviceEnvs,
     pub counters: CounterValues,
+    rares: crate::intern::Interner<Rare>,
 }
 
 impl SliceValues {
     /// Forgets what no slice holds any more.
     pub fn prune(&mut self) {
         self.envs.prune();
+        // Before the counters: what a shared Rare holds keeps counter values alive.
+        self.rares.prune();
         self.counters.prune();
     }
 }
@@ -49,8 +52,9 @@ pub struct SliceView {
 pub(super) struct SliceDevice {
     pub(super) name: Arc<str>,
     pub(super) env: Arc<DeviceEnv>,
-    /// What few devices have, boxed so that the others pay 8 bytes for it (40,000 devices).
-    rare: Option<Box<Rare>>,
+    /// What few devices have, behind a pointer so that the others pay 8 bytes for it (40,000
+    /// devices); shared between equal ones (the same GPU of every node of a model draws alike).
+    rare: Option<Arc<Rare>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -97,6 +101,14 @@ impl SliceView {
     /// `slice` reduced to what the inventory and expressions reading `reads` need.
     pub fn project(slice: &ResourceSlice, reads: &DeviceReads, values: &mut SliceValues) -> Self {
         let spec = &slice.spec;
+        let published = spec.shared_counters.as_deref().unwrap_or_default();
+        let counter_sets: Box<[CounterSetView]> = (published.iter())
+            .map(|set| CounterSetView::project(set, &mut values.counters))
+            .collect();
+        let set_named = |name: &str| {
+            let i = published.iter().position(|s| s.name == name)?;
+            Some((&published[i], &counter_sets[i]))
+        };
         let devices = spec
             .devices
             .iter()
@@ -107,7 +119,10 @@ impl SliceView {
                         .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
                         .map(|t| Arc::from(t.key.as_str())),
                     draws: (d.consumes_counters.iter().flatten())
-                        .map(|draw| Draw::project(draw, &mut values.counters))
+                        .map(|draw| {
+                            let set = set_named(&draw.counter_set);
+                            Draw::project(draw, set, &mut values.counters)
+                        })
                         .collect(),
                     consumable: match d.allow_multiple_allocations {
                         Some(true) => (d.capacity.iter().flatten())
@@ -125,12 +140,9 @@ impl SliceView {
                 SliceDevice {
                     name: Arc::from(d.name.as_str()),
                     env: values.envs.project(&spec.driver, d, reads),
-                    rare: rare.then(|| Box::new(rare_value)),
+                    rare: rare.then(|| values.rares.share(rare_value)),
                 }
             })
-            .collect();
-        let counter_sets = (spec.shared_counters.iter().flatten())
-            .map(|set| CounterSetView::project(set, &mut values.counters))
             .collect();
         let mut view = SliceView {
             name: Arc::from(slice.metadata.name.as_deref().unwrap_or_default()),
