@@ -141,6 +141,7 @@ fn manifests_hold_the_install_and_run_the_image_asked_for() {
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
             "RoleBinding",
             "ClusterRoleBinding",
             "Service",

@@ -31,6 +31,7 @@ const NO_NAMESPACES: &str =
     "at least one of namespaceSelector or namespaces must be set (or department: true)";
 const DEPARTMENT_NAMESPACES: &str =
     "a department owns no namespaces, its member teams do: remove namespaceSelector and namespaces";
+const OVERCOMMIT_OF_A_TEAM: &str = "overcommit is a department's: it says what a write that overcommits the department's guarantees does";
 const EMPTY_SELECTOR: &str =
     "namespaceSelector must not be empty: an empty selector would claim every namespace";
 const SYSTEM_NAMESPACE: &str =
@@ -449,6 +450,16 @@ fn a_department_owns_no_namespaces() {
         json!({"department": true, "quotas": [{"sharingPolicy": "a100", "guaranteed": 16}]}),
     ));
     accepts(tgp(json!({"parent": "research", "namespaces": ["vision"]})));
+}
+
+#[test]
+fn overcommit_is_a_departments() {
+    rejects(
+        tgp(json!({"namespaces": ["vision"], "overcommit": "Warn"})),
+        "spec",
+        OVERCOMMIT_OF_A_TEAM,
+    );
+    accepts(tgp(json!({"department": true, "overcommit": "Warn"})));
 }
 
 #[test]
@@ -976,6 +987,7 @@ fn every_rule_is_known_and_covered_above() {
         ("TeamGpuPolicy", TGP_NAME_TOO_LONG),
         ("TeamGpuPolicy.spec", NO_NAMESPACES),
         ("TeamGpuPolicy.spec", DEPARTMENT_NAMESPACES),
+        ("TeamGpuPolicy.spec", OVERCOMMIT_OF_A_TEAM),
         ("TeamGpuPolicy.spec.members[]", MEMBER_NAMESPACE),
         ("TeamGpuPolicy.spec.namespaceSelector", EMPTY_SELECTOR),
         ("TeamGpuPolicy.spec.namespaces", SYSTEM_NAMESPACE),

@@ -23,6 +23,7 @@ use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
 use teamgpu_e2e::{TestCluster, eventually};
 
 mod counters;
+mod departments;
 mod fill;
 mod operations;
 mod policies;
@@ -113,6 +114,19 @@ impl World {
         world.install_samples().await;
         world.converged().await;
         Some((world, operator))
+    }
+
+    /// The admin client impersonating `user` (in `system:authenticated` and `groups`).
+    fn as_user(&self, user: &str, groups: &[&str]) -> Client {
+        let mut config = self.cluster().config().clone();
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = Some(
+            std::iter::once("system:authenticated")
+                .chain(groups.iter().copied())
+                .map(str::to_owned)
+                .collect(),
+        );
+        Client::try_from(config).unwrap()
     }
 
     fn operator(&self) -> Operator {

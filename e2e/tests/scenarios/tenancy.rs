@@ -2,17 +2,8 @@
 
 use super::*;
 
-/// `world`'s admin client impersonating `user` (in `system:authenticated` and `groups`).
 fn as_user(world: &World, user: &str, groups: &[&str]) -> Client {
-    let mut config = world.cluster().config().clone();
-    config.auth_info.impersonate = Some(user.to_owned());
-    config.auth_info.impersonate_groups = Some(
-        std::iter::once("system:authenticated")
-            .chain(groups.iter().copied())
-            .map(str::to_owned)
-            .collect(),
-    );
-    Client::try_from(config).unwrap()
+    world.as_user(user, groups)
 }
 
 /// Binds the ClusterRole `role` to `user` in namespace `ns` (a RoleBinding, as a platform team

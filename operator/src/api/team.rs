@@ -65,7 +65,9 @@ use serde::{Deserialize, Serialize};
     {"rule": "(has(self.department) && self.department) || has(self.namespaceSelector) || (has(self.namespaces) && size(self.namespaces) > 0)",
      "message": "at least one of namespaceSelector or namespaces must be set (or department: true)"},
     {"rule": "!(has(self.department) && self.department) || (!has(self.namespaceSelector) && !has(self.namespaces))",
-     "message": "a department owns no namespaces, its member teams do: remove namespaceSelector and namespaces"}
+     "message": "a department owns no namespaces, its member teams do: remove namespaceSelector and namespaces"},
+    {"rule": "!has(self.overcommit) || (has(self.department) && self.department)",
+     "message": "overcommit is a department's: it says what a write that overcommits the department's guarantees does"}
 ]))]
 pub struct TeamGpuPolicySpec {
     /// This TeamGpuPolicy is a department: it owns no namespaces; the teams (and departments)
@@ -81,6 +83,12 @@ pub struct TeamGpuPolicySpec {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub parent: Option<String>,
+    /// On a department: what a write does that would make its members' guarantees add up to
+    /// more than its own (or a member's limit exceed its limit), or lower its own below theirs.
+    /// `Refuse` (the default): admission refuses it, with the numbers. `Warn`: it is admitted,
+    /// and the members' guarantees are scaled down as an overcommitted pool's are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overcommit: Option<Overcommit>,
     /// Namespaces carrying these labels belong to the team (self-service: label a namespace to join).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-validations" = [
@@ -126,11 +134,23 @@ pub struct TeamGpuPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
     /// Who may add a namespace to the team (or take one out) by labelling it so that
-    /// `namespaceSelector` matches (or stops matching). Subjects as in a RoleBinding. Unset or
-    /// empty: only the operator's admin groups may.
+    /// `namespaceSelector` matches (or stops matching). On a department: who may create, change
+    /// and delete the TeamGpuPolicies under it (with RBAC to write TeamGpuPolicies, see
+    /// docs/fair-sharing.md, "Delegating a department"). Subjects as in a RoleBinding. Unset
+    /// or empty: only the operator's admin groups may.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub members: Vec<Member>,
+}
+
+/// What a write that overcommits a department does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Overcommit {
+    /// Admission refuses it.
+    #[default]
+    Refuse,
+    /// It is admitted and reported in status; the members' guarantees are scaled down.
+    Warn,
 }
 
 /// A team's budget across its sharing policies.
@@ -474,6 +494,10 @@ pub struct QuotaStatus {
     /// Unused guaranteed devices kept back from lending by `lendingLimit`.
     #[serde(default)]
     pub reserved: u32,
+    /// On a department: what the quotas of its members guarantee together (as configured).
+    /// Admission holds a new or changed member to what is left (see `spec.overcommit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members_guaranteed: Option<u32>,
     /// GPU-equivalents of one device of the sharing policy, and of the entitlement and the
     /// allocated devices at that rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]

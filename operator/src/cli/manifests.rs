@@ -23,7 +23,7 @@ pub fn default_image() -> String {
 pub const ROOT: &str = "config/default";
 
 /// The files of `config/` the bundle reads, by path from the repository root.
-const EMBEDDED: [(&str, &str); 15] = [
+const EMBEDDED: [(&str, &str); 16] = [
     (
         "config/default/kustomization.yaml",
         include_str!("../../../config/default/kustomization.yaml"),
@@ -67,6 +67,10 @@ const EMBEDDED: [(&str, &str); 15] = [
     (
         "config/rbac/planner_role.yaml",
         include_str!("../../../config/rbac/planner_role.yaml"),
+    ),
+    (
+        "config/rbac/department_member_role.yaml",
+        include_str!("../../../config/rbac/department_member_role.yaml"),
     ),
     (
         "config/manager/kustomization.yaml",
@@ -400,6 +404,7 @@ mod tests {
                 "ServiceAccount teamgpu-system/teamgpu",
                 "Role teamgpu-system/teamgpu-leader-election",
                 "ClusterRole /teamgpu",
+                "ClusterRole /teamgpu-department-member",
                 "ClusterRole /teamgpu-planner",
                 "ClusterRole /teamgpu-viewer",
                 "RoleBinding teamgpu-system/teamgpu-leader-election",

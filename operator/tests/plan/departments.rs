@@ -67,6 +67,27 @@ fn a_department_divides_what_it_gets_among_its_teams_and_says_so() {
         .map(|ns| hard(&planned, ns)[key].parse::<u32>().unwrap())
         .sum();
     assert_eq!(ml_hards, 18);
+    // research counts what its members guarantee, for admission to hold new members to it.
+    assert_eq!(quota.members_guaranteed, Some(16));
+    assert_eq!(ml.members_guaranteed, None);
+}
+
+#[test]
+fn departments_bring_the_admission_policies_of_delegation_and_flat_teams_do_not() {
+    let policies = |state: &teamgpu::core::state::ClusterState| -> Vec<String> {
+        let planned = teamgpu::core::plan::plan(state);
+        (planned.objects.admission_policies.iter())
+            .filter_map(|p| p.metadata.name.clone())
+            .filter(|n| n.contains("department") || n.contains("top-level"))
+            .collect()
+    };
+    let mut state = example();
+    assert!(policies(&state).is_empty());
+    state.teams = tree(None);
+    assert_eq!(
+        policies(&state),
+        ["teamgpu-department-teams", "teamgpu-top-level-teams"]
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@ use super::policies::CompiledPolicy;
 use super::team_gpus::{self, TeamGpus};
 use super::types::DesiredObjects;
 use super::usage::quota_resource_name as quota_resource;
-use super::{admission, namespace_admission, rbac};
+use super::{admission, department_admission, namespace_admission, rbac};
 use crate::api::TeamGpuPolicy;
 use crate::core::fairshare::PoolShares;
 use crate::core::state::ClusterState;
@@ -351,6 +351,23 @@ fn admission_objects(
         Arc::new(namespace_admission::exemption_binding(mode)),
         Arc::new(admission::non_team_binding(mode)),
     ]);
+    // Delegation and overcommit of departments: nothing to check in a flat cluster.
+    if state.teams.iter().any(|t| t.spec.department) {
+        out.admission_policies.extend([
+            Arc::new(department_admission::department_policy(
+                &admin_groups,
+                operator,
+            )),
+            Arc::new(department_admission::top_level_policy(
+                &admin_groups,
+                operator,
+            )),
+        ]);
+        out.admission_bindings.extend([
+            Arc::new(department_admission::department_binding(mode)),
+            Arc::new(department_admission::top_level_binding(mode)),
+        ]);
+    }
     // Owned by the CRDs: the garbage collector deletes them with the CRDs, also when no
     // operator runs any more to prune them.
     if let Some(owners) = &state.crd_owners {

@@ -301,6 +301,7 @@ mod tests {
                 members: vec![],
                 department: false,
                 parent: None,
+                overcommit: None,
             },
         )
     }

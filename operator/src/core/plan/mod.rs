@@ -16,6 +16,7 @@ mod claims;
 pub mod conditions;
 pub mod consumable;
 pub mod counters;
+pub mod department_admission;
 mod desired;
 pub mod equivalents;
 mod identity;

@@ -58,7 +58,7 @@ fn namespace_selector_matches(labels: &str) -> String {
 
 /// Whether the requester is one of the params' (a TeamGpuPolicy's) `spec.members`, as CEL: a
 /// group by membership, a ServiceAccount by its user name, a user by name.
-const PARAMS_MEMBER: &str = "has(params.spec.members) && params.spec.members.exists(m, \
+pub(super) const PARAMS_MEMBER: &str = "has(params.spec.members) && params.spec.members.exists(m, \
      m.kind == 'Group' ? (has(request.userInfo.groups) && m.name in request.userInfo.groups) : \
      request.userInfo.username == (m.kind == 'ServiceAccount' \
        ? 'system:serviceaccount:' + (has(m.namespace) ? m.namespace : '') + ':' + m.name \
@@ -79,7 +79,7 @@ fn namespace_writes() -> MatchResources {
 }
 
 /// Requests of anyone but the operator (`operator`) and the `admin_groups`.
-fn not_an_admin(admin_groups: &[String], operator: &str) -> Vec<MatchCondition> {
+pub(super) fn not_an_admin(admin_groups: &[String], operator: &str) -> Vec<MatchCondition> {
     let admins = admin_groups
         .iter()
         .map(|g| string_literal(g))
@@ -164,10 +164,18 @@ pub fn membership_policy(admin_groups: &[String], operator: &str) -> ValidatingA
 /// The membership policy's binding: every namespace, every TeamGpuPolicy as params (none: no
 /// team to join or leave).
 pub fn membership_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
+    every_team_as_params(MEMBERSHIP_POLICY_NAME, enforcement)
+}
+
+/// A binding of policy `name` with every TeamGpuPolicy as params (none: nothing to check).
+pub(super) fn every_team_as_params(
+    name: &str,
+    enforcement: Enforcement,
+) -> ValidatingAdmissionPolicyBinding {
     ValidatingAdmissionPolicyBinding {
-        metadata: meta(MEMBERSHIP_POLICY_NAME),
+        metadata: meta(name),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
-            policy_name: Some(MEMBERSHIP_POLICY_NAME.into()),
+            policy_name: Some(name.into()),
             param_ref: Some(ParamRef {
                 selector: Some(LabelSelector::default()),
                 parameter_not_found_action: Some("Allow".into()),

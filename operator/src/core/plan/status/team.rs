@@ -280,6 +280,15 @@ fn quota_statuses(
                         .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time),
                     explanation: explain_in_tree(s, pool.map_or(&[][..], |p| &p.departments)),
                     gpu_equivalents: None,
+                    members_guaranteed: team.spec.department.then(|| {
+                        let mut planned = pool
+                            .into_iter()
+                            .flat_map(|p| p.teams.iter().chain(&p.departments));
+                        let members = planned
+                            .by_ref()
+                            .filter(|m| m.parent.as_deref() == Some(&*name));
+                        members.map(|m| m.guaranteed).sum()
+                    }),
                 }
             }
             None => QuotaStatus {

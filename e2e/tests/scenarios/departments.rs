@@ -1,0 +1,212 @@
+//! Departments delegated to their members, on the real API server: members write the teams
+//! under their department (with the ClusterRole `config/rbac` ships, bound to their group),
+//! within what the department guarantees; nobody else attaches a team to it; the top level
+//! stays the admins'.
+
+use super::*;
+
+/// A TeamGpuPolicy `name` under `parent` (none: top level) with `guaranteed` and `limit`
+/// a100-80gb, owning namespace `name` of the world.
+fn team(
+    world: &World,
+    name: &str,
+    parent: Option<&str>,
+    guaranteed: u32,
+    limit: u32,
+) -> TeamGpuPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+        "metadata": {"name": name},
+        "spec": {"parent": parent, "namespaces": [world.ns(name)],
+                 "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": guaranteed, "limit": limit}]}}))
+    .unwrap()
+}
+
+impl World {
+    /// Waits until department `name`'s status counts `devices` a100-80gb guaranteed by its
+    /// members.
+    async fn members_guarantee(&self, name: &str, devices: u32) {
+        eventually(
+            &format!("{name}'s members guarantee {devices}"),
+            CONVERGE,
+            || async {
+                let status = self.team_status(name).await?;
+                match status
+                    .quotas
+                    .iter()
+                    .find(|q| q.sharing_policy == "a100-80gb")
+                {
+                    Some(q) if q.members_guaranteed == Some(devices) => Ok(()),
+                    other => Err(format!("{:?}", other.map(|q| q.members_guaranteed))),
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// The message of a refused request, or `None` when it was admitted.
+fn refusal<T>(result: Result<T, kube::Error>) -> Option<String> {
+    match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(e)) => {
+            println!("refused: {}", e.message);
+            Some(e.message)
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn department_members_manage_its_teams_within_its_guarantee() {
+    let Some((world, _operator)) = World::with_samples().await else {
+        return;
+    };
+    let admin = Api::<TeamGpuPolicy>::all(world.client.clone());
+    for (name, group, guaranteed, limit) in [
+        ("research", "research-leads", 8, 12),
+        ("production", "production-leads", 4, 4),
+    ] {
+        let department: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": name},
+            "spec": {"department": true, "members": [{"kind": "Group", "name": group}],
+                     "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": guaranteed, "limit": limit}]}}))
+        .unwrap();
+        admin
+            .create(&PostParams::default(), &department)
+            .await
+            .unwrap();
+        // The platform team's grant: the shipped ClusterRole, bound to the department's group.
+        let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": world.ns(&format!("{group}-teams")), "labels": {"teamgpu.io/e2e": "true"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "teamgpu-department-member"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]}))
+        .unwrap();
+        Api::all(world.client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    // alice leads research; mallory holds the same RBAC (a production lead) but no research
+    // membership.
+    let alice = Api::<TeamGpuPolicy>::all(world.as_user("alice", &["research-leads"]));
+    let mallory = Api::<TeamGpuPolicy>::all(world.as_user("mallory", &["production-leads"]));
+    let pp = PostParams::default();
+
+    // The top level is the admins': refused once the operator's policy is in force (asked
+    // without storing anything until then).
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let message = eventually("the top level is refused to alice", CONVERGE, || async {
+        refusal(
+            alice
+                .create(&dry_run, &team(&world, "rogue", None, 1, 1))
+                .await,
+        )
+        .ok_or_else(|| "admitted".to_owned())
+    })
+    .await;
+    assert!(message.contains("top level"), "{message}");
+    // Under another department: not hers.
+    let message = refusal(
+        alice
+            .create(&pp, &team(&world, "sneaky", Some("production"), 1, 1))
+            .await,
+    )
+    .expect("refused");
+    assert!(
+        message.contains("only members of department production"),
+        "{message}"
+    );
+
+    // Within research's 8: admitted.
+    alice
+        .create(&pp, &team(&world, "vision", Some("research"), 5, 10))
+        .await
+        .unwrap();
+    world.members_guarantee("research", 5).await;
+    // Beyond it: refused, with the numbers.
+    let message = refusal(
+        alice
+            .create(&pp, &team(&world, "speech", Some("research"), 4, 4))
+            .await,
+    )
+    .expect("refused");
+    assert!(
+        message.contains("a100-80gb: 4 asked, 3 left of 8"),
+        "{message}"
+    );
+    let message = refusal(
+        alice
+            .create(&pp, &team(&world, "speech", Some("research"), 3, 20))
+            .await,
+    )
+    .expect("refused");
+    assert!(message.contains("a100-80gb: limit 20"), "{message}");
+    alice
+        .create(&pp, &team(&world, "speech", Some("research"), 3, 12))
+        .await
+        .unwrap();
+
+    // A production lead with the same RBAC cannot touch research's teams.
+    let message = refusal(
+        mallory
+            .create(&pp, &team(&world, "intruder", Some("research"), 1, 1))
+            .await,
+    )
+    .expect("refused");
+    assert!(
+        message.contains("only members of department research"),
+        "{message}"
+    );
+    let message =
+        refusal(mallory.delete("vision", &DeleteParams::default()).await).expect("refused");
+    assert!(
+        message.contains("only members of department research"),
+        "{message}"
+    );
+    // Nor can alice move a team of hers into production.
+    let moved = json!({"spec": {"parent": "production"}});
+    let message = refusal(
+        alice
+            .patch("speech", &PatchParams::default(), &Patch::Merge(&moved))
+            .await,
+    )
+    .expect("refused");
+    assert!(
+        message.contains("only members of department production"),
+        "{message}"
+    );
+
+    // Her own team she may delete.
+    alice
+        .delete("speech", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // Not even an admin lowers research below what its members guarantee while it refuses
+    // overcommit; with overcommit: Warn the admin may, and status says what it costs.
+    world.members_guarantee("research", 5).await;
+    let lower = |overcommit: Option<&str>| {
+        Patch::Merge(json!({"spec": {"overcommit": overcommit,
+            "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 4, "limit": 12}]}}))
+    };
+    let message = refusal(
+        admin
+            .patch("research", &PatchParams::default(), &lower(None))
+            .await,
+    )
+    .expect("refused");
+    assert!(
+        message.contains("a100-80gb: 4, its members guarantee 5"),
+        "{message}"
+    );
+    admin
+        .patch("research", &PatchParams::default(), &lower(Some("Warn")))
+        .await
+        .unwrap();
+}

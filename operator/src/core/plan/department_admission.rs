@@ -1,0 +1,272 @@
+//! Who may write the TeamGpuPolicies of a department, and how much they may guarantee, as
+//! ValidatingAdmissionPolicies on TeamGpuPolicies. Pure. Only planned while a department exists.
+//!
+//! - `teamgpu-department-teams` takes every TeamGpuPolicy as params (as the namespace membership
+//!   policy does), so it is evaluated once per TeamGpuPolicy `P` for each TeamGpuPolicy written,
+//!   and stays the same object when teams come, go or change. Where `P` is a department:
+//!   - a TeamGpuPolicy whose `spec.parent` is `P` before or after the request may be created,
+//!     changed or deleted only by `P`'s `spec.members` and the admin groups (delegation);
+//!   - unless `P` says `overcommit: Warn`, a member's guarantee must fit in what `P` guarantees
+//!     beside its other members (`status.quotas[].membersGuaranteed`, as the operator last
+//!     counted it, less the member's own guarantee before the request), and its limit in `P`'s
+//!     limit; and `P` may not lower its guarantee below its members'. This holds for everyone.
+//! - `teamgpu-top-level-teams`: only the admin groups write TeamGpuPolicies without a parent
+//!   (the top level), or take one out of its department to the top level.
+//!
+//! Admission sees what the operator counted at its last pass: two members created within a
+//! moment of each other may each fit alone and not together. The department's status then says
+//! so and the guarantees are scaled down, as with `overcommit: Warn`.
+//!
+//! Entitlements written in memory (`80Gi`, for MemorySlices policies) are not added up here:
+//! they are checked in status only.
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Variable,
+};
+
+use super::admission::{Enforcement, meta, not_the_operator, validation};
+use super::cel::string_literal;
+use super::namespace_admission::{PARAMS_MEMBER, every_team_as_params, not_an_admin};
+use crate::api::GROUP;
+
+pub const DEPARTMENT_POLICY_NAME: &str = "teamgpu-department-teams";
+pub const TOP_LEVEL_POLICY_NAME: &str = "teamgpu-top-level-teams";
+
+/// Creating, changing and deleting TeamGpuPolicies (not their status).
+fn team_policy_writes() -> MatchResources {
+    MatchResources {
+        resource_rules: Some(vec![NamedRuleWithOperations {
+            api_groups: Some(vec![GROUP.into()]),
+            api_versions: Some(vec!["*".into()]),
+            operations: Some(vec!["CREATE".into(), "UPDATE".into(), "DELETE".into()]),
+            resources: Some(vec!["teamgpupolicies".into()]),
+            ..NamedRuleWithOperations::default()
+        }]),
+        ..MatchResources::default()
+    }
+}
+
+/// The department policy's variables: the request's parents and guarantees, and whether the
+/// params are a department the request concerns.
+fn department_variables(admin_groups: &[String]) -> Vec<Variable> {
+    let admins = (admin_groups.iter())
+        .map(|g| string_literal(g))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let parent = |o: &str| format!("({o} != null && has({o}.spec.parent) ? {o}.spec.parent : '')");
+    let variable = |name: &str, expression: String| Variable {
+        name: name.into(),
+        expression,
+    };
+    vec![
+        variable("newParent", parent("object")),
+        variable("oldParent", parent("oldObject")),
+        variable(
+            "department",
+            "has(params.spec.department) && params.spec.department".into(),
+        ),
+        variable(
+            "under",
+            "variables.department && (variables.newParent == params.metadata.name || \
+             variables.oldParent == params.metadata.name)"
+                .into(),
+        ),
+        variable(
+            "refuses",
+            "variables.department && \
+             (!has(params.spec.overcommit) || params.spec.overcommit == 'Refuse')"
+                .into(),
+        ),
+        variable(
+            "admin",
+            format!(
+                "has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in [{admins}])"
+            ),
+        ),
+        variable("member", PARAMS_MEMBER.into()),
+    ]
+}
+
+/// What the department's (the params') members guarantee of the policy of quota `q`, as the
+/// operator last counted it (`status.quotas[].membersGuaranteed`; 0 before it has).
+const MEMBERS: &str = "(has(params.status) && has(params.status.quotas) ? \
+       params.status.quotas.filter(s, s.sharingPolicy == q.sharingPolicy && \
+         has(s.membersGuaranteed)).map(s, int(s.membersGuaranteed)) : []) + [0]";
+
+/// What the department's members other than the request's object guarantee of the policy of
+/// quota `q`, as CEL: the members' sum less the object's own guarantee before the request.
+fn others() -> String {
+    format!(
+        "(({MEMBERS}).sum() - \
+         (oldObject != null && variables.oldParent == params.metadata.name && \
+          has(oldObject.spec.quotas) \
+           ? (oldObject.spec.quotas.filter(o, o.sharingPolicy == q.sharingPolicy && \
+                type(o.guaranteed) == int).map(o, int(o.guaranteed)) + [0]).sum() \
+           : 0))"
+    )
+}
+
+/// The department's (the params') quota entries for the policy of quota `q` that hold whole
+/// devices.
+const PARENT_QUOTA: &str = "params.spec.quotas.filter(p, p.sharingPolicy == q.sharingPolicy && \
+     type(p.guaranteed) == int)";
+
+/// The quotas of the request's object (a new or changed member) whose guarantee does not fit
+/// what the department has left, as `policy: asked, left of total` lines.
+fn over_guarantee() -> String {
+    let others = others();
+    format!(
+        "(has(object.spec.quotas) ? object.spec.quotas.filter(q, type(q.guaranteed) == int && \
+           {PARENT_QUOTA}.exists(p, int(q.guaranteed) + {others} > int(p.guaranteed))) \
+           .map(q, q.sharingPolicy + ': ' + string(q.guaranteed) + ' asked, ' + \
+             string({PARENT_QUOTA}.map(p, int(p.guaranteed) - ({others}))[0]) + ' left of ' + \
+             string({PARENT_QUOTA}.map(p, int(p.guaranteed))[0])) : [])"
+    )
+}
+
+/// The quotas of the request's object whose limit is above the department's.
+const OVER_LIMIT: &str = "(has(object.spec.quotas) ? object.spec.quotas.filter(q, \
+       has(q.limit) && type(q.limit) == int && \
+       params.spec.quotas.exists(p, p.sharingPolicy == q.sharingPolicy && \
+         type(p.guaranteed) == int && \
+         int(q.limit) > (has(p.limit) && type(p.limit) == int ? int(p.limit) : int(p.guaranteed)))) \
+     .map(q, q.sharingPolicy + ': limit ' + string(q.limit)) : [])";
+
+/// The department's own quotas (the request's object is the params) that its members'
+/// guarantees exceed.
+fn below_members() -> String {
+    format!(
+        "(has(object.spec.quotas) ? object.spec.quotas.filter(q, \
+           type(q.guaranteed) == int && ({MEMBERS}).sum() > int(q.guaranteed)) \
+         .map(q, q.sharingPolicy + ': ' + string(q.guaranteed) + ', its members guarantee ' + \
+           string(({MEMBERS}).sum())) : [])"
+    )
+}
+
+/// The department policy; requests of the operator (`operator`) are not checked, and those of
+/// `admin_groups` only for overcommit.
+pub fn department_policy(admin_groups: &[String], operator: &str) -> ValidatingAdmissionPolicy {
+    let mut variables = department_variables(admin_groups);
+    variables.extend([
+        Variable {
+            name: "overGuarantee".into(),
+            expression: format!(
+                "variables.refuses && object != null && \
+                 variables.newParent == params.metadata.name ? {} : []",
+                over_guarantee()
+            ),
+        },
+        Variable {
+            name: "overLimit".into(),
+            expression: format!(
+                "variables.refuses && object != null && \
+                 variables.newParent == params.metadata.name ? {OVER_LIMIT} : []"
+            ),
+        },
+        Variable {
+            name: "belowMembers".into(),
+            expression: format!(
+                "variables.refuses && object != null && \
+                 object.metadata.name == params.metadata.name && \
+                 has(object.spec.department) && object.spec.department && \
+                 (!has(object.spec.overcommit) || object.spec.overcommit == 'Refuse') \
+                 ? {} : []",
+                below_members()
+            ),
+        },
+    ]);
+    let refused = |what: &str, list: &str| {
+        format!(
+            "'TeamGpuPolicy ' + (object != null ? object : oldObject).metadata.name + {what} + \
+             ' (department ' + params.metadata.name + ' has overcommit: Refuse): ' + \
+             variables.{list}.join('; ')"
+        )
+    };
+    ValidatingAdmissionPolicy {
+        metadata: meta(DEPARTMENT_POLICY_NAME),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            param_kind: Some(ParamKind {
+                api_version: Some(format!("{GROUP}/v1alpha1")),
+                kind: Some("TeamGpuPolicy".into()),
+            }),
+            match_constraints: Some(team_policy_writes()),
+            match_conditions: Some(not_the_operator(operator)),
+            variables: Some(variables),
+            validations: Some(vec![
+                validation(
+                    "!variables.under || variables.admin || variables.member".into(),
+                    "'only members of department ' + params.metadata.name + \
+                     ' (its spec.members) or cluster admins may create, change or delete \
+                     the TeamGpuPolicies under it, such as ' + \
+                     (object != null ? object : oldObject).metadata.name",
+                ),
+                validation(
+                    "size(variables.overGuarantee) == 0".into(),
+                    &refused(
+                        "' would guarantee more than the department has left'",
+                        "overGuarantee",
+                    ),
+                ),
+                validation(
+                    "size(variables.overLimit) == 0".into(),
+                    &refused(
+                        "' would have a limit above the department\\'s'",
+                        "overLimit",
+                    ),
+                ),
+                validation(
+                    "size(variables.belowMembers) == 0".into(),
+                    &refused(
+                        "' would guarantee less than its members do'",
+                        "belowMembers",
+                    ),
+                ),
+            ]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The department policy's binding: every TeamGpuPolicy as params.
+pub fn department_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
+    every_team_as_params(DEPARTMENT_POLICY_NAME, enforcement)
+}
+
+/// The top-level policy: only `admin_groups` (and the operator) write TeamGpuPolicies that
+/// have no parent before or after the request.
+pub fn top_level_policy(admin_groups: &[String], operator: &str) -> ValidatingAdmissionPolicy {
+    let conditions: Vec<MatchCondition> = not_an_admin(admin_groups, operator);
+    ValidatingAdmissionPolicy {
+        metadata: meta(TOP_LEVEL_POLICY_NAME),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(team_policy_writes()),
+            match_conditions: Some(conditions),
+            validations: Some(vec![validation(
+                "(object == null || has(object.spec.parent)) && \
+                 (oldObject == null || has(oldObject.spec.parent))"
+                    .into(),
+                "'TeamGpuPolicies at the top level (without spec.parent) are the cluster \
+                 admins\\': name a department you are a member of as the parent of ' + \
+                 (object != null ? object : oldObject).metadata.name",
+            )]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    }
+}
+
+pub fn top_level_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
+    ValidatingAdmissionPolicyBinding {
+        metadata: meta(TOP_LEVEL_POLICY_NAME),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(TOP_LEVEL_POLICY_NAME.into()),
+            validation_actions: Some(enforcement.validation_actions()),
+            ..ValidatingAdmissionPolicyBindingSpec::default()
+        }),
+    }
+}
