@@ -118,6 +118,20 @@ impl TestCluster {
     }
 
     /// The admin client configuration (for clients made on another runtime).
+    /// A client that is `user` in `system:authenticated` and `groups`, impersonated by the
+    /// admin.
+    pub fn as_user(&self, user: &str, groups: &[&str]) -> kube::Client {
+        let mut config = self.config().clone();
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = Some(
+            std::iter::once("system:authenticated")
+                .chain(groups.iter().copied())
+                .map(str::to_owned)
+                .collect(),
+        );
+        kube::Client::try_from(config).expect("an impersonating client")
+    }
+
     pub fn config(&self) -> &kube::Config {
         &self.config
     }

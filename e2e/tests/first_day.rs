@@ -193,15 +193,7 @@ impl Day {
 
 /// A client that is `user` in `groups`, impersonated by the admin.
 fn as_user(day: &Day, user: &str, groups: &[&str]) -> Client {
-    let mut config = day.sandbox.cluster().config().clone();
-    config.auth_info.impersonate = Some(user.to_owned());
-    config.auth_info.impersonate_groups = Some(
-        std::iter::once("system:authenticated")
-            .chain(groups.iter().copied())
-            .map(str::to_owned)
-            .collect(),
-    );
-    Client::try_from(config).unwrap()
+    day.sandbox.cluster().as_user(user, groups)
 }
 
 /// Gives `user` the built-in `edit` role in `ns`, and nothing else.

@@ -118,15 +118,7 @@ impl World {
 
     /// The admin client impersonating `user` (in `system:authenticated` and `groups`).
     fn as_user(&self, user: &str, groups: &[&str]) -> Client {
-        let mut config = self.cluster().config().clone();
-        config.auth_info.impersonate = Some(user.to_owned());
-        config.auth_info.impersonate_groups = Some(
-            std::iter::once("system:authenticated")
-                .chain(groups.iter().copied())
-                .map(str::to_owned)
-                .collect(),
-        );
-        Client::try_from(config).unwrap()
+        self.cluster().as_user(user, groups)
     }
 
     fn operator(&self) -> Operator {
