@@ -48,6 +48,7 @@ async fn main() {
         nodes: args.get(2).copied().unwrap_or(50),
         claims: 0,
         counter_sets: false,
+        departments: 0,
     };
     let state = synthetic(scale).expect("synthetic cluster");
     let cluster = teamgpu_e2e::TestCluster::start()

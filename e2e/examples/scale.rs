@@ -383,6 +383,7 @@ async fn benchmark() {
         nodes: arg(3, 20),
         claims: arg(4, 200),
         counter_sets: false,
+        departments: 0,
     };
     let idle = Duration::from_secs(
         std::env::var("TEAMGPU_SCALE_IDLE_SECONDS")

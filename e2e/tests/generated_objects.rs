@@ -197,6 +197,7 @@ async fn the_admission_policies_of_a_hundred_teams_with_members_are_accepted() {
         nodes: 10,
         claims: 0,
         counter_sets: false,
+        departments: 0,
     })
     .unwrap();
     for (i, team) in state.teams.iter_mut().enumerate() {

@@ -29,6 +29,7 @@ async fn sigterm_mid_pass_stops_the_operator_within_the_grace_period() {
         nodes: 40,
         claims: 0,
         counter_sets: false,
+        departments: 0,
     })
     .unwrap();
     teamgpu_e2e::operator::fill(&client, &state).await.unwrap();

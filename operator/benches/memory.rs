@@ -55,6 +55,7 @@ fn scale() -> Scale {
             nodes,
             claims,
             counter_sets: false,
+            departments: 0,
         },
         [] => Scale::BENCHMARK,
         _ => panic!(

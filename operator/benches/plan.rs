@@ -7,7 +7,8 @@
 //! a counter set of its own (as the NVIDIA driver publishes GPUs with dynamic MIG), and with
 //! `=both` the same cluster is measured without and then with them in one run, then the two
 //! alternately pass by pass (`=interleaved`: only that), so that what counting through shared
-//! counters costs is compared on a machine in one state.
+//! counters costs is compared on a machine in one state. `TEAMGPU_BENCH_DEPARTMENTS=interleaved`
+//! compares the same way the flat cluster with its 100 teams in 10 departments.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -25,11 +26,25 @@ use teamgpu::dra_cel::{CompiledExpressions, DeviceReads};
 use teamgpu_synthetic::{Scale, synthetic};
 
 fn bench(c: &mut Criterion) {
+    // Departments against the flat cluster: the interleaved comparison only.
+    if std::env::var("TEAMGPU_BENCH_DEPARTMENTS").as_deref() == Ok("interleaved") {
+        let tree = Scale {
+            departments: 10,
+            ..Scale::BENCHMARK
+        };
+        interleaved(["flat", "in 10 departments"], [Scale::BENCHMARK, tree]);
+        return;
+    }
+    let counters = Scale {
+        counter_sets: true,
+        ..Scale::BENCHMARK
+    };
+    let compared = ["without counter sets", "with"];
     let variants: &[bool] = match std::env::var("TEAMGPU_BENCH_COUNTER_SETS").as_deref() {
         Ok("both") => &[false, true],
         // Only the interleaved comparison.
         Ok("interleaved") => {
-            interleaved();
+            interleaved(compared, [Scale::BENCHMARK, counters]);
             return;
         }
         Ok(_) => &[true],
@@ -39,7 +54,7 @@ fn bench(c: &mut Criterion) {
         bench_cluster(c, counter_sets);
     }
     if variants.len() == 2 {
-        interleaved();
+        interleaved(compared, [Scale::BENCHMARK, counters]);
     }
 }
 
@@ -53,12 +68,8 @@ struct Setup {
     live: Live,
 }
 
-fn setup(counter_sets: bool) -> Setup {
-    let mut state = synthetic(Scale {
-        counter_sets,
-        ..Scale::BENCHMARK
-    })
-    .expect("synthetic cluster");
+fn setup(scale: Scale) -> Setup {
+    let mut state = synthetic(scale).expect("synthetic cluster");
     for s in &mut state.slices {
         s.metadata.resource_version = Some("1".into());
     }
@@ -83,21 +94,24 @@ fn setup(counter_sets: bool) -> Setup {
     }
 }
 
-/// What counter sets cost the operator, measured without and with them alternately (one
-/// pass of each, again and again), so that a machine whose speed drifts (a shared VM) slows
-/// both alike: the median of each and their ratio.
-fn interleaved() {
+/// What the second of two clusters (`names`) costs the operator against the first (counter
+/// sets, departments), measured alternately (one pass of each, again and again), so that a
+/// machine whose speed drifts (a shared VM) slows both alike: the median of each and their
+/// ratio.
+fn interleaved(names: [&str; 2], scales: [Scale; 2]) {
     use std::time::{Duration, Instant};
-    let setups = [setup(false), setup(true)];
+    let setups = scales.map(setup);
     let median = |mut d: Vec<Duration>| {
         d.sort();
         d[d.len() / 2]
     };
     let report = |what: &str, times: [Vec<Duration>; 2]| {
-        let [plain, counters] = times.map(median);
+        let [before, after] = times.map(median);
         println!(
-            "interleaved {what}: {plain:.2?} without counter sets, {counters:.2?} with ({:.2}x)",
-            counters.as_secs_f64() / plain.as_secs_f64()
+            "interleaved {what}: {before:.2?} {}, {after:.2?} {} ({:.2}x)",
+            names[0],
+            names[1],
+            after.as_secs_f64() / before.as_secs_f64()
         );
     };
     for change in 0..setups[0].changes.len() {

@@ -111,6 +111,7 @@ pub async fn cluster(sandbox: &Sandbox) -> Result<NodeAgent, Error> {
         nodes: NODES as usize,
         claims: 0,
         counter_sets: false,
+        departments: 0,
     };
     let slices = teamgpu_synthetic::synthetic(scale)?.slices;
     sandbox.devices(&[], &slices).await?;

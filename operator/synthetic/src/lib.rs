@@ -22,6 +22,9 @@ pub struct Scale {
     /// Each GPU draws on a counter set of its own, as the NVIDIA driver publishes a GPU with
     /// dynamic MIG (partitionable devices): the same devices, counted through the counters.
     pub counter_sets: bool,
+    /// Departments over the teams (0: flat): team `t` is a member of department
+    /// `t % departments`, which guarantees what its members do, per sharing policy.
+    pub departments: usize,
 }
 
 impl Scale {
@@ -34,6 +37,7 @@ impl Scale {
         nodes: 5_000,
         claims: 10_000,
         counter_sets: false,
+        departments: 0,
     };
 }
 
@@ -76,11 +80,12 @@ pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
             .iter()
             .map(|p| serde_json::json!({"sharingPolicy": format!("model-{p}"), "guaranteed": 20, "limit": 80}))
             .collect();
+        let parent = (scale.departments > 0).then(|| department(t % scale.departments));
         let team: Result<TeamGpuPolicy, _> = serde_json::from_value(serde_json::json!({
             "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
             "metadata": {"name": format!("team-{t:03}"), "uid": format!("tgp-{t}")},
             "spec": {"namespaceSelector": {"matchLabels": {"teamgpu.io/team": format!("team-{t:03}")}},
-                     "weight": 1 + t % 5, "quotas": quotas}
+                     "parent": parent, "weight": 1 + t % 5, "quotas": quotas}
         }));
         state.teams.extend(team.ok());
         for n in 0..scale.namespaces_per_team {
@@ -89,6 +94,25 @@ pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
                 labels: [("teamgpu.io/team".to_owned(), format!("team-{t:03}"))].into(),
             }));
         }
+    }
+    for d in 0..scale.departments {
+        // What its members guarantee and may hold, per sharing policy.
+        let mut totals = std::collections::BTreeMap::<usize, (u32, u32)>::new();
+        for t in (d..scale.teams).step_by(scale.departments) {
+            for p in team_policies(t) {
+                let total = totals.entry(p).or_default();
+                *total = (total.0 + 20, total.1 + 80);
+            }
+        }
+        let quotas: Vec<_> = (totals.iter())
+            .map(|(p, (g, l))| serde_json::json!({"sharingPolicy": format!("model-{p}"), "guaranteed": g, "limit": l}))
+            .collect();
+        let object: Result<TeamGpuPolicy, _> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": department(d), "uid": format!("dept-{d}")},
+            "spec": {"department": true, "quotas": quotas}
+        }));
+        state.teams.extend(object.ok());
     }
     // Claims: round-robin over namespaces; each takes one device of one of its team's products
     // from that product's nodes, while devices last.
@@ -123,6 +147,11 @@ pub fn synthetic(scale: Scale) -> Result<ClusterState, InputError> {
         ));
     }
     Ok(state)
+}
+
+/// The name of department `d`.
+fn department(d: usize) -> String {
+    format!("dept-{d:02}")
 }
 
 /// `slice` with a counter set per GPU (`gpu-<i>-counter-set`: its memory, multiprocessors and
