@@ -32,6 +32,12 @@ fn bench(c: &mut Criterion) {
             departments: 10,
             ..Scale::BENCHMARK
         };
+        // Every team is planned inside its department (what the comparison is about).
+        let planned = plan(&synthetic(tree).expect("synthetic cluster"));
+        let inside = (planned.teams.iter())
+            .filter(|t| (t.quotas.iter()).all(|q| q.explanation.contains("within department")))
+            .count();
+        assert_eq!(inside, 100, "teams planned inside their department");
         interleaved(["flat", "in 10 departments"], [Scale::BENCHMARK, tree]);
         return;
     }
