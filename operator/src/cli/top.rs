@@ -157,6 +157,12 @@ async fn team_of_namespace(client: &Client, namespace: &str) -> Result<String, T
 #[serde(rename_all = "camelCase")]
 pub struct TeamRow {
     pub team: String,
+    /// The department the team is in (`spec.parent`), when it names one that is listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// How many departments are above the team: rows come in tree order, each department
+    /// before its members.
+    pub depth: u32,
     pub sharing_policy: String,
     pub guaranteed: u32,
     pub effective_guarantee: u32,
@@ -213,6 +219,8 @@ pub fn top(teams: &[TeamGpuPolicy], sharing_policies: &[GpuSharingPolicy]) -> To
         for q in status.map(|s| s.quotas.as_slice()).unwrap_or_default() {
             out.teams.push(TeamRow {
                 team: name.clone(),
+                parent: team.spec.parent.clone(),
+                depth: 0,
                 sharing_policy: q.sharing_policy.clone(),
                 guaranteed: q.guaranteed,
                 effective_guarantee: q.effective_guarantee,
@@ -244,11 +252,52 @@ pub fn top(teams: &[TeamGpuPolicy], sharing_policies: &[GpuSharingPolicy]) -> To
                 .and_then(|s| Some(s.gpu_equivalents.as_ref()?.per_device.clone())),
         });
     }
-    out.teams
-        .sort_by(|a, b| (&a.team, &a.sharing_policy).cmp(&(&b.team, &b.sharing_policy)));
+    out.teams = in_tree_order(out.teams);
     out.sharing_policies.sort_by(|a, b| a.name.cmp(&b.name));
     out.not_reported.sort();
     out
+}
+
+/// `rows` with each department's members after it (indented by their depth), top-level teams
+/// and departments by name, members by name. A parent that is not listed (or a cycle) puts a
+/// team at the top level.
+fn in_tree_order(mut rows: Vec<TeamRow>) -> Vec<TeamRow> {
+    use std::collections::{BTreeMap, BTreeSet};
+    rows.sort_by(|a, b| (&a.team, &a.sharing_policy).cmp(&(&b.team, &b.sharing_policy)));
+    let names: BTreeSet<String> = rows.iter().map(|r| r.team.clone()).collect();
+    let mut children: BTreeMap<Option<String>, BTreeSet<String>> = BTreeMap::new();
+    for r in &rows {
+        let parent = (r.parent.clone()).filter(|p| names.contains(p) && *p != r.team);
+        children.entry(parent).or_default().insert(r.team.clone());
+    }
+    // Depth-first from the top; what a cycle keeps from the top is added there after.
+    let mut order: Vec<(String, u32)> = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<(String, u32)> = (children.get(&None).into_iter().flatten().rev())
+        .map(|t| (t.clone(), 0))
+        .collect();
+    loop {
+        while let Some((team, depth)) = stack.pop() {
+            if !seen.insert(team.clone()) {
+                continue;
+            }
+            let members = children.get(&Some(team.clone())).into_iter().flatten();
+            stack.extend(members.rev().map(|m| (m.clone(), depth + 1)));
+            order.push((team, depth));
+        }
+        match names.iter().find(|n| !seen.contains(*n)) {
+            Some(left) => stack.push((left.clone(), 0)),
+            None => break,
+        }
+    }
+    let place: BTreeMap<&str, (usize, u32)> = (order.iter().enumerate())
+        .map(|(i, (team, depth))| (team.as_str(), (i, *depth)))
+        .collect();
+    for r in &mut rows {
+        r.depth = place[r.team.as_str()].1;
+    }
+    rows.sort_by_key(|r| place[r.team.as_str()].0);
+    rows
 }
 
 /// A table per team and sharing policy, then one per sharing policy.
@@ -277,7 +326,7 @@ pub fn table(top: &Top) -> String {
             r.guaranteed.to_string()
         };
         rows.push(vec![
-            r.team.clone(),
+            format!("{}{}", "  ".repeat(r.depth as usize), r.team),
             r.sharing_policy.clone(),
             guaranteed,
             r.entitlement.to_string(),
@@ -367,5 +416,48 @@ mod tests {
             ["a100", "a100.teamgpu.io", "32", "0", "-"]
         );
         assert!(text.contains("\n  TeamGpuPolicy new\n"), "{text}");
+    }
+
+    #[test]
+    fn departments_come_before_their_members_indented_and_a_cycle_stays_at_the_top() {
+        let tgp = |name: &str, parent: Option<&str>| -> TeamGpuPolicy {
+            serde_json::from_value(json!({
+                "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+                "metadata": {"name": name}, "spec": {"parent": parent, "namespaces": ["n"]},
+                "status": {"quotas": [{"sharingPolicy": "a100", "guaranteed": 1,
+                    "effectiveGuarantee": 1, "limit": 1, "weight": 1, "capacity": 8,
+                    "entitlement": 1, "borrowed": 0, "requested": 0, "allocated": 0,
+                    "pending": 0}]}
+            }))
+            .unwrap()
+        };
+        let teams = [
+            tgp("vision", Some("research")),
+            tgp("inference", None),
+            tgp("x", Some("y")),
+            tgp("lab", Some("research")),
+            tgp("research", None),
+            tgp("robots", Some("lab")),
+            tgp("y", Some("x")),
+            tgp("orphan", Some("gone")),
+        ];
+        let text = table(&top(&teams, &[]));
+        let names: Vec<&str> = (text.lines().skip(1))
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| l.split("  a100").next().unwrap().trim_end())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "inference",
+                "orphan",
+                "research",
+                "  lab",
+                "    robots",
+                "  vision",
+                "x",
+                "  y"
+            ]
+        );
     }
 }

@@ -32,6 +32,8 @@ pub struct WriteLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TeamLabels {
     pub team: String,
+    /// The department the team is planned in; empty at the top level.
+    pub department: String,
     pub sharing_policy: String,
 }
 
@@ -230,6 +232,7 @@ impl Metrics {
             for q in &team.quotas {
                 let labels = TeamLabels {
                     team: team.name.clone(),
+                    department: team.department.clone().unwrap_or_default(),
                     sharing_policy: q.sharing_policy.clone(),
                 };
                 self.guaranteed
@@ -347,14 +350,36 @@ mod tests {
             "teamgpu_condition{kind=\"TeamGpuPolicy\",name=\"inference\",type=\"Ready\"} 1",
             "teamgpu_condition{kind=\"GpuSharingPolicy\",name=\"a100-80gb\",type=\"UsedOutsideTeams\"} 0",
             "teamgpu_sharing_policy_used_outside_teams_devices{sharing_policy=\"a100-80gb\"} 0",
-            "teamgpu_team_effective_guarantee_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 12",
-            "teamgpu_team_pending_devices{team=\"inference\",sharing_policy=\"a100-80gb\"} 0",
+            "teamgpu_team_effective_guarantee_devices{team=\"inference\",department=\"\",sharing_policy=\"a100-80gb\"} 12",
+            "teamgpu_team_pending_devices{team=\"inference\",department=\"\",sharing_policy=\"a100-80gb\"} 0",
             // Whole GPUs: one GPU-equivalent each.
-            "teamgpu_team_entitlement_gpu_equivalents{team=\"inference\",sharing_policy=\"a100-80gb\"} 16.0",
+            "teamgpu_team_entitlement_gpu_equivalents{team=\"inference\",department=\"\",sharing_policy=\"a100-80gb\"} 16.0",
             "teamgpu_sharing_policy_capacity_gpu_equivalents{sharing_policy=\"a100-80gb\"} 32.0",
         ] {
             assert!(has(&text, line), "no {line:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_team_in_a_department_carries_it() {
+        let mut state = crate::cli::example::state().unwrap();
+        let department: crate::api::TeamGpuPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": "research"},
+            "spec": {"department": true,
+                     "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 16, "limit": 32}]}
+        }))
+        .unwrap();
+        for team in &mut state.teams {
+            if team.metadata.name.as_deref() == Some("ml-research") {
+                team.spec.parent = Some("research".into());
+            }
+        }
+        state.teams.push(department);
+        let text = exported(&state, &mut Refusals::default());
+        let series =
+            "teamgpu_team_guaranteed_devices{team=\"ml-research\",department=\"research\",";
+        assert!(text.lines().any(|l| l.starts_with(series)), "{text}");
     }
 
     #[test]

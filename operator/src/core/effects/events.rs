@@ -237,6 +237,7 @@ mod tests {
     fn plan() -> Plan {
         Plan {
             teams: vec![TeamReport {
+                department: None,
                 name: "ml".into(),
                 namespaces: vec!["ml-dev".into(), "ml-train".into()],
                 quotas: vec![quota(4)],

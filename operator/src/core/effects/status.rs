@@ -151,6 +151,7 @@ mod tests {
     fn plan() -> Plan {
         Plan {
             teams: vec![TeamReport {
+                department: None,
                 name: "ml".into(),
                 generation: Some(2),
                 namespaces: vec!["ml-dev".into()],

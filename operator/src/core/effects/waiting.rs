@@ -97,6 +97,7 @@ mod tests {
     fn a_waiting_pod_is_told_its_team_what_is_in_use_and_its_place() {
         let plan = Plan {
             teams: vec![TeamReport {
+                department: None,
                 name: "ml".into(),
                 namespaces: vec!["ml-dev".into(), "ml-train".into()],
                 quotas: vec![QuotaStatus {

@@ -64,6 +64,8 @@ pub struct SharingPolicyReport {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TeamReport {
     pub name: String,
+    /// The department the team is planned in (its `spec.parent`, when that is usable).
+    pub department: Option<String>,
     pub generation: Option<i64>,
     pub weight: u32,
     pub namespaces: Vec<String>,

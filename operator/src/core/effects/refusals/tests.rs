@@ -49,6 +49,7 @@ fn status_writes(
 /// of DeviceClass `a100.teamgpu.io`.
 fn plan() -> Plan {
     let team = |name: &str, namespace: &str| TeamReport {
+        department: None,
         name: name.into(),
         generation: Some(1),
         namespaces: vec![namespace.into()],

@@ -106,6 +106,7 @@ pub fn team_report(
     conds.push(DesiredCondition::new(types::READY, ready, reason, message));
     conds.extend(parent_condition(team, &name, membership));
     TeamReport {
+        department: membership.tree.parent.get(&name).cloned(),
         name,
         generation: team.metadata.generation,
         weight: team.spec.weight,

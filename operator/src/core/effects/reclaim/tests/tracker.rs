@@ -6,6 +6,7 @@ use super::*;
 /// `borrower` (namespace `b`, guaranteed 4) holds 12 in 4-device Jobs.
 fn plan() -> Plan {
     let team = |name: &str, namespace: &str, allocated, effective_guarantee| TeamReport {
+        department: None,
         name: name.into(),
         namespaces: vec![namespace.into()],
         quotas: vec![QuotaStatus {
