@@ -59,9 +59,13 @@ fn refusal<T>(result: Result<T, kube::Error>) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn department_members_manage_its_teams_within_its_guarantee() {
-    let Some((world, _operator)) = World::with_samples().await else {
+    let Some(world) = World::new().await else {
         return;
     };
+    let (operator_client, requests) = world.operator_client();
+    let _operator = Operator::start(operator_client, world.config());
+    world.install_samples().await;
+    world.converged().await;
     let admin = Api::<TeamGpuPolicy>::all(world.client.clone());
     for (name, group, guaranteed, limit) in [
         ("research", "research-leads", 8, 12),
@@ -209,4 +213,25 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
         .patch("research", &PatchParams::default(), &lower(Some("Warn")))
         .await
         .unwrap();
+
+    // Then the operator is quiet: what it stores (the department policies, the members'
+    // guarantees in status) matches what the server holds.
+    let settled = eventually("the operator settles", CONVERGE, || async {
+        let before = stored_writes(&requests);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let after = stored_writes(&requests);
+        if after == before {
+            Ok(after)
+        } else {
+            Err(format!("{before} -> {after} writes"))
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        stored_writes(&requests) - settled,
+        0,
+        "{:?}",
+        requests.snapshot()
+    );
 }

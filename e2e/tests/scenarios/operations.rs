@@ -304,8 +304,8 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     .await;
     let at_converge = requests.snapshot();
     let series = [
-        r#"teamgpu_team_guaranteed_devices{team="ml-research",sharing_policy="a100-80gb"} 8"#,
-        r#"teamgpu_team_limit_devices{team="ml-research",sharing_policy="a100-80gb"} 16"#,
+        r#"teamgpu_team_guaranteed_devices{team="ml-research",department="",sharing_policy="a100-80gb"} 8"#,
+        r#"teamgpu_team_limit_devices{team="ml-research",department="",sharing_policy="a100-80gb"} 16"#,
         r#"teamgpu_sharing_policy_capacity_devices{sharing_policy="a100-80gb"} 32"#,
         "teamgpu_reconciles_total{controller=\"teamgpu\"}",
         "teamgpu_api_writes_total{kind=\"resourceclaimtemplate\",verb=\"apply\"}",
