@@ -216,17 +216,7 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
 
     // Then the operator is quiet: what it stores (the department policies, the members'
     // guarantees in status) matches what the server holds.
-    let settled = eventually("the operator settles", CONVERGE, || async {
-        let before = stored_writes(&requests);
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        let after = stored_writes(&requests);
-        if after == before {
-            Ok(after)
-        } else {
-            Err(format!("{before} -> {after} writes"))
-        }
-    })
-    .await;
+    let settled = settled_writes(&requests).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         stored_writes(&requests) - settled,

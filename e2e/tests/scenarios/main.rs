@@ -391,6 +391,22 @@ fn claim(name: &str, class: &str, count: i64) -> ResourceClaim {
     .unwrap()
 }
 
+/// The operator's [`stored_writes`] once they have stopped for a while (the pass that wrote the
+/// last status may still be publishing its events).
+async fn settled_writes(requests: &Counters) -> u64 {
+    eventually("the operator settles", CONVERGE, || async {
+        let before = stored_writes(requests);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let after = stored_writes(requests);
+        if after == before {
+            Ok(after)
+        } else {
+            Err(format!("{before} -> {after} writes"))
+        }
+    })
+    .await
+}
+
 /// The objects the operator wrote: its write requests but the SelfSubjectReview it creates at
 /// start to learn its user name (a question, stored nowhere).
 fn stored_writes(requests: &Counters) -> u64 {

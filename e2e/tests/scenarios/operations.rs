@@ -291,17 +291,7 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     world.converged().await;
     // The pass that wrote the last status may still be publishing its events: idle time starts
     // once the operator's writes have stopped for a while.
-    let converged = eventually("the operator settles", CONVERGE, || async {
-        let before = stored_writes(&requests);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = stored_writes(&requests);
-        if after == before {
-            Ok(after)
-        } else {
-            Err(format!("{before} -> {after} writes"))
-        }
-    })
-    .await;
+    let converged = settled_writes(&requests).await;
     let at_converge = requests.snapshot();
     let series = [
         r#"teamgpu_team_guaranteed_devices{team="ml-research",department="",sharing_policy="a100-80gb"} 8"#,
