@@ -110,9 +110,24 @@ async fn a_device_tainted_by_its_slice_a_rule_or_its_pod_leaves_capacity_within_
     // A training Pod gets a GPU; its container then reports that GPU unhealthy.
     let ns = world.ns("training");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    pods.create(&PostParams::default(), &gpu_pod("train", "a100-80gb"))
-        .await
-        .unwrap();
+    // Kept off the nodes of the two tainted pools: the scheduler may not have seen the rule
+    // yet, and a Pod on a device already left out would prove nothing.
+    let tainted_nodes: Vec<String> = (slices.list(&ListParams::default()).await.unwrap().items)
+        .into_iter()
+        .filter(|s| ["gpu-a-01", "gpu-a-02"].contains(&s.spec.pool.name.as_str()))
+        .filter_map(|s| s.spec.node_name)
+        .collect();
+    let mut train = gpu_pod("train", "a100-80gb");
+    train.spec.as_mut().unwrap().affinity = Some(
+        serde_json::from_value(
+            json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            // A node field selector takes one value: one requirement per node, all met.
+            "nodeSelectorTerms": [{"matchFields": tainted_nodes.iter().map(|n| json!(
+                {"key": "metadata.name", "operator": "NotIn", "values": [n]})).collect::<Vec<_>>()}]}}}),
+        )
+        .unwrap(),
+    );
+    pods.create(&PostParams::default(), &train).await.unwrap();
     let device = eventually("train holds a GPU", Duration::from_secs(60), || async {
         let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns)
             .list(&ListParams::default())
