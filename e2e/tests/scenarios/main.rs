@@ -23,6 +23,7 @@ use teamgpu_e2e::sandbox::{Sandbox, TEAM_LABEL};
 use teamgpu_e2e::{TestCluster, eventually};
 
 mod counters;
+mod department_sharing;
 mod departments;
 mod fill;
 mod operations;

@@ -1,0 +1,174 @@
+//! Departments sharing the 16 PCIe GPUs on the real control plane, 2 departments × 3 teams:
+//! research (vision, nlp, speech) and production (serving, batch, search), each department
+//! guaranteed 8. Expected entitlements are worked out here from the rules of
+//! docs/fair-sharing.md ("Departments"), not by teamgpu's planner.
+
+use kube::api::ListParams;
+
+use super::*;
+
+/// The two departments and their teams; `production_lending` is production's `lendingLimit`.
+async fn two_departments(world: &World, production_lending: Option<u32>) {
+    let policy: GpuSharingPolicy = serde_json::from_value(json!({
+        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+        "metadata": {"name": "pcie"},
+        "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}}))
+    .unwrap();
+    Api::<GpuSharingPolicy>::all(world.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let api = Api::<TeamGpuPolicy>::all(world.client.clone());
+    for (name, lending) in [("research", None), ("production", production_lending)] {
+        let department: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": name},
+            "spec": {"department": true, "quotas": [{"sharingPolicy": "pcie",
+                "guaranteed": 8, "limit": 16, "lendingLimit": lending}]}}))
+        .unwrap();
+        api.create(&PostParams::default(), &department)
+            .await
+            .unwrap();
+    }
+    // Only vision and serving may borrow: idle devices are lent to every team below its limit,
+    // whether it waits or not (docs/fair-sharing.md, "Formulas", 3), and the scenarios are
+    // about where a department's devices go.
+    for (name, parent, guaranteed, limit) in [
+        ("vision", "research", 4, 16),
+        ("nlp", "research", 4, 4),
+        ("speech", "research", 0, 0),
+        ("serving", "production", 8, 16),
+        ("batch", "production", 0, 0),
+        ("search", "production", 0, 0),
+    ] {
+        world.namespace(name, None).await;
+        let team: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": name},
+            "spec": {"parent": parent, "namespaces": [world.ns(name)],
+                     "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}]}}))
+        .unwrap();
+        api.create(&PostParams::default(), &team).await.unwrap();
+    }
+}
+
+impl World {
+    /// Waits until team `ns`'s namespace may hold `devices` PCIe GPUs.
+    async fn pcie_hard(&self, ns: &str, devices: u32) {
+        let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
+        eventually(&format!("{ns} may hold {devices}"), CONVERGE, || async {
+            let hard = self.quota_hard(ns).await?;
+            match hard.get(key).and_then(|v| v.parse::<u32>().ok()) {
+                Some(h) if h == devices => Ok(()),
+                other => {
+                    let why = self.quota_status(ns, "pcie").await.map(|q| q.explanation);
+                    Err(format!("{other:?}: {why:?}"))
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Creates `pods` one-GPU Pods in `ns` (`job-00`, ...).
+    async fn pcie_pods(&self, ns: &str, pods: u32) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns(ns));
+        for i in 0..pods {
+            let name = format!("job-{i:02}");
+            api.create(&PostParams::default(), &gpu_pod(&name, "pcie"))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Waits until `devices` of `ns`'s claims are allocated.
+    async fn allocated_in(&self, ns: &str, devices: usize) {
+        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.ns(ns));
+        eventually(
+            &format!("{devices} allocated in {ns}"),
+            Duration::from_secs(60),
+            || async {
+                let list = claims
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let n = (list.items.iter())
+                    .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+                    .count();
+                if n == devices {
+                    Ok(())
+                } else {
+                    Err(format!("{n}"))
+                }
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departments_unused_guarantee_goes_to_its_own_waiting_team_first() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    two_departments(&world, None).await;
+    let _operator = world.operator();
+    // vision (4 guaranteed) and serving (8) each run 12 Pods; nlp's 4 are the only idle GPUs.
+    // Flat, vision and serving would share those 4 by weight (6 and 10). In departments, research
+    // keeps nlp's unused 4 for vision, which waits: vision 4 + 4, serving its own 8.
+    world.pcie_pods("vision", 12).await;
+    world.pcie_pods("serving", 12).await;
+    world.pcie_hard("vision", 8).await;
+    world.pcie_hard("serving", 8).await;
+    // nlp may still take its own guarantee back at any time.
+    world.pcie_hard("nlp", 4).await;
+    world.allocated_in("vision", 8).await;
+    world.allocated_in("serving", 8).await;
+    let vision = world.quota_status("vision", "pcie").await.unwrap();
+    assert!(
+        vision.explanation.contains("within department research"),
+        "{}",
+        vision.explanation
+    );
+
+    // Two departments whose parents form a cycle are planned at the top and say why; the
+    // others are planned as before.
+    let api = Api::<TeamGpuPolicy>::all(world.client.clone());
+    for (name, parent) in [("lab-a", "lab-b"), ("lab-b", "lab-a")] {
+        let department: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": name}, "spec": {"department": true, "parent": parent}}))
+        .unwrap();
+        api.create(&PostParams::default(), &department)
+            .await
+            .unwrap();
+    }
+    for name in ["lab-a", "lab-b"] {
+        eventually(&format!("{name} says why"), CONVERGE, || async {
+            let status = world.team_status(name).await?;
+            match condition(&status.conditions, "Parent") {
+                Some(c) if c.reason == "ParentIgnored" && c.message.contains("cycle") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    world.pcie_hard("vision", 8).await;
+    world.pcie_hard("serving", 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departments_idle_guarantee_leaves_it_only_up_to_its_lending_limit() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    // production lends at most 4 of its 8.
+    two_departments(&world, Some(4)).await;
+    let _operator = world.operator();
+    // vision runs 16 Pods, nobody else anything: research's own 8 (vision's 4 and nlp's unused
+    // 4), and 4 of production's idle 8: 12. Without the lending limit it would be 16.
+    world.pcie_pods("vision", 16).await;
+    world.pcie_hard("vision", 12).await;
+    world.allocated_in("vision", 12).await;
+    // production's teams can have its other 4 at once: serving may still hold its 8.
+    world.pcie_hard("serving", 8).await;
+}
