@@ -1,5 +1,6 @@
 //! How `teamgpu plan` shows a plan: a table for people, YAML for `kubectl apply`.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::core::plan::Plan;
@@ -147,6 +148,38 @@ fn conditions(plan: &Plan) -> String {
         }
     }
     align(&rows)
+}
+
+/// Teams (by name, with the department each names) in tree order, each with its depth: top-level
+/// teams and departments by name, each department followed by its members, by name. A parent
+/// that is not among them (or a cycle) puts a team at the top level.
+pub fn tree_order(parents: &BTreeMap<String, Option<String>>) -> Vec<(String, u32)> {
+    let mut children: BTreeMap<Option<&str>, Vec<&str>> = BTreeMap::new();
+    for (team, parent) in parents {
+        let parent = (parent.as_deref()).filter(|p| parents.contains_key(*p) && p != team);
+        children.entry(parent).or_default().push(team);
+    }
+    // Depth-first from the top; what a cycle keeps from the top is added there after.
+    let mut order = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack: Vec<(&str, u32)> = (children.get(&None).into_iter().flatten().rev())
+        .map(|t| (*t, 0))
+        .collect();
+    loop {
+        while let Some((team, depth)) = stack.pop() {
+            if !seen.insert(team) {
+                continue;
+            }
+            let members = children.get(&Some(team)).into_iter().flatten();
+            stack.extend(members.rev().map(|m| (*m, depth + 1)));
+            order.push((team.to_owned(), depth));
+        }
+        match parents.keys().find(|n| !seen.contains(n.as_str())) {
+            Some(left) => stack.push((left, 0)),
+            None => break,
+        }
+    }
+    order
 }
 
 /// Rows as columns two spaces apart, each as wide as its widest cell; no trailing blanks.

@@ -258,45 +258,24 @@ pub fn top(teams: &[TeamGpuPolicy], sharing_policies: &[GpuSharingPolicy]) -> To
     out
 }
 
-/// `rows` with each department's members after it (indented by their depth), top-level teams
-/// and departments by name, members by name. A parent that is not listed (or a cycle) puts a
-/// team at the top level.
+/// `rows` with each department's members after it (indented by their depth), in
+/// [`tree_order`](crate::cli::output::tree_order).
 fn in_tree_order(mut rows: Vec<TeamRow>) -> Vec<TeamRow> {
-    use std::collections::{BTreeMap, BTreeSet};
-    rows.sort_by(|a, b| (&a.team, &a.sharing_policy).cmp(&(&b.team, &b.sharing_policy)));
-    let names: BTreeSet<String> = rows.iter().map(|r| r.team.clone()).collect();
-    let mut children: BTreeMap<Option<String>, BTreeSet<String>> = BTreeMap::new();
-    for r in &rows {
-        let parent = (r.parent.clone()).filter(|p| names.contains(p) && *p != r.team);
-        children.entry(parent).or_default().insert(r.team.clone());
-    }
-    // Depth-first from the top; what a cycle keeps from the top is added there after.
-    let mut order: Vec<(String, u32)> = Vec::new();
-    let mut seen = BTreeSet::new();
-    let mut stack: Vec<(String, u32)> = (children.get(&None).into_iter().flatten().rev())
-        .map(|t| (t.clone(), 0))
+    let parents: std::collections::BTreeMap<String, Option<String>> = (rows.iter())
+        .map(|r| (r.team.clone(), r.parent.clone()))
         .collect();
-    loop {
-        while let Some((team, depth)) = stack.pop() {
-            if !seen.insert(team.clone()) {
-                continue;
-            }
-            let members = children.get(&Some(team.clone())).into_iter().flatten();
-            stack.extend(members.rev().map(|m| (m.clone(), depth + 1)));
-            order.push((team, depth));
-        }
-        match names.iter().find(|n| !seen.contains(*n)) {
-            Some(left) => stack.push((left.clone(), 0)),
-            None => break,
-        }
-    }
-    let place: BTreeMap<&str, (usize, u32)> = (order.iter().enumerate())
-        .map(|(i, (team, depth))| (team.as_str(), (i, *depth)))
+    let place: std::collections::BTreeMap<String, (usize, u32)> =
+        (crate::cli::output::tree_order(&parents)
+            .into_iter()
+            .enumerate())
+        .map(|(i, (team, depth))| (team, (i, depth)))
         .collect();
     for r in &mut rows {
-        r.depth = place[r.team.as_str()].1;
+        r.depth = place[&r.team].1;
     }
-    rows.sort_by_key(|r| place[r.team.as_str()].0);
+    rows.sort_by(|a, b| {
+        (place[&a.team].0, &a.sharing_policy).cmp(&(place[&b.team].0, &b.sharing_policy))
+    });
     rows
 }
 

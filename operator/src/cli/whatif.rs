@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::QuotaStatus;
-use crate::cli::output::align;
+use crate::cli::output::{align, tree_order};
 use crate::core::diff::{self, ObjectKey, Write};
 use crate::core::plan::Plan;
 use crate::core::state::ClusterState;
@@ -170,6 +170,12 @@ impl From<&QuotaStatus> for TeamNumbers {
 #[serde(rename_all = "camelCase")]
 pub struct TeamDiff {
     pub team: String,
+    /// The department the team is planned in after the change (before, if it goes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub department: Option<String>,
+    /// How many departments are above it: teams come in tree order, each department before
+    /// its members.
+    pub depth: u32,
     pub sharing_policy: String,
     pub before: Option<TeamNumbers>,
     pub after: Option<TeamNumbers>,
@@ -216,15 +222,26 @@ pub fn what_if(before: &Plan, after: &Plan, live: &BTreeMap<ObjectKey, Value>) -
     };
     let (mut old, mut new) = (quotas(before), quotas(after));
     let keys: BTreeSet<(String, String)> = old.keys().chain(new.keys()).cloned().collect();
-    let teams = keys
+    // Each team's department after the change, else before it.
+    let mut parents: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for t in before.teams.iter().chain(&after.teams) {
+        parents.insert(t.name.clone(), t.department.clone());
+    }
+    let place: BTreeMap<String, (usize, u32)> = (tree_order(&parents).into_iter().enumerate())
+        .map(|(i, (team, depth))| (team, (i, depth)))
+        .collect();
+    let mut teams: Vec<TeamDiff> = keys
         .into_iter()
         .map(|key| TeamDiff {
             before: old.remove(&key),
             after: new.remove(&key),
+            department: parents.get(&key.0).cloned().flatten(),
+            depth: place.get(&key.0).map_or(0, |p| p.1),
             team: key.0,
             sharing_policy: key.1,
         })
         .collect();
+    teams.sort_by_key(|t| place.get(&t.team).map_or(usize::MAX, |p| p.0));
     let pools = |plan: &Plan| -> BTreeMap<String, SharingNumbers> {
         plan.sharing_policies
             .iter()
@@ -307,7 +324,7 @@ pub fn table(what_if: &WhatIf) -> String {
         let (b, a) = (t.before.as_ref(), t.after.as_ref());
         let n = |f: fn(&TeamNumbers) -> u32| cell(b, a, |x| f(x).to_string());
         rows.push(vec![
-            t.team.clone(),
+            format!("{}{}", "  ".repeat(t.depth as usize), t.team),
             t.sharing_policy.clone(),
             cell(b, a, guarantee),
             n(|x| x.limit),
@@ -365,18 +382,24 @@ mod tests {
             teams: vec![
                 TeamDiff {
                     team: "a".into(),
+                    department: None,
+                    depth: 0,
                     sharing_policy: "p".into(),
                     before: Some(numbers(8, 15)),
                     after: Some(numbers(12, 16)),
                 },
                 TeamDiff {
                     team: "b".into(),
+                    department: None,
+                    depth: 0,
                     sharing_policy: "p".into(),
                     before: Some(numbers(4, 4)),
                     after: Some(numbers(4, 4)),
                 },
                 TeamDiff {
                     team: "c".into(),
+                    department: None,
+                    depth: 0,
                     sharing_policy: "p".into(),
                     before: None,
                     after: Some(numbers(2, 2)),
@@ -486,5 +509,55 @@ mod tests {
             (7, Some("uid-live"))
         );
         assert_eq!(merged.slices.len(), base.slices.len());
+    }
+
+    #[test]
+    fn departments_come_before_their_members_with_the_change_at_each_level() {
+        let team = |v: serde_json::Value| -> crate::api::TeamGpuPolicy {
+            let mut v = v;
+            v["apiVersion"] = "teamgpu.io/v1alpha1".into();
+            v["kind"] = "TeamGpuPolicy".into();
+            serde_json::from_value(v).unwrap()
+        };
+        let a100 = |g: u32| serde_json::json!([{"sharingPolicy": "a100-80gb", "guaranteed": g, "limit": 32}]);
+        let tree = |research: u32| {
+            vec![
+                team(serde_json::json!({"metadata": {"name": "research"},
+                    "spec": {"department": true, "quotas": a100(research)}})),
+                team(
+                    serde_json::json!({"metadata": {"name": "ml-research"}, "spec": {"parent": "research",
+                    "namespaces": ["ml-research-dev", "ml-research-train"], "quotas": a100(8)}}),
+                ),
+                team(
+                    serde_json::json!({"metadata": {"name": "data-science"}, "spec": {"parent": "research",
+                    "namespaces": ["data-science"], "quotas": a100(8)}}),
+                ),
+                team(
+                    serde_json::json!({"metadata": {"name": "inference"}, "spec": {
+                    "namespaces": ["inference-canary", "inference-prod"], "quotas": a100(16)}}),
+                ),
+            ]
+        };
+        let mut before = crate::cli::example::state().unwrap();
+        before.teams = tree(16);
+        let mut after = before.clone();
+        after.teams = tree(12);
+        let plan = crate::core::plan::plan;
+        let what_if = what_if(&plan(&before), &plan(&after), &BTreeMap::new());
+        let text = table(&what_if);
+        let rows: Vec<(&str, &str)> = (text.lines())
+            .skip_while(|l| !l.starts_with("TEAM"))
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| (l.split("  a100").next().unwrap().trim_end(), l))
+            .collect();
+        let names: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(
+            names,
+            ["inference", "research", "  data-science", "  ml-research"]
+        );
+        // The department's own guarantee changes, and its members' entitlements follow.
+        assert!(rows[1].1.contains("16 -> 12"), "{text}");
+        assert_eq!(what_if.teams[2].department.as_deref(), Some("research"));
     }
 }
