@@ -96,16 +96,9 @@ async fn whole_gpus_and_mig_slices_of_the_same_gpus_never_promise_a_gpu_twice() 
             json!({"deviceType": "mig", "migProfiles": ["1g.5gb"]}),
         ),
     ] {
-        let policy: GpuSharingPolicy = serde_json::from_value(json!({
-            "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-            "metadata": {"name": name},
-            "spec": {"driver": "gpu.nvidia.com", "selector": selector,
-                     "sharing": {"strategy": "Exclusive"}}}))
-        .unwrap();
-        Api::<GpuSharingPolicy>::all(client.clone())
-            .create(&PostParams::default(), &policy)
-            .await
-            .unwrap();
+        let spec = json!({"driver": "gpu.nvidia.com", "selector": selector,
+                          "sharing": {"strategy": "Exclusive"}});
+        world.sharing_policy(name, spec).await;
     }
     for (team, policy, guaranteed, limit) in [
         ("training", "a100-40gb", 1, 2),

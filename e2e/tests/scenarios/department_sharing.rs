@@ -12,15 +12,8 @@ const PCIE_DEVICES: &str = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices"
 
 /// The two departments and their teams; `production_lending` is production's `lendingLimit`.
 async fn two_departments(world: &World, production_lending: Option<u32>) {
-    let policy: GpuSharingPolicy = serde_json::from_value(json!({
-        "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-        "metadata": {"name": "pcie"},
-        "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}}))
-    .unwrap();
-    Api::<GpuSharingPolicy>::all(world.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
+    let pcie = json!({"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}});
+    world.sharing_policy("pcie", pcie).await;
     let api = Api::<TeamGpuPolicy>::all(world.client.clone());
     for (name, lending) in [("research", None), ("production", production_lending)] {
         let department: TeamGpuPolicy = serde_json::from_value(json!({
@@ -58,12 +51,18 @@ async fn two_departments(world: &World, production_lending: Option<u32>) {
 }
 
 impl World {
+    /// How many PCIe GPUs team `ns`'s namespace may hold now.
+    async fn pcie_hard_now(&self, ns: &str) -> Result<u32, String> {
+        let hard = self.quota_hard(ns).await?;
+        let value = hard.get(PCIE_DEVICES).ok_or_else(|| format!("{hard:?}"))?;
+        value.parse().map_err(|e| format!("{value}: {e}"))
+    }
+
     /// Waits until team `ns`'s namespace may hold `devices` PCIe GPUs.
     async fn pcie_hard(&self, ns: &str, devices: u32) {
         eventually(&format!("{ns} may hold {devices}"), CONVERGE, || async {
-            let hard = self.quota_hard(ns).await?;
-            match hard.get(PCIE_DEVICES).and_then(|v| v.parse::<u32>().ok()) {
-                Some(h) if h == devices => Ok(()),
+            match self.pcie_hard_now(ns).await {
+                Ok(h) if h == devices => Ok(()),
                 other => {
                     let why = self.quota_status(ns, "pcie").await.map(|q| q.explanation);
                     Err(format!("{other:?}: {why:?}"))
@@ -160,11 +159,19 @@ async fn a_departments_unused_guarantee_goes_to_its_own_waiting_team_first() {
 
     // Two departments whose parents form a cycle are planned at the top and say why; the
     // others are planned as before.
-    let mut hards = [0; 2];
-    for (hard, ns) in hards.iter_mut().zip(["vision", "serving"]) {
-        let all = world.quota_hard(ns).await.unwrap();
-        *hard = all[PCIE_DEVICES].parse().unwrap();
-    }
+    // Their hards once serving's quota has shrunk back to its own guarantee.
+    let hards = eventually("serving gives back what it borrowed", CONVERGE, || async {
+        let now = [
+            world.pcie_hard_now("vision").await?,
+            world.pcie_hard_now("serving").await?,
+        ];
+        if now[1] <= 8 {
+            Ok(now)
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
     let api = Api::<TeamGpuPolicy>::all(world.client.clone());
     for (name, parent) in [("lab-a", "lab-b"), ("lab-b", "lab-a")] {
         let department: TeamGpuPolicy = serde_json::from_value(json!({

@@ -45,6 +45,12 @@ impl World {
     }
 }
 
+/// Asserts that `result` is a refusal whose message says `because`.
+fn refused_with<T>(result: Result<T, kube::Error>, because: &str) {
+    let message = refusal(result).expect("refused");
+    assert!(message.contains(because), "{message}");
+}
+
 /// The message of a refused request, or `None` when it was admitted.
 fn refusal<T>(result: Result<T, kube::Error>) -> Option<String> {
     match result {
@@ -116,15 +122,11 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
     .await;
     assert!(message.contains("top level"), "{message}");
     // Under another department: not hers.
-    let message = refusal(
+    refused_with(
         alice
             .create(&pp, &team(&world, "sneaky", Some("production"), 1, 1))
             .await,
-    )
-    .expect("refused");
-    assert!(
-        message.contains("only members of department production"),
-        "{message}"
+        "only members of department production",
     );
 
     // Within research's 8: admitted.
@@ -134,56 +136,41 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
         .unwrap();
     world.members_guarantee("research", 5).await;
     // Beyond it: refused, with the numbers.
-    let message = refusal(
+    refused_with(
         alice
             .create(&pp, &team(&world, "speech", Some("research"), 4, 4))
             .await,
-    )
-    .expect("refused");
-    assert!(
-        message.contains("a100-80gb: 4 asked, 3 left of 8"),
-        "{message}"
+        "a100-80gb: 4 asked, 3 left of 8",
     );
-    let message = refusal(
+    refused_with(
         alice
             .create(&pp, &team(&world, "speech", Some("research"), 3, 20))
             .await,
-    )
-    .expect("refused");
-    assert!(message.contains("a100-80gb: limit 20"), "{message}");
+        "a100-80gb: limit 20",
+    );
     alice
         .create(&pp, &team(&world, "speech", Some("research"), 3, 12))
         .await
         .unwrap();
 
     // A production lead with the same RBAC cannot touch research's teams.
-    let message = refusal(
+    refused_with(
         mallory
             .create(&pp, &team(&world, "intruder", Some("research"), 1, 1))
             .await,
-    )
-    .expect("refused");
-    assert!(
-        message.contains("only members of department research"),
-        "{message}"
+        "only members of department research",
     );
-    let message =
-        refusal(mallory.delete("vision", &DeleteParams::default()).await).expect("refused");
-    assert!(
-        message.contains("only members of department research"),
-        "{message}"
+    refused_with(
+        mallory.delete("vision", &DeleteParams::default()).await,
+        "only members of department research",
     );
     // Nor can alice move a team of hers into production.
     let moved = json!({"spec": {"parent": "production"}});
-    let message = refusal(
+    refused_with(
         alice
             .patch("speech", &PatchParams::default(), &Patch::Merge(&moved))
             .await,
-    )
-    .expect("refused");
-    assert!(
-        message.contains("only members of department production"),
-        "{message}"
+        "only members of department production",
     );
 
     // Her own team she may delete.
@@ -199,15 +186,11 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
         Patch::Merge(json!({"spec": {"overcommit": overcommit,
             "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 4, "limit": 12}]}}))
     };
-    let message = refusal(
+    refused_with(
         admin
             .patch("research", &PatchParams::default(), &lower(None))
             .await,
-    )
-    .expect("refused");
-    assert!(
-        message.contains("a100-80gb: 4, its members guarantee 5"),
-        "{message}"
+        "a100-80gb: 4, its members guarantee 5",
     );
     admin
         .patch("research", &PatchParams::default(), &lower(Some("Warn")))

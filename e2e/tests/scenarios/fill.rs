@@ -152,16 +152,9 @@ async fn filled_until_the_scheduler_refuses_each_policy_counts_what_it_allocated
             "gpu" => json!({"deviceType": "gpu", "productNames": ["NVIDIA A100-SXM4-40GB"]}),
             p => json!({"deviceType": "mig", "migProfiles": [p]}),
         };
-        let policy: GpuSharingPolicy = serde_json::from_value(json!({
-            "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-            "metadata": {"name": name},
-            "spec": {"driver": "gpu.nvidia.com", "selector": selector,
-                     "sharing": {"strategy": "Exclusive"}}}))
-        .unwrap();
-        Api::<GpuSharingPolicy>::all(client.clone())
-            .create(&PostParams::default(), &policy)
-            .await
-            .unwrap();
+        let spec = json!({"driver": "gpu.nvidia.com", "selector": selector,
+                          "sharing": {"strategy": "Exclusive"}});
+        world.sharing_policy(name, spec).await;
     }
     world.namespace("batch", None).await;
     let ns = world.ns("batch");

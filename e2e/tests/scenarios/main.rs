@@ -222,18 +222,29 @@ impl World {
         }
     }
 
+    /// Creates GpuSharingPolicy `name` with `spec`.
+    async fn sharing_policy(&self, name: &str, spec: serde_json::Value) {
+        let policy: GpuSharingPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
+            "metadata": {"name": name}, "spec": spec}))
+        .unwrap();
+        Api::<GpuSharingPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap();
+    }
+
     /// A GpuSharingPolicy `pcie` of the 16 PCIe GPUs, and per (name, quota, reclaim) a team
     /// owning a namespace of that name with that quota of `pcie`.
     async fn pcie_teams<const N: usize>(
         &self,
         teams: [(&str, serde_json::Value, serde_json::Value); N],
     ) {
-        let policy: GpuSharingPolicy = serde_json::from_value(json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "GpuSharingPolicy",
-            "metadata": {"name": "pcie"}, "spec": {"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}})).unwrap();
-        Api::<GpuSharingPolicy>::all(self.client.clone())
-            .create(&PostParams::default(), &policy)
-            .await
-            .unwrap();
+        self.sharing_policy(
+            "pcie",
+            json!({"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}),
+        )
+        .await;
         for (name, mut quota, reclaim) in teams {
             self.namespace(name, None).await;
             quota["sharingPolicy"] = json!("pcie");

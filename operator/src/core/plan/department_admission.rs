@@ -21,7 +21,7 @@
 //! they are checked in status only.
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ValidatingAdmissionPolicy,
+    MatchResources, NamedRuleWithOperations, ParamKind, ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
     ValidatingAdmissionPolicySpec, Variable,
 };
@@ -239,13 +239,12 @@ pub fn department_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicy
 /// The top-level policy: only `admin_groups` (and the operator) write TeamGpuPolicies that
 /// have no parent before or after the request.
 pub fn top_level_policy(admin_groups: &[String], operator: &str) -> ValidatingAdmissionPolicy {
-    let conditions: Vec<MatchCondition> = not_an_admin(admin_groups, operator);
     ValidatingAdmissionPolicy {
         metadata: meta(TOP_LEVEL_POLICY_NAME),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
             match_constraints: Some(team_policy_writes()),
-            match_conditions: Some(conditions),
+            match_conditions: Some(not_an_admin(admin_groups, operator)),
             validations: Some(vec![validation(
                 "(object == null || has(object.spec.parent)) && \
                  (oldObject == null || has(oldObject.spec.parent))"

@@ -172,15 +172,24 @@ impl Draw {
     }
 }
 
+/// `counters` as amounts, with their digest (tests build sets and draws by hand).
+#[cfg(test)]
+fn made_of(counters: &[(&str, i128)]) -> (Amounts, u64) {
+    let amounts: Amounts = counters.iter().map(|(n, a)| (Arc::from(*n), *a)).collect();
+    let digest = digest(&amounts);
+    (amounts, digest)
+}
+
 #[cfg(test)]
 impl CounterSetView {
     /// A set of `counters` that parsed.
     pub(super) fn of(name: &str, counters: &[(&str, i128)]) -> Self {
-        let counters: Amounts = counters.iter().map(|(n, a)| (Arc::from(*n), *a)).collect();
+        let (counters, digest) = made_of(counters);
+        let name = name.into();
         Self {
-            name: name.into(),
-            digest: digest(&counters),
+            name,
             counters,
+            digest,
             exact: true,
         }
     }
@@ -190,11 +199,12 @@ impl CounterSetView {
 impl Draw {
     /// A draw of `counters` from `set`.
     pub(super) fn of(set: &str, counters: &[(&str, i128)]) -> Self {
-        let counters: Amounts = counters.iter().map(|(n, a)| (Arc::from(*n), *a)).collect();
+        let (counters, digest) = made_of(counters);
+        let set = set.into();
         Self {
-            set: set.into(),
-            digest: digest(&counters),
+            set,
             counters,
+            digest,
         }
     }
 }

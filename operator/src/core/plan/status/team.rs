@@ -282,13 +282,12 @@ fn quota_statuses(
                     explanation: explain_in_tree(s, pool.map_or(&[][..], |p| &p.departments)),
                     gpu_equivalents: None,
                     members_guaranteed: team.spec.department.then(|| {
-                        let mut planned = pool
+                        (pool
                             .into_iter()
-                            .flat_map(|p| p.teams.iter().chain(&p.departments));
-                        let members = planned
-                            .by_ref()
-                            .filter(|m| m.parent.as_deref() == Some(&*name));
-                        members.map(|m| m.guaranteed).sum()
+                            .flat_map(|p| p.teams.iter().chain(&p.departments)))
+                        .filter(|m| m.parent.as_deref() == Some(&*name))
+                        .map(|m| m.guaranteed)
+                        .sum()
                     }),
                 }
             }
