@@ -22,8 +22,6 @@ pub struct CounterSetView {
     pub counters: Amounts,
     /// [`digest`] of `counters`.
     digest: u64,
-    /// Whether every quantity parsed: a device drawing the same text draws these amounts.
-    exact: bool,
 }
 
 /// What a device draws from one counter set.
@@ -59,45 +57,120 @@ impl std::hash::Hash for Draw {
 /// Amounts made of a text, their [`digest`], and whether every quantity parsed.
 type Made = (Amounts, u64, bool);
 
+/// Amounts made before, with the text they were made of and what an unparsable quantity counted
+/// as (which does not matter when every quantity parsed).
+#[derive(Debug)]
+struct Known {
+    text: Box<[u8]>,
+    /// [`text_hash`] of the counters.
+    hash: u64,
+    unparsed: i128,
+    made: Made,
+}
+
 /// Shares the names and amounts of counters across slices as they are projected: thousands of
 /// GPUs of one model publish the same counters, parsed and held once.
+///
+/// With a counter set per GPU, reading the counters is most of what projecting a slice costs, so
+/// they are read where they lie in the object, not copied, and mostly once: a slice lists the
+/// same counters in the same places as the slice before it (nodes of one GPU model), so what was
+/// found at a place ([`CounterValues::begin_slice`]) is compared first, and only then is the
+/// text hashed and looked up.
 #[derive(Debug, Default)]
 pub struct CounterValues {
     names: crate::intern::Interner<str>,
     amounts: crate::intern::Interner<[(Arc<str>, i128)]>,
     /// Quantities parsed, by their text (`None`: not a quantity).
     parsed: HashMap<Box<str>, Option<i128>, rustc_hash::FxBuildHasher>,
-    /// Amounts already made, by the counters' text ([`CounterValues::text`]).
-    made: HashMap<Box<[u8]>, Made, rustc_hash::FxBuildHasher>,
-    /// The text of the counters being looked up (kept to save an allocation a lookup).
-    text: Vec<u8>,
+    /// Every amounts made, with the text it was made of.
+    known: Vec<Known>,
+    /// Places in `known`, by a hash of the text ([`text_hash`]).
+    by_hash: HashMap<u64, Vec<usize>, rustc_hash::FxBuildHasher>,
+    /// What was found at each place of the slices projected so far (its n-th counters).
+    placed: Vec<usize>,
+    /// The place of the next counters in the slice being projected.
+    place: usize,
+}
+
+/// A hash of the names and quantities of `counters`, as written.
+fn text_hash(counters: &BTreeMap<String, Counter>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = rustc_hash::FxHasher::default();
+    for (name, c) in counters {
+        name.hash(&mut hasher);
+        c.value.0.hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// Each name and quantity of `counters` behind its length, in one run of bytes.
+fn text_of(counters: &BTreeMap<String, Counter>) -> Box<[u8]> {
+    let mut text = Vec::new();
+    for (name, c) in counters {
+        for part in [name.as_str(), c.value.0.as_str()] {
+            let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+            text.extend_from_slice(&len.to_le_bytes());
+            text.extend_from_slice(part.as_bytes());
+        }
+    }
+    text.into()
+}
+
+/// Whether `text` ([`text_of`]) is the text of `counters`.
+fn is_text_of(text: &[u8], counters: &BTreeMap<String, Counter>) -> bool {
+    let mut rest = text;
+    for (name, c) in counters {
+        for part in [name.as_bytes(), c.value.0.as_bytes()] {
+            let Some((len, after)) = rest.split_first_chunk::<4>() else {
+                return false;
+            };
+            if u32::from_le_bytes(*len) as usize != part.len() || !after.starts_with(part) {
+                return false;
+            }
+            rest = &after[part.len()..];
+        }
+    }
+    rest.is_empty()
 }
 
 impl CounterValues {
-    /// The amounts of `counters`, their [`digest`], and whether every quantity parsed.
-    fn amounts(&mut self, counters: &BTreeMap<String, Counter>, unparsed: i128) -> Made {
-        Self::text(&mut self.text, counters, unparsed);
-        if let Some(made) = self.made.get(&self.text[..]) {
-            return made.clone();
-        }
-        let (amounts, exact) = self.make(counters, unparsed);
-        let made = (Arc::clone(&amounts), digest(&amounts), exact);
-        self.made.insert(Box::from(&self.text[..]), made.clone());
-        made
+    /// Starts a slice: its counters are looked up in the order it lists them.
+    pub fn begin_slice(&mut self) {
+        self.place = 0;
     }
 
-    /// `counters` as one run of bytes, each name and quantity behind its length, after what an
-    /// unparsable quantity counts as: one hash and one comparison find amounts made before.
-    fn text(text: &mut Vec<u8>, counters: &BTreeMap<String, Counter>, unparsed: i128) {
-        text.clear();
-        text.extend_from_slice(&unparsed.to_le_bytes());
-        for (name, c) in counters {
-            for part in [name.as_str(), c.value.0.as_str()] {
-                let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
-                text.extend_from_slice(&len.to_le_bytes());
-                text.extend_from_slice(part.as_bytes());
-            }
+    /// The amounts of `counters`, their [`digest`], and whether every quantity parsed.
+    fn amounts(&mut self, counters: &BTreeMap<String, Counter>, unparsed: i128) -> Made {
+        let place = self.place;
+        self.place += 1;
+        let made_of =
+            |k: &Known| (k.made.2 || k.unparsed == unparsed) && is_text_of(&k.text, counters);
+        if let Some(&i) = self.placed.get(place)
+            && made_of(&self.known[i])
+        {
+            return self.known[i].made.clone();
         }
+        let hash = text_hash(counters);
+        let found = (self.by_hash.get(&hash).into_iter().flatten())
+            .copied()
+            .find(|&i| made_of(&self.known[i]));
+        let i = found.unwrap_or_else(|| {
+            let (amounts, exact) = self.make(counters, unparsed);
+            self.known.push(Known {
+                text: text_of(counters),
+                hash,
+                unparsed,
+                made: (Arc::clone(&amounts), digest(&amounts), exact),
+            });
+            let i = self.known.len() - 1;
+            self.by_hash.entry(hash).or_default().push(i);
+            i
+        });
+        match self.placed.get_mut(place) {
+            Some(placed) => *placed = i,
+            None => self.placed.push(i),
+        }
+        self.known[i].made.clone()
     }
 
     /// The amounts of `counters`, and whether every quantity parsed.
@@ -124,8 +197,12 @@ impl CounterValues {
 
     /// Forgets what no slice holds any more.
     pub fn prune(&mut self) {
-        self.made
-            .retain(|_, (amounts, _, _)| Arc::strong_count(amounts) > 2);
+        self.known.retain(|k| Arc::strong_count(&k.made.0) > 2);
+        self.by_hash.clear();
+        for (i, k) in self.known.iter().enumerate() {
+            self.by_hash.entry(k.hash).or_default().push(i);
+        }
+        self.placed.clear();
         self.amounts.prune();
         self.names.prune();
     }
@@ -133,36 +210,17 @@ impl CounterValues {
 
 impl CounterSetView {
     pub fn project(set: &CounterSet, values: &mut CounterValues) -> Self {
-        let (counters, digest, exact) = values.amounts(&set.counters, 0);
+        let (counters, digest, _) = values.amounts(&set.counters, 0);
         Self {
             name: values.names.intern(set.name.as_str()),
             counters,
             digest,
-            exact,
         }
     }
 }
 
 impl Draw {
-    /// `draw` of a slice whose counter set of the same name is `set` (as published, and as
-    /// projected), if it has one.
-    pub fn project(
-        draw: &DeviceCounterConsumption,
-        set: Option<(&CounterSet, &CounterSetView)>,
-        values: &mut CounterValues,
-    ) -> Self {
-        // A full GPU draws its whole set: the amounts just made of the set, found without
-        // reading the text twice.
-        if let Some((published, view)) = set
-            && view.exact
-            && draw.counters == published.counters
-        {
-            return Self {
-                set: Arc::clone(&view.name),
-                counters: Arc::clone(&view.counters),
-                digest: view.digest,
-            };
-        }
+    pub fn project(draw: &DeviceCounterConsumption, values: &mut CounterValues) -> Self {
         let (counters, digest, _) = values.amounts(&draw.counters, i128::MAX);
         Self {
             set: values.names.intern(draw.counter_set.as_str()),
@@ -190,7 +248,6 @@ impl CounterSetView {
             name,
             counters,
             digest,
-            exact: true,
         }
     }
 }
@@ -237,16 +294,12 @@ mod tests {
         let mut values = CounterValues::default();
         let set = published("80Gi");
         let view = CounterSetView::project(&set, &mut values);
-        let draw = Draw::project(&whole(&set), Some((&set, &view)), &mut values);
+        let draw = Draw::project(&whole(&set), &mut values);
         assert!(Arc::ptr_eq(&draw.counters, &view.counters));
-        // The same text read the long way makes the same amounts.
-        let read = Draw::project(&whole(&set), None, &mut values);
-        assert_eq!(read, draw);
-        assert!(Arc::ptr_eq(&read.counters, &view.counters));
         // A quantity that does not parse is nothing in a set and more than any set in a draw.
         let bad = published("eighty");
         let view = CounterSetView::project(&bad, &mut values);
-        let draw = Draw::project(&whole(&bad), Some((&bad, &view)), &mut values);
+        let draw = Draw::project(&whole(&bad), &mut values);
         assert_eq!(view.counters[0].1, 0);
         assert_eq!(draw.counters[0].1, i128::MAX);
     }

@@ -30,13 +30,12 @@ pub struct GroupValues {
     slots: crate::intern::Interner<[(u16, i128)]>,
     /// The counters of pools built, by what their slices publish: every node of a model
     /// publishes the same sets and draws, so thousands of pools share a few.
-    pools: HashMap<PoolKey, Arc<PoolCounters>, rustc_hash::FxBuildHasher>,
+    /// Keyed by [`PoolKey::hash_of`].
+    pools: HashMap<u64, Vec<(PoolKey, Arc<PoolCounters>)>, rustc_hash::FxBuildHasher>,
 }
 
 /// The counter sets and draws of a pool, in the order [`PoolCounters::build`] takes them.
-/// Equal by content; hashed by where the values are, which is the same for equal values: they
-/// are interned by [`CounterValues`] (and held here, so no other value takes their place).
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 struct PoolKey {
     sets: Box<[CounterSetView]>,
     draws: Box<[Draw]>,
@@ -44,21 +43,55 @@ struct PoolKey {
     ends: Box<[u32]>,
 }
 
-impl std::hash::Hash for PoolKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let at = |name: &Arc<str>, amounts: &Amounts| {
-            (
-                Arc::as_ptr(name).cast::<u8>(),
-                Arc::as_ptr(amounts).cast::<u8>(),
-            )
+impl PoolKey {
+    /// A hash of what a pool publishes, by where its values are, which is the same for equal
+    /// values: they are interned by [`CounterValues`] (and held here, so no other value takes
+    /// their place). Made of the pool's views, not of a key: most pools find theirs.
+    fn hash_of(sets: &[&CounterSetView], draws: &[&[Draw]]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = rustc_hash::FxHasher::default();
+        let mut at = |name: &Arc<str>, amounts: &Amounts| {
+            Arc::as_ptr(name).cast::<u8>().hash(&mut hasher);
+            Arc::as_ptr(amounts).cast::<u8>().hash(&mut hasher);
         };
-        for set in &self.sets {
-            at(&set.name, &set.counters).hash(state);
+        for set in sets {
+            at(&set.name, &set.counters);
         }
-        for draw in &self.draws {
-            at(&draw.set, &draw.counters).hash(state);
+        for draw in draws.iter().flat_map(|d| d.iter()) {
+            at(&draw.set, &draw.counters);
         }
-        self.ends.hash(state);
+        for device_draws in draws {
+            device_draws.len().hash(&mut hasher);
+        }
+        hasher.finish()
+    }
+
+    fn of(sets: &[&CounterSetView], draws: &[&[Draw]]) -> Self {
+        let mut ends = Vec::with_capacity(draws.len());
+        let mut flat = Vec::with_capacity(draws.len());
+        for device_draws in draws {
+            flat.extend_from_slice(device_draws);
+            ends.push(u32::try_from(flat.len()).unwrap_or(u32::MAX));
+        }
+        PoolKey {
+            sets: sets.iter().map(|&s| s.clone()).collect(),
+            draws: flat.into_boxed_slice(),
+            ends: ends.into_boxed_slice(),
+        }
+    }
+
+    /// Whether the key is that of a pool publishing `sets` and `draws`.
+    fn is(&self, sets: &[&CounterSetView], draws: &[&[Draw]]) -> bool {
+        let mut start = 0;
+        self.sets.len() == sets.len()
+            && self.ends.len() == draws.len()
+            && (self.sets.iter().zip(sets)).all(|(a, b)| a == *b)
+            && (self.ends.iter().zip(draws)).all(|(&end, device_draws)| {
+                let end = end as usize;
+                let same = self.draws.get(start..end) == Some(*device_draws);
+                start = end;
+                same
+            })
     }
 }
 
@@ -73,8 +106,10 @@ impl Clone for GroupValues {
 impl GroupValues {
     /// Forgets what no pool holds any more.
     pub fn prune(&mut self) {
-        self.pools
-            .retain(|_, counters| Arc::strong_count(counters) > 1);
+        self.pools.retain(|_, built| {
+            built.retain(|(_, counters)| Arc::strong_count(counters) > 1);
+            !built.is_empty()
+        });
         self.budgets.prune();
         self.slots.prune();
     }
@@ -178,22 +213,14 @@ impl PoolCounters {
         if draws.iter().all(|d| d.is_empty()) {
             return None;
         }
-        let mut ends = Vec::with_capacity(draws.len());
-        let mut flat = Vec::with_capacity(draws.len());
-        for device_draws in draws {
-            flat.extend_from_slice(device_draws);
-            ends.push(u32::try_from(flat.len()).unwrap_or(u32::MAX));
-        }
-        let key = PoolKey {
-            sets: sets.iter().map(|&s| s.clone()).collect(),
-            draws: flat.into_boxed_slice(),
-            ends: ends.into_boxed_slice(),
-        };
-        if let Some(built) = values.pools.get(&key) {
+        let hash = PoolKey::hash_of(sets, draws);
+        let known = values.pools.get(&hash).into_iter().flatten();
+        if let Some((_, built)) = known.into_iter().find(|(k, _)| k.is(sets, draws)) {
             return Some(Arc::clone(built));
         }
         let built = Arc::new(Self::build(sets, draws, values)?);
-        values.pools.insert(key, Arc::clone(&built));
+        let key = PoolKey::of(sets, draws);
+        (values.pools.entry(hash).or_default()).push((key, Arc::clone(&built)));
         Some(built)
     }
 

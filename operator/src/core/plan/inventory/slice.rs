@@ -101,14 +101,11 @@ impl SliceView {
     /// `slice` reduced to what the inventory and expressions reading `reads` need.
     pub fn project(slice: &ResourceSlice, reads: &DeviceReads, values: &mut SliceValues) -> Self {
         let spec = &slice.spec;
+        values.counters.begin_slice();
         let published = spec.shared_counters.as_deref().unwrap_or_default();
         let counter_sets: Box<[CounterSetView]> = (published.iter())
             .map(|set| CounterSetView::project(set, &mut values.counters))
             .collect();
-        let set_named = |name: &str| {
-            let i = published.iter().position(|s| s.name == name)?;
-            Some((&published[i], &counter_sets[i]))
-        };
         let devices = spec
             .devices
             .iter()
@@ -119,10 +116,7 @@ impl SliceView {
                         .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
                         .map(|t| Arc::from(t.key.as_str())),
                     draws: (d.consumes_counters.iter().flatten())
-                        .map(|draw| {
-                            let set = set_named(&draw.counter_set);
-                            Draw::project(draw, set, &mut values.counters)
-                        })
+                        .map(|draw| Draw::project(draw, &mut values.counters))
                         .collect(),
                     consumable: match d.allow_multiple_allocations {
                         Some(true) => (d.capacity.iter().flatten())
