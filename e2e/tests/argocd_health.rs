@@ -173,8 +173,8 @@ fn a_status_of_an_older_generation_is_progressing_even_when_it_was_ready() {
 
 #[test]
 fn a_conflict_is_degraded_with_its_message_even_while_ready() {
-    let message = "namespace shared-ns is also claimed by inference: such namespaces belong to no \
-                   team until the overlap is resolved";
+    let message = "namespace shared-ns is also claimed by inference (it belongs to no team until \
+                   the overlap is resolved)";
     let ready = condition("Ready", "True", "Planned", PLANNED, 4);
     let mut status = team_status(4, ready);
     status["conditions"][0] = condition("Conflict", "True", "NamespaceClaimedTwice", message, 4);

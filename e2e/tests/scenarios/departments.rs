@@ -1,7 +1,7 @@
 //! Departments delegated to their members, on the real API server: members write the teams
 //! under their department (with the ClusterRole `config/rbac` ships, bound to their group),
 //! within what the department guarantees; nobody else attaches a team to it; the top level
-//! stays the admins'.
+//! stays the admins'; a namespace another team has stays with it, whoever names it.
 
 use super::*;
 
@@ -176,6 +176,52 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
     // Her own team she may delete.
     alice
         .delete("speech", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // A team of hers naming a namespace another team has takes nothing: it stays inference's,
+    // with its quota, and her team says why it got nothing there.
+    let prod = world.ns("inference-prod");
+    let owner_of_prod = || async {
+        let quota = Api::<ResourceQuota>::namespaced(world.client.clone(), &prod)
+            .get("teamgpu")
+            .await
+            .map_err(|e| e.to_string())?;
+        let labels = quota.metadata.labels.unwrap_or_default();
+        Ok::<_, String>((labels.get("teamgpu.io/owner").cloned(), quota.spec))
+    };
+    let before = owner_of_prod().await.unwrap();
+    assert_eq!(before.0.as_deref(), Some("TeamGpuPolicy.inference"));
+    world.members_guarantee("research", 5).await;
+    let mut grabby = team(&world, "grabby", Some("research"), 1, 1);
+    grabby.spec.namespaces = vec![prod.clone()];
+    alice.create(&pp, &grabby).await.unwrap();
+    let says = format!(
+        "namespace {prod} is also claimed by inference (it stays with inference, which had it)"
+    );
+    eventually("grabby reports the conflict", CONVERGE, || async {
+        let status = world.team_status("grabby").await?;
+        match status.conditions.iter().find(|c| c.type_ == "Conflict") {
+            Some(c) if c.message == says => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        owner_of_prod().await.unwrap(),
+        before,
+        "inference-prod's quota is unchanged"
+    );
+    assert!(
+        world
+            .team_status("grabby")
+            .await
+            .unwrap()
+            .namespaces
+            .is_empty()
+    );
+    alice
+        .delete("grabby", &DeleteParams::default())
         .await
         .unwrap();
 

@@ -130,7 +130,9 @@ pub struct TeamGpuPolicySpec {
     pub reclaim: Option<Reclaim>,
     /// A cap across the team's sharing policies, in GPU-equivalents: each policy's quota is
     /// also held to what it uses plus the budget left, counted at that policy's GPU-equivalents
-    /// per device.
+    /// per device. On a department: across the claims of every team under it, in the policies
+    /// it has a quota for; each of them is held to what it uses plus the department's budget
+    /// left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
     /// Who may add a namespace to the team (or take one out) by labelling it so that

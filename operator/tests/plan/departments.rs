@@ -113,3 +113,59 @@ fn a_department_in_a_cycle_is_planned_at_the_top_and_says_why() {
         .unwrap();
     assert!(ml.quotas[0].entitlement >= 8);
 }
+
+#[test]
+fn a_departments_budget_holds_its_teams_together_to_what_it_pays_for() {
+    let mut state = example();
+    let mut teams = tree(None);
+    // research's teams hold 14 A100s (ml-research 12, data-science 2); a whole A100-80GB is
+    // one GPU-equivalent. A budget of 14 leaves nothing: research may hold what it holds.
+    teams[0].spec.budget = Some(teamgpu::api::Budget {
+        gpu_equivalents: 14,
+    });
+    state.teams = teams;
+    let planned = teamgpu::core::plan::plan(&state);
+    let report = |name: &str| planned.teams.iter().find(|t| t.name == name).unwrap();
+    let research = report("research");
+    let budget = research.budget.as_ref().expect("a budget status");
+    assert_eq!(
+        (
+            budget.gpu_equivalents,
+            budget.in_use.as_str(),
+            budget.left.as_str()
+        ),
+        (14, "14", "0")
+    );
+    assert_eq!(
+        condition(&research.conditions, "Budget").reason,
+        "WithinBudget"
+    );
+    // Its guarantee of 16 and the 7 it would borrow are held to 14, which its teams share.
+    assert_eq!(research.quotas[0].entitlement, 14);
+    let key = "a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    let hards = |namespaces: &[&str]| -> u32 {
+        (namespaces.iter())
+            .map(|ns| hard(&planned, ns)[key].parse::<u32>().unwrap())
+            .sum()
+    };
+    assert_eq!(hards(&["ml-research-dev", "ml-research-train"]), 12);
+    assert_eq!(hards(&["data-science"]), 2);
+    // inference, outside the department, is not held by research's budget.
+    assert_eq!(report("inference").quotas[0].entitlement, 18);
+
+    // Lowered below what runs: over budget, said, and nothing more for anyone in research.
+    state.teams[0].spec.budget = Some(teamgpu::api::Budget {
+        gpu_equivalents: 10,
+    });
+    let planned = teamgpu::core::plan::plan(&state);
+    let research = planned.teams.iter().find(|t| t.name == "research").unwrap();
+    let over = condition(&research.conditions, "Budget");
+    assert_eq!(over.reason, "OverBudget");
+    assert!(
+        over.message
+            .starts_with("14 of 10 GPU-equivalents in use, 4 over"),
+        "{}",
+        over.message
+    );
+    assert_eq!(research.quotas[0].entitlement, 14);
+}

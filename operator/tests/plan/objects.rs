@@ -268,6 +268,56 @@ fn a_namespace_claimed_by_two_teams_gets_nothing_and_both_say_so() {
 }
 
 #[test]
+fn a_namespace_a_team_had_stays_with_it_when_another_team_names_it() {
+    let mut state = example();
+    let owner_of = |plan: &teamgpu::core::plan::Plan| {
+        let quota = (plan.objects.resource_quotas.iter())
+            .find(|q| &*q.namespace == "ml-research-dev")
+            .expect("ml-research-dev keeps its quota")
+            .to_object();
+        quota.metadata.labels.unwrap_or_default()["teamgpu.io/owner"].clone()
+    };
+    // ml-research had it at the operator's last pass (its status says so).
+    let ml = (state.teams.iter_mut())
+        .find(|t| t.metadata.name.as_deref() == Some("ml-research"))
+        .unwrap();
+    ml.status = Some(teamgpu::api::TeamGpuPolicyStatus {
+        namespaces: vec!["ml-research-dev".into(), "ml-research-train".into()],
+        ..Default::default()
+    });
+    let before = plan(&state);
+    let ds = (state.teams.iter_mut())
+        .find(|t| t.metadata.name.as_deref() == Some("data-science"))
+        .unwrap();
+    ds.spec.namespaces.push("ml-research-dev".into());
+    let after = plan(&state);
+    assert_eq!(owner_of(&after), "TeamGpuPolicy.ml-research");
+    assert_eq!(
+        hard(&after, "ml-research-dev"),
+        hard(&before, "ml-research-dev"),
+        "its quota is unchanged"
+    );
+    let report = |name: &str| after.teams.iter().find(|t| t.name == name).unwrap();
+    assert_eq!(
+        condition(&report("data-science").conditions, "Conflict").message,
+        "namespace ml-research-dev is also claimed by ml-research (it stays with ml-research, \
+         which had it)"
+    );
+    assert_eq!(
+        condition(&report("ml-research").conditions, "Conflict").message,
+        "namespace ml-research-dev is also claimed by data-science (it stays with ml-research, \
+         which had it)"
+    );
+    assert!(
+        (after.warnings.iter()).any(|w| w
+            == "namespace ml-research-dev is claimed by \
+             TeamGpuPolicies data-science, ml-research: it stays with ml-research, which had it"),
+        "{:?}",
+        after.warnings
+    );
+}
+
+#[test]
 fn a_device_class_someone_else_owns_is_never_overwritten() {
     let mut state = example();
     state.device_classes.push(

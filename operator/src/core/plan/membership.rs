@@ -1,8 +1,11 @@
 //! Which namespaces belong to which team. Pure.
 //!
 //! A namespace belongs to a team when the team's `namespaceSelector` matches its labels or the
-//! team lists it by name. A namespace claimed by two or more teams belongs to none of them: giving
-//! it to either would be a guess, and both teams report the conflict.
+//! team lists it by name. A namespace claimed by two or more teams stays with the one that had it
+//! (its `status.namespaces`, as the operator last wrote it, lists it): otherwise anyone who may
+//! write a TeamGpuPolicy (a department's members) could take a namespace from its team by naming
+//! it. When none of them had it, it belongs to none of them: giving it to either would be a
+//! guess. Every claimant reports the conflict.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -65,6 +68,9 @@ pub struct Membership {
     pub namespaces: BTreeMap<String, Vec<String>>,
     /// Team name -> namespace -> the other teams that also claim it.
     pub conflicts: BTreeMap<String, BTreeMap<String, Vec<String>>>,
+    /// Namespace claimed by several teams -> the one of them that keeps it: the one that had it
+    /// (its `status.namespaces` lists it). A namespace not here belongs to none of them.
+    pub kept: BTreeMap<String, String>,
     /// Team name -> why its `namespaceSelector` could not be used.
     pub label_selector_errors: BTreeMap<String, LabelSelectorError>,
     /// Team name -> namespaces it lists by name that do not exist.
@@ -175,6 +181,23 @@ impl Tree {
     }
 }
 
+impl Tree {
+    /// The teams below `department`, at every level (departments own no namespaces).
+    pub fn teams_under(&self, department: &str) -> Vec<&str> {
+        let mut teams = Vec::new();
+        let mut below: Vec<&str> = vec![department];
+        while let Some(at) = below.pop() {
+            for child in self.children.get(at).into_iter().flatten() {
+                match self.quotas.contains_key(child) {
+                    true => below.push(child),
+                    false => teams.push(child.as_str()),
+                }
+            }
+        }
+        teams
+    }
+}
+
 impl Membership {
     /// The team that owns `namespace`, if exactly one does.
     pub fn team_of<'a>(&'a self, namespace: &str) -> Option<&'a str> {
@@ -237,14 +260,29 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
         }
     }
 
+    // A namespace two teams claim stays with the one that had it, so that naming a namespace, or
+    // selecting its labels, takes it from nobody; when none of them had it, none gets it.
+    let had = |team: &str, namespace: &str| {
+        (teams.iter())
+            .find(|t| t.metadata.name.as_deref() == Some(team))
+            .and_then(|t| t.status.as_ref())
+            .is_some_and(|s| s.namespaces.iter().any(|n| n == namespace))
+    };
     for (namespace, owners) in claims {
-        if owners.len() == 1 {
-            let owner = owners.into_iter().next().unwrap_or_default();
+        let mut holders = owners
+            .iter()
+            .filter(|o| owners.len() == 1 || had(o, namespace));
+        if let (Some(owner), None) = (holders.next(), holders.next()) {
             membership
                 .namespaces
-                .entry(owner)
+                .entry(owner.clone())
                 .or_default()
                 .push(namespace.to_owned());
+            if owners.len() > 1 {
+                membership.kept.insert(namespace.to_owned(), owner.clone());
+            }
+        }
+        if owners.len() == 1 {
             continue;
         }
         for team in &owners {
@@ -335,6 +373,27 @@ mod tests {
         assert_eq!(m.conflicts["a"]["shared"], ["b"]);
         assert_eq!(m.conflicts["b"]["shared"], ["a"]);
         assert_eq!(m.team_of("shared"), None);
+    }
+
+    #[test]
+    fn a_namespace_claimed_twice_stays_with_the_team_that_had_it() {
+        let namespaces = [ns("a-train", &[("teamgpu.io/team", "a")])];
+        let mut a = team("a", None, &["a-train"]);
+        a.status = Some(crate::api::TeamGpuPolicyStatus {
+            namespaces: vec!["a-train".into()],
+            ..Default::default()
+        });
+        // b selects a's namespace by its label: it takes nothing from a.
+        let m = resolve(&[a.clone(), team("b", Some("a"), &[])], &namespaces);
+        assert_eq!(m.team_of("a-train"), Some("a"));
+        assert_eq!(m.kept["a-train"], "a");
+        assert_eq!(m.conflicts["b"]["a-train"], ["a"]);
+        // When both say they had it (a status not yet rewritten), neither gets it.
+        let mut b = team("b", Some("a"), &[]);
+        b.status = a.status.clone();
+        let m = resolve(&[a, b], &namespaces);
+        assert_eq!(m.team_of("a-train"), None);
+        assert!(m.kept.is_empty());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! and quotas, beside their builders in [`objects`].
 
 pub mod admission;
+mod budgets;
 mod cache;
 mod capacity;
 pub mod cel;
@@ -343,7 +344,7 @@ impl Planner {
             let counts = self.matching.pool_counts(policy, &sets);
             placement::rooms(policy, counts, usage, outside.get(policy), inventory)
         };
-        let budgets = shares::budgets(&teams, &policies, &membership, &demand, &per_device);
+        let budgets = budgets::budgets(&teams, &policies, &membership, &demand, &per_device);
         let findings = shares::fair_shares(
             &mut self.shares,
             &policies,

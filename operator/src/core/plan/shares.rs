@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use super::budgets::{self, Budgets};
 use super::cache::Cache;
 use super::counters::{self, SharedCounters};
-use super::equivalents::{self, PerDevice};
 use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::device_class_name;
@@ -137,13 +137,24 @@ pub fn fair_shares(
                     .filter(|team| !team.spec.department)
                     .filter_map(|team| {
                         let mut input = team_input(team, policy, membership, demand, &class)?;
-                        if let Some(budget) = budgets.get(&input.team) {
-                            budget.cap(&policy.name, &mut input);
-                        }
+                        let TeamInput {
+                            team,
+                            guaranteed,
+                            limit,
+                            lending_limit,
+                            ..
+                        } = &mut input;
+                        budgets::hold(
+                            team,
+                            (&policy.name, &class),
+                            (membership, demand),
+                            budgets,
+                            (guaranteed, limit, lending_limit),
+                        );
                         Some(input)
                     })
                     .collect(),
-                departments: departments(teams, policy, membership),
+                departments: departments(teams, policy, (membership, demand), budgets),
             };
             (policy.name.clone(), input)
         })
@@ -226,22 +237,39 @@ fn parent_in_pool(team: &str, policy: &str, membership: &Membership) -> Option<S
 fn departments(
     teams: &[&TeamGpuPolicy],
     policy: &CompiledPolicy,
-    membership: &Membership,
+    (membership, demand): (&Membership, &Demand),
+    budgets: &Budgets,
 ) -> Vec<fairshare::DepartmentInput> {
+    let class = device_class_name(&policy.name);
     (teams.iter())
         .filter(|team| team.spec.department)
         .filter_map(|team| {
             let quota = (team.spec.quotas.iter()).find(|q| q.sharing_policy == policy.name)?;
             let entitlement = quota.entitlement(policy.slice()).ok()?;
             let name = name_of(*team);
-            Some(fairshare::DepartmentInput {
+            let mut input = fairshare::DepartmentInput {
                 parent: parent_in_pool(&name, &policy.name, membership),
                 guaranteed: entitlement.guaranteed,
                 limit: entitlement.limit,
                 weight: quota.weight.unwrap_or(team.spec.weight),
                 lending_limit: entitlement.lending_limit,
                 name,
-            })
+            };
+            let fairshare::DepartmentInput {
+                name,
+                guaranteed,
+                limit,
+                lending_limit,
+                ..
+            } = &mut input;
+            budgets::hold(
+                name,
+                (&policy.name, &class),
+                (membership, demand),
+                budgets,
+                (guaranteed, limit, lending_limit),
+            );
+            Some(input)
         })
         .collect()
 }
@@ -251,98 +279,5 @@ pub fn by_policy(shares: &Shares) -> BTreeMap<&str, &PoolShares> {
     shares
         .values()
         .map(|(name, pool)| (name.as_str(), pool))
-        .collect()
-}
-
-/// Per team with `spec.budget`, what its claims are charged in GPU-equivalents and what that
-/// leaves each of its sharing policies.
-pub type Budgets = BTreeMap<String, Budget>;
-
-/// A team's budget as the fair shares apply it: each policy's limit (and guarantee) held to
-/// what the team's claims are charged there plus the devices the budget's rest pays for at the
-/// policy's rate (`used + floor(left ÷ GE per device)`). Claims made in two policies within
-/// one pass may each fit alone and together go over: [`Budget::over`] says by how much.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Budget {
-    /// `spec.budget.gpuEquivalents`, in millionths.
-    pub budget: u128,
-    /// What the team's claims are charged, every policy at its rate, in millionths.
-    pub in_use: u128,
-    /// Per policy the team has a quota for: devices charged and GE per device.
-    pub policies: BTreeMap<String, (u32, u64)>,
-}
-
-impl Budget {
-    /// What is left for new claims, in millionths.
-    pub fn left(&self) -> u128 {
-        self.budget.saturating_sub(self.in_use)
-    }
-
-    /// How far use is over the budget, in millionths.
-    pub fn over(&self) -> u128 {
-        self.in_use.saturating_sub(self.budget)
-    }
-
-    /// The most devices of `policy` the budget lets the team hold.
-    pub fn cap_of(&self, policy: &str) -> Option<u32> {
-        let (used, per_device) = *self.policies.get(policy)?;
-        let more = self.left() / u128::from(per_device.max(1));
-        Some(clamp(
-            u64::try_from(u128::from(used) + more).unwrap_or(u64::MAX),
-        ))
-    }
-
-    fn cap(&self, policy: &str, input: &mut TeamInput) {
-        if let Some(cap) = self.cap_of(policy) {
-            input.limit = input.limit.min(cap);
-            input.guaranteed = input.guaranteed.min(cap);
-            input.lending_limit = input.lending_limit.map(|l| l.min(input.guaranteed));
-        }
-    }
-}
-
-/// The [`Budget`] of every team that sets one.
-pub fn budgets(
-    teams: &[&TeamGpuPolicy],
-    policies: &[CompiledPolicy],
-    membership: &Membership,
-    demand: &Demand,
-    per_device: &BTreeMap<String, PerDevice>,
-) -> Budgets {
-    let usable: BTreeMap<&str, &CompiledPolicy> = (policies.iter())
-        .filter(|p| p.usable())
-        .map(|p| (p.name.as_str(), p))
-        .collect();
-    (teams.iter())
-        .filter_map(|team| {
-            let budget = team.spec.budget.as_ref()?;
-            let name = name_of(*team);
-            let namespaces = membership
-                .namespaces
-                .get(&name)
-                .map_or(&[][..], Vec::as_slice);
-            let mut out = Budget {
-                budget: u128::from(budget.gpu_equivalents) * u128::from(equivalents::MICRO),
-                in_use: 0,
-                policies: BTreeMap::new(),
-            };
-            for quota in &team.spec.quotas {
-                let Some(policy) = usable.get(quota.sharing_policy.as_str()) else {
-                    continue;
-                };
-                let class = device_class_name(&policy.name);
-                let used: u64 = (namespaces.iter())
-                    .map(|ns| demand.usage(ns, &class))
-                    .map(|u| u.requested.max(u.allocated))
-                    .sum();
-                let used = clamp(used);
-                let rate = per_device
-                    .get(&policy.name)
-                    .map_or(equivalents::MICRO, |p| p.micro);
-                out.in_use += equivalents::of(used, rate);
-                out.policies.insert(policy.name.clone(), (used, rate));
-            }
-            Some((name, out))
-        })
         .collect()
 }

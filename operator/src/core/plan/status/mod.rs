@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::budgets::Budgets;
 use super::conditions::{DesiredCondition, types};
 use super::counters::{self, SharedCounters};
 use super::equivalents::PerDevice;
@@ -10,7 +11,7 @@ use super::inventory::{DeviceId, Inventory, MatchReport};
 use super::membership::Membership;
 use super::objects::device_class_name;
 use super::policies::CompiledPolicy;
-use super::shares::{Budgets, Demand};
+use super::shares::Demand;
 use super::team_gpus::TeamGpus;
 use super::{Plan, SharingPolicyReport, clamp};
 use crate::api::{DEFAULT_DRIVER, SharingStrategy, TeamGpuPolicy};
@@ -99,9 +100,16 @@ fn warnings(inputs: &Inputs, by_name: &BTreeMap<&str, &CompiledPolicy>, out: &mu
             if team < others.iter().min().unwrap_or(team) {
                 continue; // report each conflict once, from its last team
             }
+            let claimants = (others.iter().chain(std::iter::once(team)))
+                .map(String::as_str)
+                .collect::<BTreeSet<_>>();
+            let whose = match membership.kept.get(namespace) {
+                Some(keeper) => format!("it stays with {keeper}, which had it"),
+                None => "it belongs to none of them".into(),
+            };
             out.warnings.push(format!(
-                "namespace {namespace} is claimed by TeamGpuPolicies {}: it belongs to none of them",
-                others.iter().chain(std::iter::once(team)).cloned().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(", ")
+                "namespace {namespace} is claimed by TeamGpuPolicies {}: {whose}",
+                claimants.into_iter().collect::<Vec<_>>().join(", ")
             ));
         }
     }

@@ -46,7 +46,7 @@ pub fn team_report(
     } = quota_statuses(team, &name, &namespaces, by_name, shares, demand);
     quotas.sort_by(|a, b| a.sharing_policy.cmp(&b.sharing_policy));
 
-    let mut conds = team_findings(membership.conflicts.get(&name), &scaled, &unknown);
+    let mut conds = team_findings((&name, membership), &scaled, &unknown);
     let label_selector_error = membership.label_selector_errors.get(&name);
     let (ready, reason, message) = match label_selector_error {
         Some(e) => (
@@ -139,23 +139,30 @@ fn parent_condition(
 /// A team's conditions besides Ready: namespaces claimed twice, guarantees scaled down, quotas
 /// naming sharing policies that are missing or not ready.
 fn team_findings(
-    conflicts: Option<&BTreeMap<String, Vec<String>>>,
+    (name, membership): (&str, &Membership),
     scaled: &[String],
     unknown: &[String],
 ) -> Vec<DesiredCondition> {
     let mut conds = Vec::new();
-    conds.push(match conflicts {
+    let kept = &membership.kept;
+    conds.push(match membership.conflicts.get(name) {
         Some(c) if !c.is_empty() => DesiredCondition::new(
             types::CONFLICT,
             true,
             "NamespaceClaimedTwice",
             c.iter()
                 .map(|(ns, others)| {
-                    format!("namespace {ns} is also claimed by {}", others.join(", "))
+                    let whose = match kept.get(ns) {
+                        Some(keeper) => format!("it stays with {keeper}, which had it"),
+                        None => "it belongs to no team until the overlap is resolved".into(),
+                    };
+                    format!(
+                        "namespace {ns} is also claimed by {} ({whose})",
+                        others.join(", ")
+                    )
                 })
                 .collect::<Vec<_>>()
-                .join("; ")
-                + ": such namespaces belong to no team until the overlap is resolved",
+                .join("; "),
         ),
         _ => DesiredCondition::new(
             types::CONFLICT,
