@@ -100,6 +100,10 @@ fn setup(scale: Scale) -> Setup {
     }
 }
 
+/// Passes of each cluster for the whole-cluster figures (first pass, full plan): a 2-core VM's
+/// speed drifts by some percent over seconds, and the medians of fewer wander as much.
+const FULL_PASSES: usize = 30;
+
 /// What the second of two clusters (`names`) costs the operator against the first (counter
 /// sets, departments), measured alternately (one pass of each, again and again), so that a
 /// machine whose speed drifts (a shared VM) slows both alike: the median of each and their
@@ -143,7 +147,7 @@ fn interleaved(names: [&str; 2], scales: [Scale; 2]) {
         report(setups[0].changes[change].0, times);
     }
     let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..10 {
+    for _ in 0..FULL_PASSES {
         for (i, s) in setups.iter().enumerate() {
             let started_at = Instant::now();
             black_box(started(&s.state, &s.cached, s.live.objects()));
@@ -152,7 +156,7 @@ fn interleaved(names: [&str; 2], scales: [Scale; 2]) {
     }
     report("first pass of a started operator", times);
     let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..10 {
+    for _ in 0..FULL_PASSES {
         for (i, s) in setups.iter().enumerate() {
             let started_at = Instant::now();
             black_box(plan(&s.state));
