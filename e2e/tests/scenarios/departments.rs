@@ -225,6 +225,50 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
         .await
         .unwrap();
 
+    // Amounts in memory count the whole slices they hold: research guarantees 80Gi of 10Gi
+    // memory slices, so a member asking 90Gi is refused with the count in slices.
+    let shares = world.ns("shares");
+    world
+        .sharing_policy(
+            &shares,
+            json!({"selector": {"productNames": ["NVIDIA H100 80GB HBM3"]},
+                   "sharing": {"strategy": "MemorySlices", "memorySlices": {"size": "10Gi"}}}),
+        )
+        .await;
+    let both = json!({"spec": {"quotas": [
+        {"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 12},
+        {"sharingPolicy": shares, "guaranteed": "80Gi", "limit": "80Gi"}]}});
+    admin
+        .patch("research", &PatchParams::default(), &Patch::Merge(&both))
+        .await
+        .unwrap();
+    eventually(
+        "research's status says the slice size",
+        CONVERGE,
+        || async {
+            let status = world.team_status("research").await?;
+            let quota = status.quotas.iter().find(|q| q.sharing_policy == shares);
+            match quota.and_then(|q| q.slice_size.as_deref()) {
+                Some("10Gi") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let in_memory = |guaranteed: &str| -> TeamGpuPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": "audio"},
+            "spec": {"parent": "research", "namespaces": [world.ns("audio")],
+                     "quotas": [{"sharingPolicy": shares, "guaranteed": guaranteed}]}}))
+        .unwrap()
+    };
+    refused_with(
+        alice.create(&pp, &in_memory("90Gi")).await,
+        &format!("{shares}: 9 asked, 8 left of 8"),
+    );
+    alice.create(&dry_run, &in_memory("80Gi")).await.unwrap();
+
     // Not even an admin lowers research below what its members guarantee while it refuses
     // overcommit; with overcommit: Warn the admin may, and status says what it costs.
     world.members_guarantee("research", 5).await;

@@ -500,6 +500,11 @@ pub struct QuotaStatus {
     /// Admission holds a new or changed member to what is left (see `spec.overcommit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub members_guaranteed: Option<u32>,
+    /// For a MemorySlices sharing policy: the memory of one of its devices (`10Gi`); an amount
+    /// written in memory counts the whole slices it holds. Admission reads it on a department
+    /// to count its members' amounts in devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slice_size: Option<String>,
     /// GPU-equivalents of one device of the sharing policy, and of the entitlement and the
     /// allocated devices at that rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]

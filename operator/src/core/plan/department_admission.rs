@@ -17,8 +17,9 @@
 //! moment of each other may each fit alone and not together. The department's status then says
 //! so and the guarantees are scaled down, as with `overcommit: Warn`.
 //!
-//! Entitlements written in memory (`80Gi`, for MemorySlices policies) are not added up here:
-//! they are checked in status only.
+//! Amounts written in memory (`80Gi`, for MemorySlices policies) count the whole slices they
+//! hold, at the slice size the department's status gives (`status.quotas[].sliceSize`); until
+//! the operator has written it, they are not counted.
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchResources, NamedRuleWithOperations, ParamKind, ValidatingAdmissionPolicy,
@@ -95,51 +96,85 @@ const MEMBERS: &str = "(has(params.status) && has(params.status.quotas) ? \
        params.status.quotas.filter(s, s.sharingPolicy == q.sharingPolicy && \
          has(s.membersGuaranteed)).map(s, int(s.membersGuaranteed)) : []) + [0]";
 
+/// The memory of one device of the policy of quota `q` (a MemorySlices policy), as the
+/// department's (the params') status says it; `''` when it does not.
+const SLICE: &str = "(has(params.status) && has(params.status.quotas) && \
+       params.status.quotas.exists(s, s.sharingPolicy == q.sharingPolicy && has(s.sliceSize)) \
+       ? params.status.quotas.filter(s, s.sharingPolicy == q.sharingPolicy && \
+           has(s.sliceSize))[0].sliceSize : '')";
+
+/// `amount` (a guarantee or limit of the policy of quota `q`) in devices, as CEL: a count as
+/// it is; memory (`40Gi`) as the whole slices it holds ([`SLICE`]); -1 when that cannot be told
+/// (the operator has not said the slice size yet), which no check counts.
+fn devices(amount: &str) -> String {
+    format!(
+        "(string({amount}).matches('^[0-9]+$') ? int(string({amount})) : \
+            (isQuantity(string({amount})) && quantity(string({amount})).isInteger() && \
+             {SLICE} != '' && quantity({SLICE}).isInteger() && \
+             quantity({SLICE}).asInteger() > 0 \
+              ? quantity(string({amount})).asInteger() / quantity({SLICE}).asInteger() \
+              : -1))"
+    )
+}
+
 /// What the department's members other than the request's object guarantee of the policy of
 /// quota `q`, as CEL: the members' sum less the object's own guarantee before the request.
 fn others() -> String {
+    let old = devices("o.guaranteed");
     format!(
         "(({MEMBERS}).sum() - \
          (oldObject != null && variables.oldParent == params.metadata.name && \
           has(oldObject.spec.quotas) \
-           ? (oldObject.spec.quotas.filter(o, o.sharingPolicy == q.sharingPolicy && \
-                type(o.guaranteed) == int).map(o, int(o.guaranteed)) + [0]).sum() \
+           ? (oldObject.spec.quotas.filter(o, o.sharingPolicy == q.sharingPolicy) \
+                .map(o, {old}).filter(d, d >= 0) + [0]).sum() \
            : 0))"
     )
 }
 
-/// The department's (the params') quota entries for the policy of quota `q` that hold whole
-/// devices.
-const PARENT_QUOTA: &str = "params.spec.quotas.filter(p, p.sharingPolicy == q.sharingPolicy && \
-     type(p.guaranteed) == int)";
+/// What the department (the params) guarantees of the policy of quota `q`, in devices: a list
+/// of one, or none when it has no quota for it or its amount cannot be told.
+fn department_guarantee() -> String {
+    let guaranteed = devices("p.guaranteed");
+    format!(
+        "params.spec.quotas.filter(p, p.sharingPolicy == q.sharingPolicy) \
+           .map(p, {guaranteed}).filter(d, d >= 0)"
+    )
+}
 
 /// The quotas of the request's object (a new or changed member) whose guarantee does not fit
 /// what the department has left, as `policy: asked, left of total` lines.
 fn over_guarantee() -> String {
-    let others = others();
+    let (others, asked, parent) = (others(), devices("q.guaranteed"), department_guarantee());
     format!(
-        "(has(object.spec.quotas) ? object.spec.quotas.filter(q, type(q.guaranteed) == int && \
-           {PARENT_QUOTA}.exists(p, int(q.guaranteed) + {others} > int(p.guaranteed))) \
-           .map(q, q.sharingPolicy + ': ' + string(q.guaranteed) + ' asked, ' + \
-             string({PARENT_QUOTA}.map(p, int(p.guaranteed) - ({others}))[0]) + ' left of ' + \
-             string({PARENT_QUOTA}.map(p, int(p.guaranteed))[0])) : [])"
+        "(has(object.spec.quotas) ? object.spec.quotas.filter(q, {asked} >= 0 && \
+           {parent}.exists(g, {asked} + {others} > g)) \
+           .map(q, q.sharingPolicy + ': ' + string({asked}) + ' asked, ' + \
+             string({parent}.map(g, g - ({others}))[0]) + ' left of ' + \
+             string({parent}[0])) : [])"
     )
 }
 
-/// The quotas of the request's object whose limit is above the department's.
-const OVER_LIMIT: &str = "(has(object.spec.quotas) ? object.spec.quotas.filter(q, \
-       has(q.limit) && type(q.limit) == int && \
-       params.spec.quotas.exists(p, p.sharingPolicy == q.sharingPolicy && \
-         type(p.guaranteed) == int && \
-         int(q.limit) > (has(p.limit) && type(p.limit) == int ? int(p.limit) : int(p.guaranteed)))) \
-     .map(q, q.sharingPolicy + ': limit ' + string(q.limit)) : [])";
+/// The quotas of the request's object whose limit is above the department's (its limit, or
+/// its guarantee when it sets none).
+fn over_limit() -> String {
+    let limit = devices("q.limit");
+    let (parent_limit, parent_guarantee) = (devices("p.limit"), devices("p.guaranteed"));
+    format!(
+        "(has(object.spec.quotas) ? object.spec.quotas.filter(q, has(q.limit) && \
+           {limit} >= 0 && params.spec.quotas.exists(p, p.sharingPolicy == q.sharingPolicy && \
+             (has(p.limit) ? {parent_limit} : {parent_guarantee}) >= 0 && \
+             {limit} > (has(p.limit) ? {parent_limit} : {parent_guarantee}))) \
+         .map(q, q.sharingPolicy + ': limit ' + string(q.limit)) : [])"
+    )
+}
 
 /// The department's own quotas (the request's object is the params) that its members'
 /// guarantees exceed.
 fn below_members() -> String {
+    let guaranteed = devices("q.guaranteed");
     format!(
         "(has(object.spec.quotas) ? object.spec.quotas.filter(q, \
-           type(q.guaranteed) == int && ({MEMBERS}).sum() > int(q.guaranteed)) \
+           {guaranteed} >= 0 && ({MEMBERS}).sum() > {guaranteed}) \
          .map(q, q.sharingPolicy + ': ' + string(q.guaranteed) + ', its members guarantee ' + \
            string(({MEMBERS}).sum())) : [])"
     )
@@ -162,7 +197,8 @@ pub fn department_policy(admin_groups: &[String], operator: &str) -> ValidatingA
             name: "overLimit".into(),
             expression: format!(
                 "variables.refuses && object != null && \
-                 variables.newParent == params.metadata.name ? {OVER_LIMIT} : []"
+                 variables.newParent == params.metadata.name ? {} : []",
+                over_limit()
             ),
         },
         Variable {

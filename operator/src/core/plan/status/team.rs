@@ -296,12 +296,14 @@ fn quota_statuses(
                         .map(|m| m.guaranteed)
                         .sum()
                     }),
+                    slice_size: slice.map(str::to_owned),
                 }
             }
             None => QuotaStatus {
                 guaranteed: entitlement.guaranteed,
                 limit: entitlement.limit,
                 weight,
+                slice_size: slice.map(str::to_owned),
                 ..outside_every_pool(&quota.sharing_policy, namespaces, demand)
             },
         };
