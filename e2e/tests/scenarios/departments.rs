@@ -51,6 +51,22 @@ fn refused_with<T>(result: Result<T, kube::Error>, because: &str) {
     assert!(message.contains(because), "{message}");
 }
 
+/// Waits until `request` (a dry run) is refused with a message saying `because`. What admission
+/// holds a member to comes from the department's status, which the API server's admission
+/// reads from a cache a moment behind what a client reads.
+async fn refused_once_seen<T, Fut>(what: &str, request: impl Fn() -> Fut, because: &str)
+where
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    eventually(what, CONVERGE, || async {
+        match refusal(request().await) {
+            Some(message) if message.contains(because) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
 /// The message of a refused request, or `None` when it was admitted.
 fn refusal<T>(result: Result<T, kube::Error>) -> Option<String> {
     match result {
@@ -136,12 +152,13 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
         .unwrap();
     world.members_guarantee("research", 5).await;
     // Beyond it: refused, with the numbers.
-    refused_with(
-        alice
-            .create(&pp, &team(&world, "speech", Some("research"), 4, 4))
-            .await,
+    let speech = team(&world, "speech", Some("research"), 4, 4);
+    refused_once_seen(
+        "speech beyond research's guarantee",
+        || alice.create(&dry_run, &speech),
         "a100-80gb: 4 asked, 3 left of 8",
-    );
+    )
+    .await;
     refused_with(
         alice
             .create(&pp, &team(&world, "speech", Some("research"), 3, 20))
@@ -263,10 +280,13 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
                      "quotas": [{"sharingPolicy": shares, "guaranteed": guaranteed}]}}))
         .unwrap()
     };
-    refused_with(
-        alice.create(&pp, &in_memory("90Gi")).await,
+    let audio = in_memory("90Gi");
+    refused_once_seen(
+        "90Gi beyond research's 80Gi",
+        || alice.create(&dry_run, &audio),
         &format!("{shares}: 9 asked, 8 left of 8"),
-    );
+    )
+    .await;
     alice.create(&dry_run, &in_memory("80Gi")).await.unwrap();
 
     // Not even an admin lowers research below what its members guarantee while it refuses
@@ -276,12 +296,17 @@ async fn department_members_manage_its_teams_within_its_guarantee() {
         Patch::Merge(json!({"spec": {"overcommit": overcommit,
             "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 4, "limit": 12}]}}))
     };
-    refused_with(
-        admin
-            .patch("research", &PatchParams::default(), &lower(None))
-            .await,
+    let dry_patch = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let lowered = lower(None);
+    refused_once_seen(
+        "research lowered below its members",
+        || admin.patch("research", &dry_patch, &lowered),
         "a100-80gb: 4, its members guarantee 5",
-    );
+    )
+    .await;
     admin
         .patch("research", &PatchParams::default(), &lower(Some("Warn")))
         .await

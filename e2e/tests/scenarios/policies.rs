@@ -340,48 +340,104 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
     .await;
 }
 
+/// The `Conflict` messages of `teams`, once every one of them reports one.
+async fn conflicts(world: &World, teams: [&str; 2]) -> Result<Vec<String>, String> {
+    let mut messages = Vec::new();
+    for team in teams {
+        let s = world.team_status(team).await?;
+        match condition(&s.conditions, "Conflict") {
+            Some(c) if c.status == "True" => messages.push(c.message.clone()),
+            other => return Err(format!("{team}: {other:?}")),
+        }
+    }
+    Ok(messages)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_namespace_claimed_twice_gets_nothing_until_fixed() {
+async fn a_namespace_claimed_twice_stays_with_its_team_or_gets_nothing_until_fixed() {
     let Some((world, _operator)) = World::with_samples().await else {
         return;
     };
-    let rogue: TeamGpuPolicy = serde_json::from_value(json!({
-        "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": "rogue"},
-        "spec": {"namespaces": [world.ns("ml-research-dev")], "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 1}]}
-    }))
-    .unwrap();
+    let naming = |name: &str, namespace: &str| -> TeamGpuPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy", "metadata": {"name": name},
+            "spec": {"namespaces": [world.ns(namespace)], "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 1}]}
+        }))
+        .unwrap()
+    };
     let tgp: Api<TeamGpuPolicy> = Api::all(world.client.clone());
-    tgp.create(&PostParams::default(), &rogue).await.unwrap();
-    eventually(
-        "ml-research-dev is stripped and both report Conflict",
-        CONVERGE,
-        || async {
-            let templates = world.templates("ml-research-dev").await;
-            let quota = world.quota_hard("ml-research-dev").await;
-            let mut messages = Vec::new();
-            for team in ["ml-research", "rogue"] {
-                let s = world.team_status(team).await?;
-                match condition(&s.conditions, "Conflict") {
-                    Some(c) if c.status == "True" => messages.push(c.message.clone()),
-                    other => return Err(format!("{team}: {other:?}")),
-                }
-            }
-            if templates.is_empty() && quota.is_err() {
-                Ok(messages)
-            } else {
-                Err(format!("{templates:?} {quota:?}"))
-            }
-        },
-    )
+
+    // rogue names ml-research-dev, which ml-research has: it stays ml-research's, whole.
+    let dev = world.ns("ml-research-dev");
+    let quota = world.quota_hard("ml-research-dev").await.unwrap();
+    tgp.create(&PostParams::default(), &naming("rogue", "ml-research-dev"))
+        .await
+        .unwrap();
+    let messages = eventually("both report Conflict", CONVERGE, || async {
+        conflicts(&world, ["ml-research", "rogue"]).await
+    })
     .await;
+    assert_eq!(
+        messages,
+        [
+            format!(
+                "namespace {dev} is also claimed by rogue (it stays with ml-research, which had it)"
+            ),
+            format!(
+                "namespace {dev} is also claimed by ml-research (it stays with ml-research, which had it)"
+            ),
+        ]
+    );
+    assert_eq!(world.templates("ml-research-dev").await.len(), 5);
+    assert_eq!(world.quota_hard("ml-research-dev").await.unwrap(), quota);
+    assert!(
+        world
+            .team_status("rogue")
+            .await
+            .unwrap()
+            .namespaces
+            .is_empty()
+    );
     tgp.delete("rogue", &DeleteParams::default()).await.unwrap();
     eventually("resolved", CONVERGE, || async {
         let s = world.team_status("ml-research").await?;
-        let ok = condition(&s.conditions, "Conflict").is_some_and(|c| c.status == "False");
-        if ok && world.templates("ml-research-dev").await.len() == 5 {
+        match condition(&s.conditions, "Conflict") {
+            Some(c) if c.status == "False" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // Two teams naming a namespace before it exists: when it comes, neither had it, and it
+    // gets nothing until one lets go.
+    for team in ["rogue-a", "rogue-b"] {
+        tgp.create(&PostParams::default(), &naming(team, "contested"))
+            .await
+            .unwrap();
+    }
+    world.namespace("contested", None).await;
+    let contested = world.ns("contested");
+    let messages = eventually("both report Conflict", CONVERGE, || async {
+        conflicts(&world, ["rogue-a", "rogue-b"]).await
+    })
+    .await;
+    assert_eq!(
+        messages[0],
+        format!(
+            "namespace {contested} is also claimed by rogue-b (it belongs to no team until the overlap is resolved)"
+        )
+    );
+    assert!(world.quota_hard("contested").await.is_err());
+    tgp.delete("rogue-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("contested is rogue-a's", CONVERGE, || async {
+        let s = world.team_status("rogue-a").await?;
+        let quota = world.quota_hard("contested").await;
+        if s.namespaces == [contested.clone()] && quota.is_ok() {
             Ok(())
         } else {
-            Err(format!("{:?}", s.conditions))
+            Err(format!("{:?} {quota:?}", s.namespaces))
         }
     })
     .await;

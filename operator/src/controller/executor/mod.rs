@@ -364,6 +364,9 @@ impl Executor {
             done.eviction_refused = Some(Instant::now());
             tracing::info!(%note, "eviction refused");
         } else {
+            let at = Instant::now();
+            done.evicted
+                .extend(e.pods.iter().map(|pod| (pod.clone(), at)));
             self.metrics.evictions.get_or_create(&labels).inc_by(pods);
             tracing::info!(%note, "reclaim");
         }

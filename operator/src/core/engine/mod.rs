@@ -116,6 +116,8 @@ pub struct Done {
     pub published: Vec<EventKey>,
     /// When an eviction was refused (it is tried again later).
     pub eviction_refused: Option<Instant>,
+    /// Pods evicted (namespace, name), and when.
+    pub evicted: Vec<((String, String), Instant)>,
     /// Deletions that succeeded (or found the object gone).
     pub deleted: Vec<ObjectKey>,
     /// Writes of objects that failed, refused or not: status tells of the refused ones.
@@ -256,6 +258,9 @@ impl Engine {
         }
         if let Some(at) = done.eviction_refused {
             self.reclaim.refused(at);
+        }
+        for (pod, at) in done.evicted {
+            self.reclaim.evicted(pod, at);
         }
     }
 

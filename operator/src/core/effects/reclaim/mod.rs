@@ -26,6 +26,11 @@ use workload::{NodeOf, PodView, Workload, label_elsewhere, workloads};
 /// How soon a refused eviction (a PodDisruptionBudget) is tried again.
 const RETRY_REFUSED: Duration = Duration::from_secs(10);
 
+/// How long an evicted Pod that the Pod cache does not show as being deleted yet counts as
+/// going: the watch brings its deletion within moments; a Pod still there after this was not
+/// evicted after all (deleted and recreated under its name, say) and counts again.
+const EVICTED_SHOWS_WITHIN: Duration = Duration::from_secs(60);
+
 /// What a team that says nothing in `spec.reclaim` gets.
 #[derive(Clone, Copy, Debug)]
 pub struct ReclaimDefaults {
@@ -59,6 +64,15 @@ pub struct Reclaimed {
 pub struct ReclaimTracker {
     waiting_since: BTreeMap<(String, String), Instant>,
     next_attempt: Option<Instant>,
+    /// Pods the Eviction API evicted (namespace, name), and when, until the Pod cache shows
+    /// them being deleted: a pass in between counts their workload as on its way out, instead
+    /// of evicting another one for the same shortfall.
+    evicted: BTreeMap<(String, String), Instant>,
+    /// Claims that no Pod holds any more but still hold devices ([`workload::workloads`]), and
+    /// since when: counted as on their way back for a minute, then not at all.
+    released_since: BTreeMap<String, Instant>,
+    /// The released claims this pass saw (the others are forgotten after it).
+    released_seen: std::collections::BTreeSet<String>,
 }
 
 impl ReclaimTracker {
@@ -80,6 +94,50 @@ impl ReclaimTracker {
     /// An eviction was refused at `now`: it is tried again 10 s later.
     pub fn refused(&mut self, now: Instant) {
         self.wake_at(now + RETRY_REFUSED);
+    }
+
+    /// The Eviction API evicted `pod` (namespace, name) at `at`.
+    pub fn evicted(&mut self, pod: (String, String), at: Instant) {
+        self.evicted.insert(pod, at);
+    }
+
+    /// Forgets evicted Pods the cache shows being deleted or gone, or that it still shows as
+    /// running long after; marks the workloads of the others as terminating. Drops the released
+    /// claims seen for more than a minute.
+    fn count_evicted(&mut self, pods: &[Arc<PodView>], borrowers: &mut [Borrower], now: Instant) {
+        // Released claims: a claim still allocated a minute after its Pods went is not being
+        // freed (an allocation kept on purpose) and counts for nothing.
+        let released = (borrowers.iter().flat_map(|b| &b.workloads)).filter(|w| w.pods.is_empty());
+        for w in released {
+            self.released_since.entry(w.name.clone()).or_insert(now);
+            self.released_seen.insert(w.name.clone());
+        }
+        for b in borrowers.iter_mut() {
+            b.workloads.retain(|w| {
+                !w.pods.is_empty()
+                    || (self.released_since.get(&w.name))
+                        .is_some_and(|since| now.duration_since(*since) < EVICTED_SHOWS_WITHIN)
+            });
+        }
+        if self.evicted.is_empty() {
+            return;
+        }
+        let running: std::collections::BTreeSet<(&str, &str)> = (pods.iter())
+            .filter(|p| !p.terminating)
+            .map(|p| (&*p.namespace, &*p.name))
+            .collect();
+        self.evicted.retain(|(namespace, name), at| {
+            running.contains(&(namespace.as_str(), name.as_str()))
+                && now.duration_since(*at) < EVICTED_SHOWS_WITHIN
+        });
+        let evicted = |(namespace, name): &(Arc<str>, Arc<str>)| {
+            (self.evicted).contains_key(&(namespace.to_string(), name.to_string()))
+        };
+        for w in borrowers.iter_mut().flat_map(|b| b.workloads.iter_mut()) {
+            if !w.terminating && !w.pods.is_empty() && w.pods.iter().all(evicted) {
+                w.terminating = true;
+            }
+        }
     }
 
     fn wake_at(&mut self, at: Instant) {
@@ -134,7 +192,8 @@ impl ReclaimTracker {
                 };
                 placement.and_then(|p| p.nodes.get(&pool).cloned())
             };
-            let borrowers = borrowers(input, policy, orders, &node_of);
+            let mut borrowers = borrowers(input, policy, orders, &node_of);
+            self.count_evicted(input.pods, &mut borrowers, now);
             let (shortfall, choice) = match unplaced {
                 Some((placement, claims)) => {
                     let free = (placement.free.iter())
@@ -178,6 +237,8 @@ impl ReclaimTracker {
                 eviction(input, order, w, team.namespaces)
             }));
         }
+        let seen = std::mem::take(&mut self.released_seen);
+        self.released_since.retain(|name, _| seen.contains(name));
         out
     }
 }

@@ -170,6 +170,7 @@ pub fn workloads(
         by_scope.entry(scope).or_default().push(pod);
     }
     let mut devices: BTreeMap<&Scope, BTreeMap<Option<Arc<str>>, u64>> = BTreeMap::new();
+    let mut released = Vec::new();
     for claim in claims.iter().filter(|c| in_team(&c.namespace)) {
         let held: Vec<&DeviceId> = (claim.devices.iter())
             .filter(|d| d.class.as_deref() == Some(class) && !d.admin_access)
@@ -177,6 +178,10 @@ pub fn workloads(
             .collect();
         let mut holders = (claim.reserved_for_pods.iter())
             .map(|pod| scope_of_pod.get(&(&*claim.namespace, &**pod)));
+        if !held.is_empty() && holders.clone().all(|s| s.is_none()) {
+            released.push(released_claim(claim, &held, node_of));
+            continue;
+        }
         let Some(Some(first)) = holders.next() else {
             continue;
         };
@@ -211,7 +216,29 @@ pub fn workloads(
                 terminating: pods.iter().all(|p| p.terminating),
             })
         })
+        .chain(released)
         .collect()
+}
+
+/// A claim still allocated that no Pod not done yet holds (its Pods were evicted, or are done):
+/// its devices are on their way back (the claim controller frees them), so it counts as a
+/// workload being deleted. [`super::ReclaimTracker`] stops counting it after a minute.
+fn released_claim(claim: &ClaimView, held: &[&DeviceId], node_of: NodeOf) -> Workload {
+    let mut nodes: BTreeMap<Option<Arc<str>>, u64> = BTreeMap::new();
+    for id in held {
+        *nodes.entry(node_of(id)).or_default() += 1;
+    }
+    Workload {
+        name: format!("claim {}/{}", claim.namespace, claim.name),
+        label: None,
+        pods: Vec::new(),
+        devices: held.len() as u64,
+        nodes: nodes.into_iter().collect(),
+        priority: 0,
+        priority_class: None,
+        started: None,
+        terminating: true,
+    }
 }
 
 /// The namespaces outside `namespaces` (one team's) whose Pods carry the workload label

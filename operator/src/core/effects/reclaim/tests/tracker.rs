@@ -140,6 +140,52 @@ fn an_opted_in_team_evicts_once_its_grace_period_has_passed() {
 }
 
 #[test]
+fn a_workload_just_evicted_counts_as_going_until_the_pod_cache_shows_it() {
+    let mut waiting = Waiting::new();
+    waiting.pass(&plan(), 0);
+    assert_eq!(waiting.pass(&plan(), 30), ["Job b/j3"]);
+    let evicted_at = waiting.t0 + Duration::from_secs(30);
+    (waiting.tracker).evicted(("b".into(), "j3-0".into()), evicted_at);
+    // The next pass still sees j3's Pod running and its claim allocated (the watch has not
+    // brought the deletion yet): the 2 devices are on their way, nothing more is evicted.
+    assert!(waiting.pass(&plan(), 31).is_empty());
+    assert!(waiting.pass(&plan(), 89).is_empty());
+    // A minute on, the Pod still runs: it was not evicted after all, and reclaim goes on.
+    assert_eq!(waiting.pass(&plan(), 90), ["Job b/j3"]);
+}
+
+#[test]
+fn a_claim_whose_pod_is_gone_counts_as_coming_back_for_a_minute() {
+    let mut waiting = Waiting::new();
+    waiting.pass(&plan(), 0);
+    // j3's Pod is gone, its claim not yet freed: the plan still counts the borrower's 12.
+    let (mut pods, claims) = cluster();
+    pods.retain(|p| &*p.name != "j3-0");
+    let mut pass = |secs: u64| -> Vec<String> {
+        let input = ReclaimInput {
+            plan: &plan(),
+            teams: &waiting.teams,
+            claims: &claims,
+            pods: &pods,
+        };
+        let now = waiting.t0 + Duration::from_secs(secs);
+        let wall = Timestamp::from_second(at(NOW).as_second() + secs as i64).unwrap();
+        let reclaimed = waiting
+            .tracker
+            .evictions(input, waiting.defaults, now, wall);
+        reclaimed
+            .evictions
+            .iter()
+            .map(|e| e.workload.clone())
+            .collect()
+    };
+    assert!(pass(30).is_empty(), "j3's 4 devices cover the 2 short");
+    assert!(pass(89).is_empty());
+    // Still allocated a minute on: kept on purpose, not on its way back.
+    assert_eq!(pass(90), ["Job b/j2"]);
+}
+
+#[test]
 fn a_reclaim_no_longer_ordered_starts_its_grace_period_again() {
     let mut waiting = Waiting::new();
     waiting.pass(&plan(), 0);
