@@ -104,7 +104,7 @@ impl ReclaimTracker {
     /// Forgets evicted Pods the cache shows being deleted or gone, or that it still shows as
     /// running long after; marks the workloads of the others as terminating. Drops the released
     /// claims seen for more than a minute.
-    fn count_evicted(&mut self, pods: &[Arc<PodView>], borrowers: &mut [Borrower], now: Instant) {
+    fn count_in_flight(&mut self, pods: &[Arc<PodView>], borrowers: &mut [Borrower], now: Instant) {
         // Released claims: a claim still allocated a minute after its Pods went is not being
         // freed (an allocation kept on purpose) and counts for nothing.
         let released = (borrowers.iter().flat_map(|b| &b.workloads)).filter(|w| w.pods.is_empty());
@@ -193,7 +193,7 @@ impl ReclaimTracker {
                 placement.and_then(|p| p.nodes.get(&pool).cloned())
             };
             let mut borrowers = borrowers(input, policy, orders, &node_of);
-            self.count_evicted(input.pods, &mut borrowers, now);
+            self.count_in_flight(input.pods, &mut borrowers, now);
             let (shortfall, choice) = match unplaced {
                 Some((placement, claims)) => {
                     let free = (placement.free.iter())
