@@ -30,11 +30,16 @@ const WRITE_CONCURRENCY: usize = 16;
 /// How long one write may take before it counts as failed (and is retried with backoff).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The soonest the loop wakes for a retry that is already due (see [`Backoff::next_retry`]).
+const RETRY_FLOOR: Duration = Duration::from_millis(100);
+
 /// Per-object retry state for failed writes.
 #[derive(Debug, Default)]
 pub struct Backoff {
     failures: HashMap<String, (u32, Instant)>,
     jitter: RandomState,
+    /// When the last run started: a retry due before it was offered to that run.
+    offered_until: Option<Instant>,
 }
 
 impl Backoff {
@@ -67,15 +72,20 @@ impl Backoff {
     /// every object due) but that were not tried again: they are no longer wanted.
     fn forget_due(&mut self, started: Instant) {
         self.failures.retain(|_, (_, at)| *at > started);
+        self.offered_until = Some(started);
     }
 
-    /// When the next object is due for a retry, after `now`: a retry already due is taken by
-    /// the next run, and waking for it again would make the loop spin.
+    /// When the loop must wake for the next retry. A retry that came due while the last run
+    /// went on (its write failed early in a long run) was offered to no run: it is due at once,
+    /// but no sooner than [`RETRY_FLOOR`] from `now`, so that passes that run nothing (a
+    /// follower's, one waiting for slices) poll slowly instead of spinning. A retry due before
+    /// the last run started was offered to it, and is forgotten or backing off again.
     pub fn next_retry(&self, now: Instant) -> Option<Instant> {
-        self.failures
-            .values()
+        let offered = |at: Instant| self.offered_until.is_some_and(|until| at <= until);
+        (self.failures.values())
             .map(|(_, at)| *at)
-            .filter(|at| *at > now)
+            .filter(|at| !offered(*at))
+            .map(|at| at.max(now + RETRY_FLOOR))
             .min()
     }
 }
@@ -229,8 +239,12 @@ impl Executor {
         *self.leader.borrow()
     }
 
-    /// When the next failed write is due for a retry.
+    /// When the next failed write is due for a retry (never for a replica that is not the
+    /// leader: it writes nothing).
     pub fn next_retry(&self) -> Option<Instant> {
+        if !self.is_leader() {
+            return None;
+        }
         self.backoff.next_retry(Instant::now())
     }
 
@@ -425,8 +439,6 @@ mod tests {
         backoff.failed("gone", t0);
         backoff.failed("failing", t0 + Duration::from_secs(1));
         let later = t0 + Duration::from_secs(1);
-        // A retry due is not a reason to wake: waking for it would make the loop spin.
-        assert!(backoff.next_retry(later).unwrap() > later);
         backoff.forget_due(later);
         assert!(
             !backoff.ready("failing", later),
@@ -434,6 +446,21 @@ mod tests {
         );
         assert!(backoff.ready("gone", later));
         assert_eq!(backoff.failures.len(), 1);
+    }
+
+    #[test]
+    fn a_retry_that_came_due_during_a_run_wakes_the_loop_and_one_offered_does_not() {
+        let mut backoff = Backoff::default();
+        let started = Instant::now();
+        // A write refused early in a run that went on for a second: due before the run ended,
+        // offered to no run.
+        backoff.failed("quota", started);
+        backoff.forget_due(started);
+        let ended = started + Duration::from_secs(1);
+        assert_eq!(backoff.next_retry(ended), Some(ended + RETRY_FLOOR));
+        // The next run was offered it (and retried it, or it is no longer wanted).
+        backoff.forget_due(ended);
+        assert_eq!(backoff.next_retry(ended), None);
     }
 
     #[test]
