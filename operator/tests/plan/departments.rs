@@ -169,3 +169,43 @@ fn a_departments_budget_holds_its_teams_together_to_what_it_pays_for() {
     );
     assert_eq!(research.quotas[0].entitlement, 14);
 }
+
+#[test]
+fn teamgpu_plan_explains_a_three_level_entitlement_at_every_level() {
+    let mut state = example();
+    // company (the top) holds research, which holds the two teams. company gets what research
+    // got at the top above: 23, of which it lent 2 of its unused guarantee to inference. Those 2
+    // are not lent again inside it, so research, its only member, divides 21; its teams get
+    // what they got above (18 and 9: the 2 were not theirs to borrow there either).
+    let mut teams = tree(Some("company"));
+    teams.push(team(json!({"metadata": {"name": "company"}, "spec": {
+        "department": true, "quotas": a100(16, 32)}})));
+    state.teams = teams;
+    let planned = teamgpu::core::plan::plan(&state);
+    let entitlement = |name: &str| {
+        let report = planned.teams.iter().find(|t| t.name == name).unwrap();
+        report.quotas[0].entitlement
+    };
+    assert_eq!(
+        [
+            "company",
+            "research",
+            "ml-research",
+            "data-science",
+            "inference"
+        ]
+        .map(entitlement),
+        [23, 21, 18, 9, 18]
+    );
+    let table = teamgpu::cli::output::table(&planned);
+    let why = (table.lines())
+        .find(|l| l.trim_start().starts_with("ml-research/a100-80gb:"))
+        .expect("a Why line for ml-research");
+    let research = why.find("; within department research: 21 (").expect(why);
+    let company = why
+        .find(
+            "; within department company: 23 (16 guaranteed + 7 borrowed of 9 idle at weight 1/2)",
+        )
+        .expect(why);
+    assert!(research < company, "{why}");
+}
