@@ -104,17 +104,8 @@ async fn whole_gpus_and_mig_slices_of_the_same_gpus_never_promise_a_gpu_twice() 
         ("training", "a100-40gb", 1, 2),
         ("notebooks", "mig-1g", 7, 14),
     ] {
-        world.namespace(team, None).await;
-        let object: TeamGpuPolicy = serde_json::from_value(json!({
-            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-            "metadata": {"name": team},
-            "spec": {"namespaces": [world.ns(team)],
-                     "quotas": [{"sharingPolicy": policy, "guaranteed": guaranteed, "limit": limit}]}}))
-        .unwrap();
-        Api::<TeamGpuPolicy>::all(client.clone())
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
+        let quota = json!({"sharingPolicy": policy, "guaranteed": guaranteed, "limit": limit});
+        world.create_team(team, json!({"quotas": [quota]})).await;
     }
     let _operator = world.operator();
 

@@ -37,16 +37,11 @@ async fn two_departments(world: &World, production_lending: Option<u32>) {
         ("batch", "production", 0, 0),
         ("search", "production", 0, 0),
     ] {
-        world.namespace(name, None).await;
-        let team: TeamGpuPolicy = serde_json::from_value(json!({
-            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-            "metadata": {"name": name},
-            "spec": {"parent": parent, "namespaces": [world.ns(name)],
-                     // Reclaim at once, for the scenario that needs it.
-                     "reclaim": {"enabled": true, "gracePeriodSeconds": 0},
-                     "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}]}}))
-        .unwrap();
-        api.create(&PostParams::default(), &team).await.unwrap();
+        let spec = json!({"parent": parent,
+            // Reclaim at once, for the scenario that needs it.
+            "reclaim": {"enabled": true, "gracePeriodSeconds": 0},
+            "quotas": [{"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": limit}]});
+        world.create_team(name, spec).await;
     }
 }
 

@@ -234,6 +234,21 @@ impl World {
             .unwrap();
     }
 
+    /// A namespace `name` of this world and a TeamGpuPolicy `name` owning it, with `spec`
+    /// (its `namespaces` set to that one).
+    async fn create_team(&self, name: &str, mut spec: serde_json::Value) {
+        self.namespace(name, None).await;
+        spec["namespaces"] = json!([self.ns(name)]);
+        let team: TeamGpuPolicy = serde_json::from_value(json!({
+            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
+            "metadata": {"name": name}, "spec": spec}))
+        .unwrap();
+        Api::<TeamGpuPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &team)
+            .await
+            .unwrap();
+    }
+
     /// A GpuSharingPolicy `pcie` of the 16 PCIe GPUs, and per (name, quota, reclaim) a team
     /// owning a namespace of that name with that quota of `pcie`.
     async fn pcie_teams<const N: usize>(
@@ -246,18 +261,9 @@ impl World {
         )
         .await;
         for (name, mut quota, reclaim) in teams {
-            self.namespace(name, None).await;
             quota["sharingPolicy"] = json!("pcie");
-            let team: TeamGpuPolicy = serde_json::from_value(
-                json!({"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-                "metadata": {"name": name},
-                "spec": {"namespaces": [self.ns(name)], "quotas": [quota], "reclaim": reclaim}}),
-            )
-            .unwrap();
-            Api::<TeamGpuPolicy>::all(self.client.clone())
-                .create(&PostParams::default(), &team)
-                .await
-                .unwrap();
+            let spec = json!({"quotas": [quota], "reclaim": reclaim});
+            self.create_team(name, spec).await;
         }
     }
 

@@ -85,20 +85,6 @@ async fn refused_once_admission_has_the_quota(
 }
 
 impl World {
-    async fn create_team(&self, name: &str, spec: serde_json::Value) {
-        self.namespace(name, None).await;
-        let mut spec = spec;
-        spec["namespaces"] = json!([self.ns(name)]);
-        let team: TeamGpuPolicy = serde_json::from_value(json!({
-            "apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy",
-            "metadata": {"name": name}, "spec": spec}))
-        .unwrap();
-        Api::<TeamGpuPolicy>::all(self.client.clone())
-            .create(&PostParams::default(), &team)
-            .await
-            .unwrap();
-    }
-
     /// Waits until `ns`'s quota holds `want` devices of `class`.
     async fn hard_is(&self, ns: &str, class: &str, want: &str) {
         let key = format!("{class}.teamgpu.io.deviceclass.resource.k8s.io/devices");

@@ -10,7 +10,7 @@ use super::objects::device_class_name;
 use super::policies::CompiledPolicy;
 use super::shares::Demand;
 use super::types::clamp;
-use crate::api::TeamGpuPolicy;
+use crate::api::{Entitlement, TeamGpuPolicy};
 
 /// Per team or department with `spec.budget`, what its claims are charged in GPU-equivalents
 /// and what that leaves each of its sharing policies.
@@ -55,20 +55,17 @@ impl Budget {
     }
 }
 
-/// A team's or department's `(guaranteed, limit, lending limit)` in one pool.
-pub type Amounts<'a> = (&'a mut u32, &'a mut u32, &'a mut Option<u32>);
-
-/// Holds `node`'s amounts in `policy`'s pool to what its own budget and those of the departments
-/// above it let it hold.
-pub fn hold(
+/// `entitlement` (of `node` in `policy`'s pool) held to what `node`'s own budget and those of
+/// the departments above it let it hold.
+pub fn held(
     node: &str,
     (policy, class): (&str, &str),
     (membership, demand): (&Membership, &Demand),
     budgets: &Budgets,
-    (guaranteed, limit, lending): Amounts,
-) {
+    mut entitlement: Entitlement,
+) -> Entitlement {
     if budgets.is_empty() {
-        return;
+        return entitlement;
     }
     let mut used = None;
     let mut at = Some(node);
@@ -76,19 +73,21 @@ pub fn hold(
         if let Some(budget) = budgets.get(holder) {
             let used = *used.get_or_insert_with(|| charged(node, class, membership, demand));
             if let Some(cap) = budget.cap(policy, used) {
-                *limit = (*limit).min(cap);
-                *guaranteed = (*guaranteed).min(cap);
-                *lending = lending.map(|l| l.min(*guaranteed));
+                let e = &mut entitlement;
+                e.limit = e.limit.min(cap);
+                e.guaranteed = e.guaranteed.min(cap);
+                e.lending_limit = e.lending_limit.map(|l| l.min(e.guaranteed));
             }
         }
         at = membership.tree.parent.get(holder).map(String::as_str);
     }
+    entitlement
 }
 
 /// Devices the claims of `owner` (a team, or every team under a department) are charged in
 /// `class`: what they request or hold, whichever is more, namespace by namespace.
 fn charged(owner: &str, class: &str, membership: &Membership, demand: &Demand) -> u32 {
-    let teams = match membership.tree.quotas.contains_key(owner) {
+    let teams = match membership.tree.is_department(owner) {
         true => membership.tree.teams_under(owner),
         false => vec![owner],
     };

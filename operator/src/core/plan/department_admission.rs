@@ -184,23 +184,17 @@ fn below_members() -> String {
 /// `admin_groups` only for overcommit.
 pub fn department_policy(admin_groups: &[String], operator: &str) -> ValidatingAdmissionPolicy {
     let mut variables = department_variables(admin_groups);
+    // What a new or changed member of the params, under overcommit: Refuse, does not fit.
+    let of_member = |name: &str, list: String| Variable {
+        name: name.into(),
+        expression: format!(
+            "variables.refuses && object != null && \
+             variables.newParent == params.metadata.name ? {list} : []"
+        ),
+    };
     variables.extend([
-        Variable {
-            name: "overGuarantee".into(),
-            expression: format!(
-                "variables.refuses && object != null && \
-                 variables.newParent == params.metadata.name ? {} : []",
-                over_guarantee()
-            ),
-        },
-        Variable {
-            name: "overLimit".into(),
-            expression: format!(
-                "variables.refuses && object != null && \
-                 variables.newParent == params.metadata.name ? {} : []",
-                over_limit()
-            ),
-        },
+        of_member("overGuarantee", over_guarantee()),
+        of_member("overLimit", over_limit()),
         Variable {
             name: "belowMembers".into(),
             expression: format!(

@@ -182,13 +182,18 @@ impl Tree {
 }
 
 impl Tree {
+    /// Whether `name` is a department (`department: true`).
+    pub fn is_department(&self, name: &str) -> bool {
+        self.quotas.contains_key(name)
+    }
+
     /// The teams below `department`, at every level (departments own no namespaces).
     pub fn teams_under(&self, department: &str) -> Vec<&str> {
         let mut teams = Vec::new();
         let mut below: Vec<&str> = vec![department];
         while let Some(at) = below.pop() {
             for child in self.children.get(at).into_iter().flatten() {
-                match self.quotas.contains_key(child) {
+                match self.is_department(child) {
                     true => below.push(child),
                     false => teams.push(child.as_str()),
                 }
@@ -199,6 +204,15 @@ impl Tree {
 }
 
 impl Membership {
+    /// Where a namespace several teams claim goes, as a person reads it: `it stays with ml,
+    /// which had it`, or `none` when none of them had it.
+    pub fn whose(&self, namespace: &str, none: &str) -> String {
+        match self.kept.get(namespace) {
+            Some(keeper) => format!("it stays with {keeper}, which had it"),
+            None => none.to_owned(),
+        }
+    }
+
     /// The team that owns `namespace`, if exactly one does.
     pub fn team_of<'a>(&'a self, namespace: &str) -> Option<&'a str> {
         self.namespaces

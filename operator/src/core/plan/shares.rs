@@ -13,7 +13,7 @@ use super::placement::{self, Placement, PoolRoom};
 use super::policies::CompiledPolicy;
 use super::types::{ReclaimOrder, clamp};
 use super::usage::{ClassUsage, Usage};
-use crate::api::TeamGpuPolicy;
+use crate::api::{Entitlement, TeamGpuPolicy};
 use crate::core::fairshare::{self, NamespaceUsage, PoolInput, PoolShares, TeamInput};
 use crate::core::state::PendingDemand;
 
@@ -130,31 +130,20 @@ pub fn fair_shares(
         .filter(|p| p.usable())
         .map(|policy| {
             let class = device_class_name(&policy.name);
+            let held = |node: &str, entitlement| {
+                let at = (policy.name.as_str(), class.as_str());
+                budgets::held(node, at, (membership, demand), budgets, entitlement)
+            };
             let input = PoolInput {
                 capacity: available(&policy.name),
                 teams: teams
                     .iter()
                     .filter(|team| !team.spec.department)
                     .filter_map(|team| {
-                        let mut input = team_input(team, policy, membership, demand, &class)?;
-                        let TeamInput {
-                            team,
-                            guaranteed,
-                            limit,
-                            lending_limit,
-                            ..
-                        } = &mut input;
-                        budgets::hold(
-                            team,
-                            (&policy.name, &class),
-                            (membership, demand),
-                            budgets,
-                            (guaranteed, limit, lending_limit),
-                        );
-                        Some(input)
+                        team_input(team, (policy, &class), (membership, demand), &held)
                     })
                     .collect(),
-                departments: departments(teams, policy, (membership, demand), budgets),
+                departments: departments(teams, policy, membership, &held),
             };
             (policy.name.clone(), input)
         })
@@ -198,13 +187,13 @@ pub fn fair_shares(
 }
 
 /// A team in the pool of `policy`, if it has a quota for it whose amounts count in the policy's
-/// devices (the status says why not), and owns namespaces.
+/// devices (the status says why not), and owns namespaces; its entitlement `held` to the budgets
+/// over it.
 fn team_input(
     team: &TeamGpuPolicy,
-    policy: &CompiledPolicy,
-    membership: &Membership,
-    demand: &Demand,
-    class: &str,
+    (policy, class): (&CompiledPolicy, &str),
+    (membership, demand): (&Membership, &Demand),
+    held: Held,
 ) -> Option<TeamInput> {
     let name = name_of(team);
     let quota = team
@@ -212,7 +201,7 @@ fn team_input(
         .quotas
         .iter()
         .find(|q| q.sharing_policy == policy.name)?;
-    let entitlement = quota.entitlement(policy.slice()).ok()?;
+    let entitlement = held(&name, quota.entitlement(policy.slice()).ok()?);
     let namespaces = membership.namespaces.get(&name)?;
     Some(TeamInput {
         parent: parent_in_pool(&name, &policy.name, membership),
@@ -224,6 +213,9 @@ fn team_input(
         namespaces: namespaces.iter().map(|ns| demand.of(ns, class)).collect(),
     })
 }
+
+/// A node's entitlement in a pool held to the budgets over it ([`budgets::held`]).
+type Held<'a> = &'a dyn Fn(&str, Entitlement) -> Entitlement;
 
 /// The department `team` belongs to in `policy`'s pool: the nearest above it with a quota there.
 fn parent_in_pool(team: &str, policy: &str, membership: &Membership) -> Option<String> {
@@ -237,39 +229,23 @@ fn parent_in_pool(team: &str, policy: &str, membership: &Membership) -> Option<S
 fn departments(
     teams: &[&TeamGpuPolicy],
     policy: &CompiledPolicy,
-    (membership, demand): (&Membership, &Demand),
-    budgets: &Budgets,
+    membership: &Membership,
+    held: Held,
 ) -> Vec<fairshare::DepartmentInput> {
-    let class = device_class_name(&policy.name);
     (teams.iter())
         .filter(|team| team.spec.department)
         .filter_map(|team| {
             let quota = (team.spec.quotas.iter()).find(|q| q.sharing_policy == policy.name)?;
-            let entitlement = quota.entitlement(policy.slice()).ok()?;
             let name = name_of(*team);
-            let mut input = fairshare::DepartmentInput {
+            let entitlement = held(&name, quota.entitlement(policy.slice()).ok()?);
+            Some(fairshare::DepartmentInput {
                 parent: parent_in_pool(&name, &policy.name, membership),
                 guaranteed: entitlement.guaranteed,
                 limit: entitlement.limit,
                 weight: quota.weight.unwrap_or(team.spec.weight),
                 lending_limit: entitlement.lending_limit,
                 name,
-            };
-            let fairshare::DepartmentInput {
-                name,
-                guaranteed,
-                limit,
-                lending_limit,
-                ..
-            } = &mut input;
-            budgets::hold(
-                name,
-                (&policy.name, &class),
-                (membership, demand),
-                budgets,
-                (guaranteed, limit, lending_limit),
-            );
-            Some(input)
+            })
         })
         .collect()
 }

@@ -26,10 +26,12 @@ use workload::{NodeOf, PodView, Workload, label_elsewhere, workloads};
 /// How soon a refused eviction (a PodDisruptionBudget) is tried again.
 const RETRY_REFUSED: Duration = Duration::from_secs(10);
 
-/// How long an evicted Pod that the Pod cache does not show as being deleted yet counts as
-/// going: the watch brings its deletion within moments; a Pod still there after this was not
-/// evicted after all (deleted and recreated under its name, say) and counts again.
-const EVICTED_SHOWS_WITHIN: Duration = Duration::from_secs(60);
+/// How long devices count as on their way back: those of an evicted Pod the Pod cache does not
+/// show being deleted yet (the watch brings it within moments; a Pod still there after this was
+/// not evicted after all, deleted and recreated under its name, say), and those of a claim still
+/// allocated whose Pods are gone (the claim controller frees it within moments; one still
+/// allocated after this is kept on purpose).
+const IN_FLIGHT_AT_MOST: Duration = Duration::from_secs(60);
 
 /// What a team that says nothing in `spec.reclaim` gets.
 #[derive(Clone, Copy, Debug)]
@@ -68,11 +70,10 @@ pub struct ReclaimTracker {
     /// them being deleted: a pass in between counts their workload as on its way out, instead
     /// of evicting another one for the same shortfall.
     evicted: BTreeMap<(String, String), Instant>,
-    /// Claims that no Pod holds any more but still hold devices ([`workload::workloads`]), and
-    /// since when: counted as on their way back for a minute, then not at all.
-    released_since: BTreeMap<String, Instant>,
-    /// The released claims this pass saw (the others are forgotten after it).
-    released_seen: std::collections::BTreeSet<String>,
+    /// Claims that no Pod holds any more but still hold devices ([`workload::workloads`]): since
+    /// when, and the pass that saw them last. Counted as on their way back for a minute, then
+    /// not at all; forgotten by a pass that no longer sees them.
+    released: BTreeMap<String, (Instant, Instant)>,
 }
 
 impl ReclaimTracker {
@@ -109,14 +110,13 @@ impl ReclaimTracker {
         // freed (an allocation kept on purpose) and counts for nothing.
         let released = (borrowers.iter().flat_map(|b| &b.workloads)).filter(|w| w.pods.is_empty());
         for w in released {
-            self.released_since.entry(w.name.clone()).or_insert(now);
-            self.released_seen.insert(w.name.clone());
+            self.released.entry(w.name.clone()).or_insert((now, now)).1 = now;
         }
         for b in borrowers.iter_mut() {
             b.workloads.retain(|w| {
                 !w.pods.is_empty()
-                    || (self.released_since.get(&w.name))
-                        .is_some_and(|since| now.duration_since(*since) < EVICTED_SHOWS_WITHIN)
+                    || (self.released.get(&w.name))
+                        .is_some_and(|(since, _)| now.duration_since(*since) < IN_FLIGHT_AT_MOST)
             });
         }
         if self.evicted.is_empty() {
@@ -128,7 +128,7 @@ impl ReclaimTracker {
             .collect();
         self.evicted.retain(|(namespace, name), at| {
             running.contains(&(namespace.as_str(), name.as_str()))
-                && now.duration_since(*at) < EVICTED_SHOWS_WITHIN
+                && now.duration_since(*at) < IN_FLIGHT_AT_MOST
         });
         let evicted = |(namespace, name): &(Arc<str>, Arc<str>)| {
             (self.evicted).contains_key(&(namespace.to_string(), name.to_string()))
@@ -237,8 +237,7 @@ impl ReclaimTracker {
                 eviction(input, order, w, team.namespaces)
             }));
         }
-        let seen = std::mem::take(&mut self.released_seen);
-        self.released_since.retain(|name, _| seen.contains(name));
+        self.released.retain(|_, (_, seen)| *seen == now);
         out
     }
 }

@@ -103,10 +103,7 @@ fn warnings(inputs: &Inputs, by_name: &BTreeMap<&str, &CompiledPolicy>, out: &mu
             let claimants = (others.iter().chain(std::iter::once(team)))
                 .map(String::as_str)
                 .collect::<BTreeSet<_>>();
-            let whose = match membership.kept.get(namespace) {
-                Some(keeper) => format!("it stays with {keeper}, which had it"),
-                None => "it belongs to none of them".into(),
-            };
+            let whose = membership.whose(namespace, "it belongs to none of them");
             out.warnings.push(format!(
                 "namespace {namespace} is claimed by TeamGpuPolicies {}: {whose}",
                 claimants.into_iter().collect::<Vec<_>>().join(", ")

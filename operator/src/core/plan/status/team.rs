@@ -144,7 +144,6 @@ fn team_findings(
     unknown: &[String],
 ) -> Vec<DesiredCondition> {
     let mut conds = Vec::new();
-    let kept = &membership.kept;
     conds.push(match membership.conflicts.get(name) {
         Some(c) if !c.is_empty() => DesiredCondition::new(
             types::CONFLICT,
@@ -152,10 +151,8 @@ fn team_findings(
             "NamespaceClaimedTwice",
             c.iter()
                 .map(|(ns, others)| {
-                    let whose = match kept.get(ns) {
-                        Some(keeper) => format!("it stays with {keeper}, which had it"),
-                        None => "it belongs to no team until the overlap is resolved".into(),
-                    };
+                    let whose =
+                        membership.whose(ns, "it belongs to no team until the overlap is resolved");
                     format!(
                         "namespace {ns} is also claimed by {} ({whose})",
                         others.join(", ")
