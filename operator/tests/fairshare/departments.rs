@@ -78,7 +78,7 @@ fn a_departments_idle_guarantee_goes_to_its_waiting_member_before_other_departme
     let research = shares.departments.iter().find(|d| d.team == "research");
     assert_eq!(
         research.unwrap().explanation.to_string(),
-        "16 guaranteed; the idle devices went to other borrowers; 4 of 8 unused kept for its members who wait"
+        "16 guaranteed; the idle devices went to teams whose Pods wait; 4 of 8 unused kept for its members who wait"
     );
     // Nobody inside waits: research lends all 8 out, and vision may borrow nothing of it.
     let shares = compute_pool(&two_departments(0, 8));

@@ -187,3 +187,38 @@ fn use_above_limit_keeps_existing_claims_valid() {
         "2 guaranteed + 5 borrowed, in use; 7 in use is above limit 4: quota held at use until claims are released"
     );
 }
+
+#[test]
+fn teams_whose_pods_wait_borrow_the_idle_devices_first() {
+    // 16 idle devices. alpha (weight 3) waits for nothing more; beta (weight 1) has 10 devices'
+    // worth of Pods waiting. Lent by weight alone, alpha would get 12 of them and beta's Pods
+    // would wait beside idle devices; beta borrows its 10 first, alpha the other 6.
+    let waiting = |name: &str, weight: u32, pending: u32| {
+        team(name, 8, 40, weight, vec![ns(name, 8, 8, pending)])
+    };
+    let pool = |beta_waits: u32| PoolInput {
+        departments: Vec::new(),
+        capacity: 32,
+        teams: vec![waiting("alpha", 3, 0), waiting("beta", 1, beta_waits)],
+    };
+    let out = compute_pool(&pool(10));
+    assert_eq!(entitlements(&out), [("alpha", 14), ("beta", 18)]);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed + 6 borrowed of 16 idle at weight 3/4, after 10 lent first to teams whose Pods wait"
+    );
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "8 guaranteed + 10 borrowed of 16 idle at weight 1/4, first: its Pods wait"
+    );
+    // Waiting for more than is idle, beta gets all of it, and alpha is told why.
+    let out = compute_pool(&pool(30));
+    assert_eq!(entitlements(&out), [("alpha", 8), ("beta", 24)]);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed; the idle devices went to teams whose Pods wait"
+    );
+    // Nobody waits: by weight, 12 and 4.
+    let out = compute_pool(&pool(0));
+    assert_eq!(entitlements(&out), [("alpha", 20), ("beta", 12)]);
+}

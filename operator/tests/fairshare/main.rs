@@ -99,10 +99,15 @@ fn lending_limit_strategy() -> impl Strategy<Value = Option<u32>> {
 
 fn team_strategy() -> impl Strategy<Value = RawTeam> {
     (
-        0u32..=120,
+        // Sometimes a small guarantee: a team that mostly borrows.
+        prop_oneof![3 => 0u32..=120, 1 => 0u32..=10],
         prop_oneof![Just(0u32), 0u32..=150, 0u32..=30],
         0u32..=1100,
-        prop::collection::vec((0u32..=60, 0u32..=100, 0u32..=40), 0..=3),
+        // Claims often all allocated, so that what Pods wait for is beyond what is charged.
+        prop::collection::vec(
+            (0u32..=60, prop_oneof![0u32..=100, Just(100)], 0u32..=40),
+            0..=3,
+        ),
         lending_limit_strategy(),
     )
         .prop_map(|(g, extra, w, namespaces, lending_limit)| {
@@ -132,6 +137,7 @@ fn pool_strategy(max_teams: usize) -> impl Strategy<Value = PoolInput> {
                 .iter()
                 .map(|t| t.0.max(t.3.iter().map(|n| n.0).sum()))
                 .sum();
+            let pending: u32 = raw.iter().flat_map(|t| t.3.iter().map(|n| n.2)).sum();
             // Capacity anywhere, or close to the guarantees, the use or what the teams hold,
             // where the rules bite.
             let capacity = prop_oneof![
@@ -139,6 +145,8 @@ fn pool_strategy(max_teams: usize) -> impl Strategy<Value = PoolInput> {
                 (guaranteed / 2)..=(guaranteed + guaranteed / 2 + 1),
                 (requested / 2)..=(requested + requested / 4 + 1),
                 held..=(held + held / 2 + 1),
+                // Idle devices beyond what the teams hold, fewer than their Pods wait for.
+                held..=(held + pending / 2 + 1),
             ];
             (Just(raw), capacity.prop_map(|c| c.min(10_000)))
         })
@@ -311,6 +319,8 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     let over_lent = owner_waits && base_sum > capacity;
     let mut lent_sum = 0;
     let mut lent = Vec::new();
+    // What each team's waiting Pods need beyond what it holds, within its cap.
+    let mut wanted = Vec::new();
     for t in &out.teams {
         let (base, cap) = base_and_cap(t, lendable);
         let cap = if over_lent { 0 } else { cap };
@@ -318,6 +328,8 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
         assert!(b <= cap, "{} borrows {b} beyond its cap {cap}", t.team);
         lent_sum += b;
         lent.push((b, cap, u64::from(t.weight)));
+        let waits_for = (u64::from(t.allocated) + u64::from(t.pending)).saturating_sub(base);
+        wanted.push(waits_for.min(cap));
     }
     // Never lent twice, and never a device a lending limit keeps.
     assert!(
@@ -338,13 +350,35 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
             "lendable idle left while a team may borrow"
         );
     }
-    for &(bs, _, ws) in &lent {
-        for &(bt, capt, wt) in &lent {
-            if bs > 0 && bt < capt {
+    // Teams whose Pods wait borrow first, weighted max-min up to what they wait for. Only when
+    // every such want is met is the rest lent, weighted max-min up to the caps, counting what
+    // each team already borrowed: a team given more than it waits for sits no higher than the
+    // next device of any team below its cap.
+    let wanted_sum: u64 = wanted.iter().sum();
+    let rounds: Vec<(u64, u64, u64, u64)> = if wanted_sum >= lendable {
+        lent.iter()
+            .zip(&wanted)
+            .map(|(&(b, _, w), &want)| (b, want, w, 0))
+            .collect()
+    } else {
+        lent.iter()
+            .zip(&wanted)
+            .map(|(&(b, cap, w), &want)| (b, cap, w, want))
+            .collect()
+    };
+    for &(b, cap, _, floor) in &rounds {
+        assert!(
+            floor <= b && b <= cap,
+            "a team's Pods wait while others borrow beyond theirs: {lent:?} {wanted:?}"
+        );
+    }
+    for &(bs, _, ws, floor) in &rounds {
+        for &(bt, capt, wt, _) in &rounds {
+            if bs > floor && bt < capt {
                 // s's last device is at level bs/ws, t's next one at (bt+1)/wt.
                 assert!(
                     bs * wt <= (bt + 1) * ws,
-                    "weighted max-min violated: {lent:?}"
+                    "weighted max-min violated: {rounds:?}"
                 );
             }
         }
@@ -458,6 +492,12 @@ proptest! {
 
     #[test]
     fn every_rule_holds(pool in pool_strategy(200)) {
+        check_pool(&pool, &compute_pool(&pool));
+    }
+
+    /// Small pools, where a few teams' waiting Pods often want every idle device.
+    #[test]
+    fn every_rule_holds_in_small_pools(pool in pool_strategy(4)) {
         check_pool(&pool, &compute_pool(&pool));
     }
 
@@ -677,8 +717,11 @@ fn random_pools_reach_every_regime() {
     let (mut overcommitted, mut lending, mut reclaiming, mut over_lent, mut at_limit) =
         (0, 0, 0, 0, 0);
     let (mut keeping, mut limited_lending) = (0, 0);
-    for _ in 0..500 {
-        let Ok(tree) = pool_strategy(200).new_tree(&mut runner) else {
+    // Teams whose Pods wait borrow first: all the lendable devices, or their wants and more.
+    let (mut waiting_take_all, mut waiting_then_others) = (0, 0);
+    // Large pools, and small ones where a few teams' waiting Pods often want every idle device.
+    for max_teams in std::iter::repeat_n(200, 500).chain(std::iter::repeat_n(4, 500)) {
+        let Ok(tree) = pool_strategy(max_teams).new_tree(&mut runner) else {
             continue;
         };
         let pool = tree.current();
@@ -700,6 +743,26 @@ fn random_pools_reach_every_regime() {
             u32::from(out.teams.iter().any(|t| {
                 t.entitlement == t.limit && t.limit > t.effective_guarantee.max(t.requested)
             }));
+        let text: Vec<String> = out
+            .teams
+            .iter()
+            .map(|t| t.explanation.to_string())
+            .collect();
+        let lent: u32 = out
+            .teams
+            .iter()
+            .map(|t| t.entitlement - t.effective_guarantee.max(t.requested))
+            .sum();
+        waiting_take_all += u32::from(
+            lent > 0
+                && lent == out.lendable
+                && text.iter().any(|t| t.contains("first: its Pods wait"))
+                && !text.iter().any(|t| t.contains("lent first to teams")),
+        );
+        waiting_then_others += u32::from(
+            text.iter()
+                .any(|t| t.contains("lent first to teams whose Pods wait")),
+        );
         keeping += u32::from(out.lendable < out.idle);
         limited_lending += u32::from(
             out.lendable < out.idle
@@ -717,7 +780,18 @@ fn random_pools_reach_every_regime() {
         ("borrower at its limit", at_limit),
         ("keeping idle devices unlent", keeping),
         ("lending beside devices kept unlent", limited_lending),
+        (
+            "lending all idle devices to teams whose Pods wait",
+            waiting_take_all,
+        ),
+        (
+            "lending to others after the waiting teams",
+            waiting_then_others,
+        ),
     ] {
-        assert!(count >= 25, "only {count} of 500 random pools are {regime}");
+        assert!(
+            count >= 25,
+            "only {count} of 1000 random pools are {regime}"
+        );
     }
 }

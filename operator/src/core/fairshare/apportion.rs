@@ -9,6 +9,35 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
+/// [`water_fill`] of `amount` units where item i already holds `floors[i]` of them (at most its
+/// cap, and at most `amount` in all): each item gets max(its floor, its water-filled units) at
+/// the level that hands out exactly `amount`, so the units beyond the floors go to the lowest
+/// levels counting what the floors already gave.
+pub(crate) fn water_fill_above(amount: u64, items: &[(u64, u32)], floors: &[u64]) -> Vec<u64> {
+    let given =
+        |filled: &[u64]| -> u64 { filled.iter().zip(floors).map(|(&f, &m)| f.max(m)).sum() };
+    // Units handed out are monotone in the amount water-filled, one unit at a time at most:
+    // find the largest amount whose result with the floors stays within `amount`.
+    let total_cap: u64 = items
+        .iter()
+        .map(|&(cap, _)| cap)
+        .fold(0, u64::saturating_add);
+    let (mut low, mut high) = (0, amount.min(total_cap));
+    while low < high {
+        let middle = low + (high - low).div_ceil(2);
+        if given(&water_fill(middle, items)) <= amount {
+            low = middle;
+        } else {
+            high = middle - 1;
+        }
+    }
+    water_fill(low, items)
+        .iter()
+        .zip(floors)
+        .map(|(&f, &m)| f.max(m))
+        .collect()
+}
+
 /// Weighted max-min (water-filling) split of `amount` whole units among items `(cap, weight)`.
 ///
 /// The k-th unit of item i (k = 1..=cap) has level k / weight; the result gives out the

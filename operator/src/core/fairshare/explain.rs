@@ -27,6 +27,21 @@ pub struct Explanation {
     pub(super) over_lent: bool,
     /// A department's unused guaranteed devices kept for its own waiting members.
     pub(super) kept_for_members: u32,
+    /// Idle devices lent first to teams whose Pods wait, before the rest went by weight.
+    pub(super) to_waiting: u32,
+    /// The team's own Pods wait for devices it was lent (it borrowed in that first round).
+    pub(super) waits: bool,
+}
+
+impl Explanation {
+    /// Says who borrowed first when teams whose Pods wait were lent devices before the others.
+    fn waiting_first(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.to_waiting, self.waits) {
+            (0, _) => Ok(()),
+            (_, true) => f.write_str(", first: its Pods wait"),
+            (first, false) => write!(f, ", after {first} lent first to teams whose Pods wait"),
+        }
+    }
 }
 
 impl fmt::Display for Explanation {
@@ -56,6 +71,7 @@ impl fmt::Display for Explanation {
                 self.weight,
                 self.borrower_weight
             )?;
+            self.waiting_first(f)?;
         } else if in_use_beyond > 0 {
             write!(f, " + {in_use_beyond} borrowed, in use")?;
         } else if self.lent > 0 {
@@ -64,6 +80,7 @@ impl fmt::Display for Explanation {
                 " + {} borrowed of {} {pool} at weight {}/{}",
                 self.lent, self.lendable, self.weight, self.borrower_weight
             )?;
+            self.waiting_first(f)?;
         }
         if self.requested > self.limit {
             write!(
@@ -88,6 +105,8 @@ impl fmt::Display for Explanation {
                     "; no idle device to borrow: lending limits keep the {} idle devices unlent",
                     self.idle
                 )?;
+            } else if self.to_waiting > 0 && !self.waits {
+                f.write_str("; the idle devices went to teams whose Pods wait")?;
             } else {
                 f.write_str("; the idle devices went to other borrowers")?;
             }

@@ -7,7 +7,8 @@
 //! 1. Every team may always create claims up to its *effective guarantee* (its guarantee, scaled
 //!    down by D'Hondt when the guarantees add up to more than the capacity).
 //! 2. Idle devices (capacity not charged to any claim) are lent, by weighted water-filling, to
-//!    teams whose limit is above what they already hold; no idle device is lent twice. A team's
+//!    teams whose limit is above what they already hold, first up to what their waiting Pods
+//!    need, then to everyone with room; no idle device is lent twice. A team's
 //!    *lending limit* caps how many of its unused guaranteed devices enter that idle pool; the
 //!    rest stay reserved for it.
 //! 3. Entitlements never exceed the limit and never drop below current use; a team's namespace
@@ -20,7 +21,7 @@ mod explain;
 mod reclaim;
 mod tree;
 
-use apportion::{dhondt, water_fill};
+use apportion::{dhondt, water_fill, water_fill_above};
 pub use explain::Explanation;
 use reclaim::reclaims;
 pub use tree::DepartmentInput;
@@ -256,6 +257,8 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
         over_lent,
         lent,
         borrower_weight,
+        to_waiting,
+        wants,
     } = lend(&teams, capacity, &effective, level);
 
     let entitlement: Vec<u64> = (0..n).map(|i| base[i] + lent[i]).collect();
@@ -300,6 +303,8 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
             can_borrow: u64::from(team.limit) > base[i],
             over_lent,
             kept_for_members: to_u32(kept[i]),
+            to_waiting: to_u32(to_waiting),
+            waits: wants[i] > 0,
         };
         set_str(&mut share.team, team.name);
         share.parent = None;
@@ -339,6 +344,10 @@ struct Lending {
     over_lent: bool,
     lent: Vec<u64>,
     borrower_weight: u64,
+    /// Devices lent to teams for their waiting Pods, before the rest is lent by weight.
+    to_waiting: u64,
+    /// Per team: how many of the devices it was lent its waiting Pods need.
+    wants: Vec<u64>,
 }
 
 fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], level: &LevelRules<'_>) -> Lending {
@@ -391,8 +400,23 @@ fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], level: &LevelRules
             (cap, teams[i].weight)
         })
         .collect();
-    let lent = water_fill(lendable, &caps);
-    let borrower_weight: u64 = caps
+    // Teams whose Pods wait borrow first, up to what those Pods need beyond what the team holds
+    // (its allocated devices plus what it waits for, beyond `base`); the rest is lent by weight
+    // to every team with room, so a team creating claims fast still finds some headroom.
+    let wants: Vec<(u64, u32)> = (0..n)
+        .map(|i| {
+            let waits_for = (teams[i].allocated + teams[i].pending).saturating_sub(base[i]);
+            (caps[i].0.min(waits_for), caps[i].1)
+        })
+        .collect();
+    let mut lent = water_fill(lendable, &wants);
+    let to_waiting: u64 = lent.iter().sum();
+    let waiting_take_all = to_waiting == lendable && to_waiting > 0;
+    if !waiting_take_all {
+        lent = water_fill_above(lendable, &caps, &lent);
+    }
+    let weighed = if waiting_take_all { &wants } else { &caps };
+    let borrower_weight: u64 = weighed
         .iter()
         .filter(|c| c.0 > 0)
         .map(|c| u64::from(c.1))
@@ -407,6 +431,8 @@ fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], level: &LevelRules
         over_lent,
         lent,
         borrower_weight,
+        to_waiting,
+        wants: wants.iter().map(|w| w.0).collect(),
     }
 }
 
