@@ -11,3 +11,4 @@ pub mod controller;
 pub mod core;
 pub mod dra_cel;
 pub mod intern;
+pub mod quantity;

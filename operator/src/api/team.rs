@@ -330,8 +330,8 @@ impl Amount {
         let not_memory = || AmountError::NotMemory {
             amount: memory.clone(),
         };
-        let amount = crate::core::quantity::parse_nanos(memory).map_err(|_| not_memory())?;
-        let size = crate::core::quantity::parse_nanos(slice).map_err(|_| not_memory())?;
+        let amount = crate::quantity::parse_nanos(memory).map_err(|_| not_memory())?;
+        let size = crate::quantity::parse_nanos(slice).map_err(|_| not_memory())?;
         if amount < 0 || size <= 0 {
             return Err(not_memory());
         }

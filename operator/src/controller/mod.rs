@@ -17,6 +17,7 @@ mod observe;
 mod pods;
 mod projected;
 mod reconciler;
+mod reflect;
 pub mod taint_rules;
 
 use std::net::SocketAddr;

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::changes::{Wake, Watch};
-use super::observe::spawn;
 use super::projected::{self, Projected, Projector};
+use super::reflect::spawn;
 use crate::core::effects::PodView;
 use crate::core::plan::usage::Names;
 

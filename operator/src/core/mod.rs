@@ -7,5 +7,4 @@ pub mod effects;
 pub mod engine;
 pub mod fairshare;
 pub mod plan;
-pub mod quantity;
 pub mod state;

@@ -65,7 +65,7 @@ pub struct ClusterState {
     /// are kept as they are until the policy can be read again.
     pub unreadable_teams: Vec<String>,
     /// What the admission bindings do with a request that breaks a rule.
-    pub enforcement: crate::core::plan::admission::Enforcement,
+    pub enforcement: Enforcement,
     /// The teamgpu CustomResourceDefinitions, as owners of the cluster-wide admission objects,
     /// so that deleting the CRDs also deletes those (the garbage collector does it, with or
     /// without an operator). `None`: not known (`teamgpu plan` on files), no owner is set;
@@ -73,7 +73,7 @@ pub struct ClusterState {
     pub crd_owners: Option<Vec<OwnerReference>>,
     /// Taints on devices from outside their slices: DeviceTaintRules, and devices Pods report
     /// unhealthy.
-    pub device_taints: Vec<crate::core::plan::inventory::ExtraTaint>,
+    pub device_taints: Vec<ExtraTaint>,
 }
 
 /// What a projected cache hands over: every object (the first time, after a resync), or what
@@ -226,4 +226,66 @@ impl fmt::Display for ObjectKey {
             None => write!(f, "{} {}", self.kind.label(), self.name),
         }
     }
+}
+
+/// What every teamgpu admission binding does with a request that breaks its policy: the
+/// bindings' `validationActions`. `Warn` and `Audit` let a platform team install teamgpu, see
+/// what would be refused (a warning to the client, an audit annotation), and then switch to
+/// `Deny`. ResourceQuotas are not admission policies: in a team namespace they limit in every
+/// mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Enforcement {
+    /// Refuse the request (and say why).
+    #[default]
+    Deny,
+    /// Admit it, with a warning to the client and an audit annotation.
+    Warn,
+    /// Admit it, with an audit annotation only.
+    Audit,
+}
+
+impl Enforcement {
+    /// The bindings' `validationActions` (Kubernetes allows `Deny` with `Audit` but not with
+    /// `Warn`).
+    pub fn validation_actions(self) -> Vec<String> {
+        let actions: &[&str] = match self {
+            Enforcement::Deny => &["Deny"],
+            Enforcement::Warn => &["Warn", "Audit"],
+            Enforcement::Audit => &["Audit"],
+        };
+        actions.iter().map(|a| (*a).to_owned()).collect()
+    }
+}
+
+/// An [`Enforcement`] not among `Deny`, `Warn`, `Audit`.
+#[derive(Debug, thiserror::Error)]
+#[error("enforcement {0:?} is none of Deny, Warn, Audit")]
+pub struct UnknownEnforcement(String);
+
+impl std::str::FromStr for Enforcement {
+    type Err = UnknownEnforcement;
+
+    /// Case-insensitive, as flags and environment variables are typed.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "deny" => Ok(Enforcement::Deny),
+            "warn" => Ok(Enforcement::Warn),
+            "audit" => Ok(Enforcement::Audit),
+            _ => Err(UnknownEnforcement(s.to_owned())),
+        }
+    }
+}
+
+/// A taint on devices from outside their slices, which keeps them out of capacity as a slice's
+/// NoSchedule or NoExecute taint does: a DeviceTaintRule's (`resource.k8s.io/v1beta2`, served
+/// where the DRADeviceTaintRules feature is on; its selector names a driver, a pool and a
+/// device, each optional), or a Pod's report that a device it holds is unhealthy
+/// (`allocatedResourcesStatus`, KEP-4680).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExtraTaint {
+    pub driver: Option<String>,
+    pub pool: Option<String>,
+    pub device: Option<String>,
+    /// What status names it by: the rule's taint key, or `unhealthy`.
+    pub key: String,
 }

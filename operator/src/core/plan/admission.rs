@@ -64,53 +64,7 @@ pub const EXEMPT_LABEL: &str = "teamgpu.io/exempt";
 /// `deviceclass.resource.kubernetes.io/<class>`.
 pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 
-/// What every teamgpu admission binding does with a request that breaks its policy: the
-/// bindings' `validationActions`. `Warn` and `Audit` let a platform team install teamgpu, see
-/// what would be refused (a warning to the client, an audit annotation), and then switch to
-/// `Deny`. ResourceQuotas are not admission policies: in a team namespace they limit in every
-/// mode.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Enforcement {
-    /// Refuse the request (and say why).
-    #[default]
-    Deny,
-    /// Admit it, with a warning to the client and an audit annotation.
-    Warn,
-    /// Admit it, with an audit annotation only.
-    Audit,
-}
-
-impl Enforcement {
-    /// The bindings' `validationActions` (Kubernetes allows `Deny` with `Audit` but not with
-    /// `Warn`).
-    pub fn validation_actions(self) -> Vec<String> {
-        let actions: &[&str] = match self {
-            Enforcement::Deny => &["Deny"],
-            Enforcement::Warn => &["Warn", "Audit"],
-            Enforcement::Audit => &["Audit"],
-        };
-        actions.iter().map(|a| (*a).to_owned()).collect()
-    }
-}
-
-/// An [`Enforcement`] not among `Deny`, `Warn`, `Audit`.
-#[derive(Debug, thiserror::Error)]
-#[error("enforcement {0:?} is none of Deny, Warn, Audit")]
-pub struct UnknownEnforcement(String);
-
-impl std::str::FromStr for Enforcement {
-    type Err = UnknownEnforcement;
-
-    /// Case-insensitive, as flags and environment variables are typed.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "deny" => Ok(Enforcement::Deny),
-            "warn" => Ok(Enforcement::Warn),
-            "audit" => Ok(Enforcement::Audit),
-            _ => Err(UnknownEnforcement(s.to_owned())),
-        }
-    }
-}
+pub use crate::core::state::{Enforcement, UnknownEnforcement};
 
 /// The DeviceClasses whose devices teamgpu governs, as admission needs them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
+use super::demand::Demand;
 use super::equivalents::{self, PerDevice};
 use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::device_class_name;
 use super::policies::CompiledPolicy;
-use super::shares::Demand;
 use super::types::clamp;
 use crate::api::{Entitlement, TeamGpuPolicy};
 

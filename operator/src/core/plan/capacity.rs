@@ -177,7 +177,7 @@ impl Default for Matching {
 pub fn available(
     name: &str,
     matches: &MatchReport,
-    shared: &super::counters::SharedCounters,
+    shared: &super::shared_counters::SharedCounters,
     outside: &BTreeMap<String, BTreeMap<&DeviceId, &str>>,
 ) -> u32 {
     let matched = shared.capacity(name, matches.counts.get(name).copied().unwrap_or(0));

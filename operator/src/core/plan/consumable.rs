@@ -15,11 +15,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::cache::Cache;
-use super::counters::{Contested, SharedCounters};
 use super::inventory::consumable::{consumption, how_many_fit};
 use super::inventory::{DeviceId, Drawing, Inventory, Pool, PoolKey};
 use super::objects::{SLICE_CAPACITY, device_class_name};
 use super::policies::Slicing;
+use super::shared_counters::{SharedCounters, SharedDevice, SliceGpu};
 use super::usage::{ClaimDevice, ClaimView};
 use crate::dra_cel::CompiledExpressions;
 
@@ -29,64 +29,6 @@ type PoolDeviceMatches = Box<[(u32, Box<[u16]>)]>;
 
 /// [`PoolDeviceMatches`] per pool, for the pool's fingerprint and the expressions' identity.
 pub type ConsumableMatches = Cache<PoolKey, (u64, u64), PoolDeviceMatches>;
-
-/// A device that allows multiple allocations, held by claims of two namespaces or more.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedDevice {
-    pub id: DeviceId,
-    pub namespaces: BTreeSet<Arc<str>>,
-    /// The policies whose expressions match the device.
-    pub policies: Vec<String>,
-}
-
-/// A GPU of a policy whose teams get GPUs of their own ([`super::team_gpus`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceGpu {
-    pub id: DeviceId,
-    /// What the team's templates select it by (`None`: the driver publishes no `uuid`, so it
-    /// can be no team's).
-    pub uuid: Option<Arc<str>>,
-    /// The policy's slices it holds and could hold besides what is on it.
-    pub slices: u32,
-    /// The policy's slices on it now, by namespace.
-    pub held: BTreeMap<Arc<str>, u32>,
-}
-
-impl SliceGpu {
-    fn new(
-        id: &DeviceId,
-        uuid: Option<&Arc<str>>,
-        slices: u32,
-        on_device: &[(&Arc<str>, &ClaimDevice)],
-        class: &str,
-    ) -> Self {
-        let mut held: BTreeMap<Arc<str>, u32> = BTreeMap::new();
-        for (ns, result) in on_device {
-            if result.class.as_deref() == Some(class) {
-                *held.entry((*ns).clone()).or_default() += 1;
-            }
-        }
-        SliceGpu {
-            id: id.clone(),
-            uuid: uuid.cloned(),
-            slices,
-            held,
-        }
-    }
-}
-
-/// What a policy's claims meet on the devices that allow multiple allocations.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Consumable {
-    /// Matching devices that allow multiple allocations.
-    pub devices: u32,
-    /// Of those, devices none of whose claims fits: a slice larger than the device's policy
-    /// allows.
-    pub unfit: u32,
-    /// Of those, devices a claim of the class consumes nothing of: any number of claims fit, so
-    /// each counts once.
-    pub unbounded: u32,
-}
 
 /// Adds to `out` what each of `sets` can hold of the devices of `inventory` that allow multiple
 /// allocations, given the allocations of `claims` (admin access left out: it takes nothing).
@@ -247,28 +189,4 @@ fn match_devices(pool: &Pool, sets: &BTreeMap<String, &CompiledExpressions>) -> 
             (place, matching)
         })
         .collect()
-}
-
-/// Helpers `SharedCounters` offers this phase and the counter groups alike.
-impl SharedCounters {
-    /// Adds what the policies' claims fit in one group or device (`more`, by policy): to the
-    /// one policy whose claims fit it, or as contested when several do.
-    pub(super) fn give_out(
-        &mut self,
-        pool: &PoolKey,
-        sets: Box<[Arc<str>]>,
-        more: BTreeMap<String, u32>,
-    ) {
-        if more.len() == 1 {
-            for (name, n) in more {
-                self.free.entry(name).or_default().push((pool.clone(), n));
-            }
-        } else if more.len() > 1 {
-            self.contested.push(Contested {
-                pool: pool.clone(),
-                sets,
-                more,
-            });
-        }
-    }
 }

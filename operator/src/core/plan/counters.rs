@@ -13,95 +13,16 @@
 //! their limits, then one by one in name order. A policy's teams are never promised a contested
 //! GPU that another policy's capacity also counts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::claims::Claims;
 use super::conditions::{DesiredCondition, types};
-use super::consumable::{Consumable, SharedDevice, SliceGpu};
 use super::inventory::{GroupMatches, Inventory, PoolKey};
 use super::placement::PoolRoom;
+use super::shared_counters::{Contested, SharedCounters};
 use crate::core::fairshare::PoolInput;
 use crate::dra_cel::CompiledExpressions;
-
-/// What the policies can hold of the devices that draw on counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SharedCounters {
-    /// Per policy, its matching devices that draw on counters: the device count of the match
-    /// report, which these replace.
-    pub matched: BTreeMap<String, u32>,
-    /// Per policy, its allocated devices among them.
-    pub held: BTreeMap<String, u32>,
-    /// The groups two or more policies could use.
-    pub contested: Vec<Contested>,
-    /// Groups where the search settled for a count it could not prove the most.
-    pub approximate: u32,
-    /// Per policy, what more fits in the groups (or devices) whose free counters only its
-    /// devices fit, by pool (a pool may come more than once).
-    pub free: BTreeMap<String, Vec<(PoolKey, u32)>>,
-    /// Per policy, what its claims meet on devices that allow multiple allocations (their
-    /// count is part of `matched`, their allocations of `held`).
-    pub consumable: BTreeMap<String, Consumable>,
-    /// Devices that allow multiple allocations held by claims of two namespaces or more.
-    pub shared_devices: Vec<SharedDevice>,
-    /// Per policy whose teams get GPUs of their own, every GPU it matches.
-    pub slice_gpus: BTreeMap<String, Vec<SliceGpu>>,
-    /// Per policy, the largest share of its GPU one of its devices is, in millionths: a MIG
-    /// device's compute (or memory) of its counter set, a slice's memory of its GPU's.
-    pub shares: BTreeMap<String, u64>,
-}
-
-impl SharedCounters {
-    /// Notes that a device of `policy` is `part` of `whole` of its GPU.
-    pub(super) fn note_share(&mut self, policy: &str, part: i128, whole: i128) {
-        if whole <= 0 || part <= 0 {
-            return;
-        }
-        // Rounded up: a budget counted in these never lets more run than it says.
-        let micro = (part.saturating_mul(1_000_000) + whole - 1) / whole;
-        let micro = u64::try_from(micro).unwrap_or(u64::MAX);
-        match self.shares.get_mut(policy) {
-            Some(largest) => *largest = (*largest).max(micro),
-            None => {
-                self.shares.insert(policy.to_owned(), micro);
-            }
-        }
-    }
-}
-
-/// A counter group whose free counters two or more policies' devices fit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Contested {
-    pub pool: PoolKey,
-    /// The group's counter sets.
-    pub sets: Box<[Arc<str>]>,
-    /// Per policy, the most of its free devices that fit.
-    pub more: BTreeMap<String, u32>,
-}
-
-impl SharedCounters {
-    /// A policy's capacity from its `matched` device count (which counts devices drawing on
-    /// counters one by one), before contested groups are given out.
-    pub fn capacity(&self, policy: &str, matched: u32) -> u32 {
-        let get = |m: &BTreeMap<String, u32>| m.get(policy).copied().unwrap_or(0);
-        let free: u32 = self
-            .free
-            .get(policy)
-            .map_or(0, |f| f.iter().map(|(_, n)| n).sum());
-        matched.saturating_sub(get(&self.matched)) + get(&self.held) + free
-    }
-
-    /// The other policies whose devices fit the free counters of a group `policy`'s devices fit
-    /// too, joined by ", ".
-    pub fn contested_with(&self, policy: &str) -> String {
-        let others: BTreeSet<&str> = (self.contested.iter())
-            .filter(|c| c.more.contains_key(policy))
-            .flat_map(|c| c.more.keys().map(String::as_str))
-            .filter(|other| *other != policy)
-            .collect();
-        others.into_iter().collect::<Vec<_>>().join(", ")
-    }
-}
 
 /// What one pool's counter groups give the expression sets (by place among the sets), for the
 /// pool, the expressions and the devices allocated in it: computed again only when one of

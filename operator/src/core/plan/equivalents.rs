@@ -15,8 +15,8 @@
 //! A policy whose devices differ (two GPU models, several MIG profiles) takes its largest
 //! share, so that a budget never lets more run than it says. Amounts are kept in millionths.
 
-use super::counters::SharedCounters;
 use super::policies::CompiledPolicy;
+use super::shared_counters::SharedCounters;
 use crate::api::DeviceType;
 
 /// One GE in the units this module counts in.

@@ -17,6 +17,7 @@ mod claims;
 pub mod conditions;
 pub mod consumable;
 pub mod counters;
+mod demand;
 pub mod department_admission;
 mod desired;
 pub mod equivalents;
@@ -29,6 +30,7 @@ pub mod pending;
 pub mod placement;
 mod policies;
 pub mod rbac;
+pub mod shared_counters;
 mod shares;
 mod status;
 pub mod taints;
@@ -91,7 +93,7 @@ struct SharedDevices {
     fits: counters::Fits,
     consumables: consumable::ConsumableMatches,
     /// For (inventory version, expressions, allocation version, slicing).
-    last: Cache<(), (u64, u64, u64, u64), Arc<counters::SharedCounters>>,
+    last: Cache<(), (u64, u64, u64, u64), Arc<shared_counters::SharedCounters>>,
 }
 
 impl SharedDevices {
@@ -109,7 +111,7 @@ impl SharedDevices {
         claims: &claims::Claims,
         (sets, expressions): (&BTreeMap<String, &CompiledExpressions>, u64),
         slicing: &policies::Slicing,
-    ) -> Arc<counters::SharedCounters> {
+    ) -> Arc<shared_counters::SharedCounters> {
         let mut hasher = std::hash::DefaultHasher::new();
         slicing.hash(&mut hasher);
         let input = (
@@ -338,7 +340,7 @@ impl Planner {
         let membership = membership::resolve(&state.teams, &state.namespaces);
 
         // 4. Fair shares of every pool, from the usage and pending demand of each namespace.
-        let demand = shares::Demand::new(&self.usage, &state.pending);
+        let demand = demand::Demand::new(&self.usage, &state.pending);
         let rooms = |policy: &str| {
             let usage = self.usage.values().map(|(_, u)| u);
             let counts = self.matching.pool_counts(policy, &sets);

@@ -17,23 +17,10 @@ use std::sync::Arc;
 
 use super::inventory::{DeviceId, Inventory, PoolKey};
 use super::objects::device_class_name;
+pub use super::types::Placement;
 use super::types::{ReclaimOrder, clamp};
 use super::usage::Usage;
 use crate::core::fairshare::PoolShares;
-
-/// Where one sharing policy's devices are, for its teams waiting below their guarantee whose
-/// claims fit no node.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Placement {
-    pub sharing_policy: String,
-    /// The node of each pool of the policy that has one (the pool's slices' `nodeName`).
-    pub nodes: BTreeMap<PoolKey, Arc<str>>,
-    /// Free devices of the policy per node once the waiting claims that fit are placed; `None`:
-    /// the devices of pools without a node, which any claim may use.
-    pub free: BTreeMap<Option<Arc<str>>, u32>,
-    /// Per waiting team, its claims within its guarantee that fit no node, largest first.
-    pub unplaced: BTreeMap<String, Vec<u32>>,
-}
 
 /// One pool of the policy's devices: its node, and how many of its matching devices are free.
 #[derive(Clone, Debug, PartialEq)]

@@ -90,10 +90,7 @@ impl Slicing {
     pub fn of(policies: &[CompiledPolicy]) -> Self {
         let mut out = Slicing::default();
         for p in policies {
-            if let Some(size) = p
-                .slice()
-                .and_then(|s| crate::core::quantity::parse_nanos(s).ok())
-            {
+            if let Some(size) = p.slice().and_then(|s| crate::quantity::parse_nanos(s).ok()) {
                 out.sizes.insert(p.name.clone(), size);
             }
             if p.policy.spec.sharing.team_gpus() {

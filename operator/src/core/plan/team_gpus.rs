@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::cel::string_literal;
-use super::consumable::SliceGpu;
-use super::counters::SharedCounters;
 use super::membership::Membership;
+use super::shared_counters::SharedCounters;
+use super::shared_counters::SliceGpu;
 use crate::core::fairshare::PoolShares;
 
 /// The GPUs of each team of one policy.

@@ -2,7 +2,7 @@
 //! policy ([`SharingPolicyReport`], [`TeamReport`]), the reclaims it orders, and the statuses
 //! they make. Plain data; the Planner (`super::Planner`) builds it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -13,11 +13,11 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::conditions::{self, DesiredCondition};
+use super::inventory::PoolKey;
 use super::objects::{NamespacedQuota, NamespacedTemplate};
-use super::{placement, status};
 use crate::api::{
     BudgetStatus, ClassEquivalents, EquivalentTotals, GpuSharingPolicyStatus, QuotaStatus,
-    SharedGpu, TeamGpuPolicyStatus,
+    QuotaTotals, SharedGpu, TeamGpuPolicyStatus,
 };
 
 /// Every object teamgpu wants to exist. Objects with teamgpu's managed-by label that are not
@@ -92,8 +92,8 @@ pub struct Plan {
     pub teams: Vec<TeamReport>,
     pub reclaims: Vec<ReclaimOrder>,
     /// Where the devices are for the teams whose waiting claims fit no node (see
-    /// [`placement`]), by sharing policy.
-    pub placements: Vec<placement::Placement>,
+    /// [`super::placement`]), by sharing policy.
+    pub placements: Vec<Placement>,
     /// Cluster-wide findings a person should look at, sorted.
     pub warnings: Vec<String>,
 }
@@ -166,7 +166,7 @@ impl Plan {
             observed_generation: report.generation,
             namespaces: report.namespaces.clone(),
             namespace_count: clamp(report.namespaces.len() as u64),
-            totals: status::totals(&report.quotas),
+            totals: totals(&report.quotas),
             quotas: report.quotas.clone(),
             gpu_equivalents: report.gpu_equivalents.clone(),
             budget: report.budget.clone(),
@@ -183,4 +183,81 @@ impl Plan {
 /// Device counts are u32 everywhere in the plan; a count beyond that is not a real cluster.
 pub(super) fn clamp(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Where one sharing policy's devices are, for its teams waiting below their guarantee whose
+/// claims fit no node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Placement {
+    pub sharing_policy: String,
+    /// The node of each pool of the policy that has one (the pool's slices' `nodeName`).
+    pub nodes: BTreeMap<PoolKey, Arc<str>>,
+    /// Free devices of the policy per node once the waiting claims that fit are placed; `None`:
+    /// the devices of pools without a node, which any claim may use.
+    pub free: BTreeMap<Option<Arc<str>>, u32>,
+    /// Per waiting team, its claims within its guarantee that fit no node, largest first.
+    pub unplaced: BTreeMap<String, Vec<u32>>,
+}
+
+/// A team's devices summed over its quota entries, for `kubectl get tgp`.
+pub fn totals(quotas: &[QuotaStatus]) -> QuotaTotals {
+    QuotaTotals {
+        guaranteed: sum(quotas.iter().map(|q| q.guaranteed)),
+        entitlement: sum(quotas.iter().map(|q| q.entitlement)),
+        allocated: sum(quotas.iter().map(|q| q.allocated)),
+        pending: sum(quotas.iter().map(|q| q.pending)),
+    }
+}
+
+pub(super) fn sum(counts: impl Iterator<Item = u32>) -> u32 {
+    counts.fold(0, u32::saturating_add)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(
+        policy: &str,
+        guaranteed: u32,
+        entitlement: u32,
+        allocated: u32,
+        pending: u32,
+    ) -> QuotaStatus {
+        QuotaStatus {
+            sharing_policy: policy.into(),
+            guaranteed,
+            effective_guarantee: guaranteed,
+            entitlement,
+            allocated,
+            pending,
+            requested: allocated + pending,
+            ..QuotaStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_teams_totals_add_up_its_quota_entries() {
+        let quotas = [
+            quota("a100-80gb", 8, 12, 10, 3),
+            quota("a100-shared", 2, 2, 1, 0),
+            quota("h100", 0, 0, 0, 4),
+        ];
+        assert_eq!(
+            totals(&quotas),
+            QuotaTotals {
+                guaranteed: 10,
+                entitlement: 14,
+                allocated: 11,
+                pending: 7,
+            }
+        );
+        assert_eq!(totals(&[]), QuotaTotals::default());
+    }
+
+    #[test]
+    fn totals_saturate_instead_of_wrapping() {
+        let quotas = [quota("a", u32::MAX, 0, 0, 0), quota("b", 1, 0, 0, 0)];
+        assert_eq!(totals(&quotas).guaranteed, u32::MAX);
+    }
 }

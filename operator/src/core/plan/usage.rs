@@ -267,7 +267,7 @@ impl ClaimView {
                     admin_access: d.admin_access,
                     consumed: (d.consumed.iter())
                         .map(|(name, q)| {
-                            let nanos = crate::core::quantity::parse_nanos(q);
+                            let nanos = crate::quantity::parse_nanos(q);
                             (names.intern(name), nanos.unwrap_or(i128::MAX))
                         })
                         .collect(),

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::DeviceCapacity;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::core::quantity;
+use crate::quantity;
 
 /// One capacity of a device that allows multiple allocations, in nano-units. A value that does
 /// not parse (the API server validates them) counts as 0: nothing fits.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
 
-use crate::core::quantity;
+use crate::quantity;
 
 /// Counter name → amount in nano-units, sorted by name. A quantity that does not parse (the
 /// API server validates them, so only a hand-made object has one) counts as nothing available

@@ -36,6 +36,7 @@ mod matches;
 mod most_that_fit;
 mod slice;
 
+pub use crate::core::state::ExtraTaint;
 pub use counters::{
     CounterGroup, CounterSetView, CounterValues, Draw, Drawing, GroupValues, PoolCounters,
 };
@@ -272,20 +273,6 @@ impl Pool {
         self.extra = extra;
         true
     }
-}
-
-/// A taint on devices from outside their slices, which keeps them out of capacity as a slice's
-/// NoSchedule or NoExecute taint does: a DeviceTaintRule's (`resource.k8s.io/v1beta2`, served
-/// where the DRADeviceTaintRules feature is on; its selector names a driver, a pool and a
-/// device, each optional), or a Pod's report that a device it holds is unhealthy
-/// (`allocatedResourcesStatus`, KEP-4680).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ExtraTaint {
-    pub driver: Option<String>,
-    pub pool: Option<String>,
-    pub device: Option<String>,
-    /// What status names it by: the rule's taint key, or `unhealthy`.
-    pub key: String,
 }
 
 impl ExtraTaint {

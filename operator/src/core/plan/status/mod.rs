@@ -5,13 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::budgets::Budgets;
 use super::conditions::{DesiredCondition, types};
-use super::counters::{self, SharedCounters};
+use super::counters;
+use super::demand::Demand;
 use super::equivalents::PerDevice;
 use super::inventory::{DeviceId, Inventory, MatchReport};
 use super::membership::Membership;
 use super::objects::device_class_name;
 use super::policies::CompiledPolicy;
-use super::shares::Demand;
+use super::shared_counters::SharedCounters;
 use super::team_gpus::TeamGpus;
 use super::{Plan, SharingPolicyReport, clamp};
 use crate::api::{DEFAULT_DRIVER, SharingStrategy, TeamGpuPolicy};
@@ -393,6 +394,6 @@ fn own_gpus_of_team(report: &mut super::TeamReport, team_gpus: &BTreeMap<String,
 mod gpu_equivalents;
 mod team;
 
+use super::types::sum;
 use gpu_equivalents::{equivalents_of_policy, equivalents_of_team};
-use team::sum;
-pub use team::{team_report, totals};
+pub use team::team_report;

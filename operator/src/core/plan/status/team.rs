@@ -3,27 +3,13 @@
 use std::collections::BTreeMap;
 
 use super::super::conditions::{DesiredCondition, types};
+use super::super::demand::Demand;
 use super::super::membership::Membership;
 use super::super::objects::device_class_name;
 use super::super::policies::CompiledPolicy;
-use super::super::shares::Demand;
 use super::super::{TeamReport, clamp, name_of};
-use crate::api::{QuotaStatus, QuotaTotals, TeamGpuPolicy};
+use crate::api::{QuotaStatus, TeamGpuPolicy};
 use crate::core::fairshare::{PoolShares, TeamShare};
-
-/// A team's devices summed over its quota entries, for `kubectl get tgp`.
-pub fn totals(quotas: &[QuotaStatus]) -> QuotaTotals {
-    QuotaTotals {
-        guaranteed: sum(quotas.iter().map(|q| q.guaranteed)),
-        entitlement: sum(quotas.iter().map(|q| q.entitlement)),
-        allocated: sum(quotas.iter().map(|q| q.allocated)),
-        pending: sum(quotas.iter().map(|q| q.pending)),
-    }
-}
-
-pub(super) fn sum(counts: impl Iterator<Item = u32>) -> u32 {
-    counts.fold(0, u32::saturating_add)
-}
 
 pub fn team_report(
     team: &TeamGpuPolicy,
@@ -351,54 +337,5 @@ fn outside_every_pool(policy: &str, namespaces: &[String], demand: &Demand) -> Q
             format!("GpuSharingPolicy {policy} is missing or not ready: no devices")
         },
         ..QuotaStatus::default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn quota(
-        policy: &str,
-        guaranteed: u32,
-        entitlement: u32,
-        allocated: u32,
-        pending: u32,
-    ) -> QuotaStatus {
-        QuotaStatus {
-            sharing_policy: policy.into(),
-            guaranteed,
-            effective_guarantee: guaranteed,
-            entitlement,
-            allocated,
-            pending,
-            requested: allocated + pending,
-            ..QuotaStatus::default()
-        }
-    }
-
-    #[test]
-    fn a_teams_totals_add_up_its_quota_entries() {
-        let quotas = [
-            quota("a100-80gb", 8, 12, 10, 3),
-            quota("a100-shared", 2, 2, 1, 0),
-            quota("h100", 0, 0, 0, 4),
-        ];
-        assert_eq!(
-            totals(&quotas),
-            QuotaTotals {
-                guaranteed: 10,
-                entitlement: 14,
-                allocated: 11,
-                pending: 7,
-            }
-        );
-        assert_eq!(totals(&[]), QuotaTotals::default());
-    }
-
-    #[test]
-    fn totals_saturate_instead_of_wrapping() {
-        let quotas = [quota("a", u32::MAX, 0, 0, 0), quota("b", 1, 0, 0, 0)];
-        assert_eq!(totals(&quotas).guaranteed, u32::MAX);
     }
 }

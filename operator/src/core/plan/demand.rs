@@ -1,0 +1,86 @@
+//! Demand per namespace and class: what its claims use and what its Pods wait for, as the
+//! shares, the budgets and the status read it.
+
+use std::collections::BTreeMap;
+
+use super::cache::Cache;
+use super::types::clamp;
+use super::usage::{ClassUsage, Usage};
+use crate::core::fairshare::NamespaceUsage;
+use crate::core::state::PendingDemand;
+
+/// What each namespace uses of each class, and what its Pods wait for.
+pub struct Demand<'a> {
+    usage: &'a Cache<String, u64, Usage>,
+    pending: BTreeMap<(&'a str, &'a str), u32>,
+    /// The devices of each waiting claim, per (namespace, class).
+    claims: BTreeMap<(&'a str, &'a str), &'a [u32]>,
+    oldest: BTreeMap<(&'a str, &'a str), k8s_openapi::jiff::Timestamp>,
+}
+
+impl<'a> Demand<'a> {
+    pub fn new(usage: &'a Cache<String, u64, Usage>, pending: &'a [PendingDemand]) -> Self {
+        let mut waiting: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        let mut oldest = BTreeMap::new();
+        let mut claims = BTreeMap::new();
+        for p in pending {
+            let key = (p.namespace.as_str(), p.device_class.as_str());
+            *waiting.entry(key).or_default() += p.devices;
+            if !p.claims.is_empty() {
+                claims.insert(key, p.claims.as_slice());
+            }
+            if let Some(t) = p.oldest {
+                oldest
+                    .entry(key)
+                    .and_modify(|o| *o = t.min(*o))
+                    .or_insert(t);
+            }
+        }
+        Self {
+            usage,
+            pending: waiting,
+            claims,
+            oldest,
+        }
+    }
+
+    /// The devices of each claim `namespaces`' Pods wait for in `class`, largest first.
+    pub fn waiting_claims(&self, namespaces: &[String], class: &str) -> Vec<u32> {
+        let mut out: Vec<u32> = (namespaces.iter())
+            .filter_map(|ns| self.claims.get(&(ns.as_str(), class)))
+            .flat_map(|c| c.iter().copied())
+            .collect();
+        out.sort_unstable_by(|a, b| b.cmp(a));
+        out
+    }
+
+    /// When the longest-waiting Pod of `namespaces` for `class` was created.
+    pub fn oldest_pending(
+        &self,
+        namespaces: &[String],
+        class: &str,
+    ) -> Option<k8s_openapi::jiff::Timestamp> {
+        (namespaces.iter())
+            .filter_map(|ns| self.oldest.get(&(ns.as_str(), class)).copied())
+            .min()
+    }
+
+    /// What `namespace`'s claims use of `class`.
+    pub fn usage(&self, namespace: &str, class: &str) -> ClassUsage {
+        self.usage
+            .value(namespace)
+            .map(|u| u.get(namespace, class))
+            .unwrap_or_default()
+    }
+
+    /// `namespace`'s use of `class`, as the fair-share engine reads it.
+    pub(super) fn of(&self, namespace: &str, class: &str) -> NamespaceUsage {
+        let usage = self.usage(namespace, class);
+        NamespaceUsage {
+            namespace: namespace.to_owned(),
+            requested: clamp(usage.requested),
+            allocated: clamp(usage.allocated),
+            pending: self.pending.get(&(namespace, class)).copied().unwrap_or(0),
+        }
+    }
+}
