@@ -10,32 +10,64 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
 /// [`water_fill`] of `amount` units where item i already holds `floors[i]` of them (at most its
-/// cap, and at most `amount` in all): each item gets max(its floor, its water-filled units) at
-/// the level that hands out exactly `amount`, so the units beyond the floors go to the lowest
-/// levels counting what the floors already gave.
+/// cap; together at most `amount`): the units beyond the floors go to the lowest levels, a floor's
+/// units counting as given, so item i ends with max(its floor, its share at the water level).
+///
+/// The level is found by a walk over the items' breakpoints (O(n log n)); the last few units
+/// are placed exactly, as in [`water_fill`].
 pub(crate) fn water_fill_above(amount: u64, items: &[(u64, u32)], floors: &[u64]) -> Vec<u64> {
-    let given =
-        |filled: &[u64]| -> u64 { filled.iter().zip(floors).map(|(&f, &m)| f.max(m)).sum() };
-    // Units handed out are monotone in the amount water-filled, one unit at a time at most:
-    // find the largest amount whose result with the floors stays within `amount`.
     let total_cap: u64 = items
         .iter()
         .map(|&(cap, _)| cap)
         .fold(0, u64::saturating_add);
-    let (mut low, mut high) = (0, amount.min(total_cap));
-    while low < high {
-        let middle = low + (high - low).div_ceil(2);
-        if given(&water_fill(middle, items)) <= amount {
-            low = middle;
-        } else {
-            high = middle - 1;
+    if amount >= total_cap {
+        return items.iter().map(|&(cap, _)| cap).collect();
+    }
+    let at = |level: f64, i: usize| -> u64 {
+        let (cap, w) = items[i];
+        // `as` saturates: a level beyond u64 is the cap anyway.
+        let units = (level * f64::from(w.max(1))).floor() as u64;
+        units.clamp(floors[i].min(cap), cap)
+    };
+    let count = |level: f64| -> u64 { (0..items.len()).map(|i| at(level, i)).sum() };
+    // The continuous level: sum of clamp(level * w, floor, cap) rises with slope `w` between an
+    // item's floor / w and cap / w. Walk those breakpoints in order to where it reaches `amount`.
+    let mut breaks: Vec<(f64, f64)> = Vec::with_capacity(2 * items.len());
+    let mut value = 0.0f64;
+    for (i, &(cap, w)) in items.iter().enumerate() {
+        let (floor, w) = (floors[i].min(cap) as f64, f64::from(w.max(1)));
+        value += floor;
+        if (cap as f64) > floor {
+            breaks.push((floor / w, w));
+            breaks.push((cap as f64 / w, -w));
         }
     }
-    water_fill(low, items)
-        .iter()
-        .zip(floors)
-        .map(|(&f, &m)| f.max(m))
-        .collect()
+    breaks.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let (target, mut slope, mut level) = (amount as f64, 0.0f64, 0.0f64);
+    for (at_level, change) in breaks {
+        let reached = value + slope * (at_level - level);
+        if reached >= target && slope > 0.0 {
+            break;
+        }
+        (value, level) = (reached, at_level);
+        slope += change;
+    }
+    let mut low = if slope > 0.0 {
+        level + (target - value).max(0.0) / slope
+    } else {
+        level
+    };
+    // Rounding may overshoot by an ulp or so: step down until every unit at the level fits (at
+    // level 0 only the floors are given, and they fit).
+    let mut step = low.max(1.0) * f64::EPSILON * 4.0;
+    while low > 0.0 && count(low) > amount {
+        low = (low - step).max(0.0);
+        step *= 2.0;
+    }
+    let mut out: Vec<u64> = (0..items.len()).map(|i| at(low, i)).collect();
+    let given: u64 = out.iter().sum();
+    fill_lowest(&mut out, items, amount.saturating_sub(given));
+    out
 }
 
 /// Weighted max-min (water-filling) split of `amount` whole units among items `(cap, weight)`.
@@ -93,11 +125,16 @@ pub(crate) fn water_fill(amount: u64, items: &[(u64, u32)]) -> Vec<u64> {
         })
         .collect();
     let given: u64 = out.iter().sum();
-    let mut deficit = amount - given;
+    fill_lowest(&mut out, items, amount - given);
+    out
+}
+
+/// Hands `deficit` more units, one at a time, to the lowest next levels of `out` (ties to the
+/// lower index), within the caps.
+fn fill_lowest(out: &mut [u64], items: &[(u64, u32)], mut deficit: u64) {
     if deficit == 0 {
-        return out;
+        return;
     }
-    // The few remaining units go to the lowest next levels, one at a time.
     let mut heap: BinaryHeap<Reverse<Slot>> = out
         .iter()
         .enumerate()
@@ -123,7 +160,6 @@ pub(crate) fn water_fill(amount: u64, items: &[(u64, u32)]) -> Vec<u64> {
             }));
         }
     }
-    out
 }
 
 /// Jefferson / D'Hondt apportionment of `seats` in proportion to `claims`.
@@ -274,6 +310,44 @@ mod tests {
                 water_fill(amount, &items),
                 water_fill_slow(amount, &items),
                 "{amount} {items:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn water_fill_above_floors_matches_one_by_one() {
+        let mut seed = 4242u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for _ in 0..5000 {
+            let n = next(8) as usize;
+            let items: Vec<(u64, u32)> = (0..n).map(|_| (next(12), 1 + next(6) as u32)).collect();
+            let floors: Vec<u64> = items.iter().map(|&(cap, _)| next(cap + 1) / 2).collect();
+            let amount = floors.iter().sum::<u64>() + next(40);
+            // One by one from the floors: the next unit is the lowest next level.
+            let mut expected = floors.clone();
+            while expected.iter().sum::<u64>() < amount {
+                let best = (0..items.len())
+                    .filter(|&i| expected[i] < items[i].0)
+                    .map(|i| Slot {
+                        num: expected[i] + 1,
+                        den: items[i].1,
+                        index: i,
+                    })
+                    .min();
+                match best {
+                    Some(slot) => expected[slot.index] += 1,
+                    None => break,
+                }
+            }
+            assert_eq!(
+                water_fill_above(amount, &items, &floors),
+                expected,
+                "{amount} {items:?} {floors:?}"
             );
         }
     }
