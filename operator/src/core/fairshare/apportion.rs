@@ -14,8 +14,14 @@ use std::collections::BinaryHeap;
 /// units counting as given, so item i ends with max(its floor, its share at the water level).
 ///
 /// The level is found by a walk over the items' breakpoints (O(n log n)); the last few units
-/// are placed exactly, as in [`water_fill`].
+/// are placed exactly, one at a time.
 pub(crate) fn water_fill_above(amount: u64, items: &[(u64, u32)], floors: &[u64]) -> Vec<u64> {
+    fill_from(amount, items, |i| floors[i])
+}
+
+/// Water-fills `amount` units over `items` where item i starts from `floor(i)` units (see
+/// [`water_fill_above`]; [`water_fill`] is the case of no floors).
+fn fill_from(amount: u64, items: &[(u64, u32)], floor: impl Fn(usize) -> u64) -> Vec<u64> {
     let total_cap: u64 = items
         .iter()
         .map(|&(cap, _)| cap)
@@ -27,7 +33,7 @@ pub(crate) fn water_fill_above(amount: u64, items: &[(u64, u32)], floors: &[u64]
         let (cap, w) = items[i];
         // `as` saturates: a level beyond u64 is the cap anyway.
         let units = (level * f64::from(w.max(1))).floor() as u64;
-        units.clamp(floors[i].min(cap), cap)
+        units.clamp(floor(i).min(cap), cap)
     };
     let count = |level: f64| -> u64 { (0..items.len()).map(|i| at(level, i)).sum() };
     // The continuous level: sum of clamp(level * w, floor, cap) rises with slope `w` between an
@@ -35,10 +41,10 @@ pub(crate) fn water_fill_above(amount: u64, items: &[(u64, u32)], floors: &[u64]
     let mut breaks: Vec<(f64, f64)> = Vec::with_capacity(2 * items.len());
     let mut value = 0.0f64;
     for (i, &(cap, w)) in items.iter().enumerate() {
-        let (floor, w) = (floors[i].min(cap) as f64, f64::from(w.max(1)));
-        value += floor;
-        if (cap as f64) > floor {
-            breaks.push((floor / w, w));
+        let (from, w) = (floor(i).min(cap) as f64, f64::from(w.max(1)));
+        value += from;
+        if (cap as f64) > from {
+            breaks.push((from / w, w));
             breaks.push((cap as f64 / w, -w));
         }
     }
@@ -76,57 +82,7 @@ pub(crate) fn water_fill_above(amount: u64, items: &[(u64, u32)], floors: &[u64]
 /// `amount` lowest-level units, ties to the lower index. Returns how many units each item gets;
 /// the sum is `min(amount, sum of caps)`. Weights must be at least 1.
 pub(crate) fn water_fill(amount: u64, items: &[(u64, u32)]) -> Vec<u64> {
-    let total_cap: u64 = items
-        .iter()
-        .map(|&(cap, _)| cap)
-        .fold(0, u64::saturating_add);
-    if amount >= total_cap {
-        return items.iter().map(|&(cap, _)| cap).collect();
-    }
-    // Continuous water level lambda = rest / weight_sum. Walk the items by the level at which
-    // they fill up (cap / weight); those below the level are saturated. The float sort only
-    // orders the walk: the test is exact, and a misordered near-tie merely leaves a few more
-    // units for the exact fix-up below.
-    let mut order: Vec<(f64, usize)> = items
-        .iter()
-        .enumerate()
-        .filter(|(_, it)| it.0 > 0)
-        .map(|(i, &(cap, w))| (cap as f64 / f64::from(w.max(1)), i))
-        .collect();
-    order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-    let mut saturated = vec![false; items.len()];
-    let mut rest = amount; // units not taken by saturated items
-    let mut weight_sum: u64 = order.iter().map(|&(_, i)| u64::from(items[i].1)).sum();
-    for &(_, i) in &order {
-        let (cap, w) = items[i];
-        // cap <= lambda * w  <=>  cap * weight_sum <= rest * w
-        if u128::from(cap) * u128::from(weight_sum) > u128::from(rest) * u128::from(w) {
-            break;
-        }
-        saturated[i] = true;
-        rest -= cap;
-        weight_sum -= u64::from(w);
-    }
-    for (i, &(cap, _)) in items.iter().enumerate() {
-        saturated[i] |= cap == 0;
-    }
-    // Every unit at or below the level is in the answer (there are at most `amount` of them).
-    let mut out: Vec<u64> = items
-        .iter()
-        .enumerate()
-        .map(|(i, &(cap, w))| {
-            if saturated[i] {
-                cap
-            } else {
-                // floor(lambda * w) < cap here, since the item is not saturated.
-                let share = u128::from(rest) * u128::from(w) / u128::from(weight_sum.max(1));
-                u64::try_from(share).map_or(cap, |s| s.min(cap))
-            }
-        })
-        .collect();
-    let given: u64 = out.iter().sum();
-    fill_lowest(&mut out, items, amount - given);
-    out
+    fill_from(amount, items, |_| 0)
 }
 
 /// Hands `deficit` more units, one at a time, to the lowest next levels of `out` (ties to the
@@ -251,10 +207,11 @@ impl PartialOrd for DhondtSlot {
 mod tests {
     use super::*;
 
-    /// Reference: hand out units one by one.
-    fn water_fill_slow(amount: u64, items: &[(u64, u32)]) -> Vec<u64> {
-        let mut out = vec![0u64; items.len()];
-        for _ in 0..amount {
+    /// Reference: from `floors`, hand out units one by one to the lowest next level until
+    /// `amount` are given or every item is full.
+    fn water_fill_slow(amount: u64, items: &[(u64, u32)], floors: &[u64]) -> Vec<u64> {
+        let mut out = floors.to_vec();
+        while out.iter().sum::<u64>() < amount {
             let best = (0..items.len())
                 .filter(|&i| out[i] < items[i].0)
                 .map(|i| Slot {
@@ -269,6 +226,16 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A small xorshift generator: `next(m)` is in `0..m`.
+    fn random(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |m| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        }
     }
 
     fn dhondt_slow(seats: u64, claims: &[u64]) -> Vec<u64> {
@@ -295,20 +262,14 @@ mod tests {
 
     #[test]
     fn water_fill_matches_one_by_one() {
-        let mut seed = 12345u64;
-        let mut next = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut next = random(12345u64);
         for _ in 0..3000 {
             let n = next(8) as usize;
             let items: Vec<(u64, u32)> = (0..n).map(|_| (next(12), 1 + next(6) as u32)).collect();
             let amount = next(40);
             assert_eq!(
                 water_fill(amount, &items),
-                water_fill_slow(amount, &items),
+                water_fill_slow(amount, &items, &vec![0; items.len()]),
                 "{amount} {items:?}"
             );
         }
@@ -316,37 +277,15 @@ mod tests {
 
     #[test]
     fn water_fill_above_floors_matches_one_by_one() {
-        let mut seed = 4242u64;
-        let mut next = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut next = random(4242u64);
         for _ in 0..5000 {
             let n = next(8) as usize;
             let items: Vec<(u64, u32)> = (0..n).map(|_| (next(12), 1 + next(6) as u32)).collect();
             let floors: Vec<u64> = items.iter().map(|&(cap, _)| next(cap + 1) / 2).collect();
             let amount = floors.iter().sum::<u64>() + next(40);
-            // One by one from the floors: the next unit is the lowest next level.
-            let mut expected = floors.clone();
-            while expected.iter().sum::<u64>() < amount {
-                let best = (0..items.len())
-                    .filter(|&i| expected[i] < items[i].0)
-                    .map(|i| Slot {
-                        num: expected[i] + 1,
-                        den: items[i].1,
-                        index: i,
-                    })
-                    .min();
-                match best {
-                    Some(slot) => expected[slot.index] += 1,
-                    None => break,
-                }
-            }
             assert_eq!(
                 water_fill_above(amount, &items, &floors),
-                expected,
+                water_fill_slow(amount, &items, &floors),
                 "{amount} {items:?} {floors:?}"
             );
         }
@@ -354,13 +293,7 @@ mod tests {
 
     #[test]
     fn dhondt_matches_one_by_one() {
-        let mut seed = 987u64;
-        let mut next = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut next = random(987u64);
         for _ in 0..3000 {
             let n = next(8) as usize;
             let claims: Vec<u64> = (0..n).map(|_| next(15)).collect();
