@@ -3,8 +3,6 @@
 //! guaranteed 8. Expected entitlements are worked out here from the rules of
 //! docs/fair-sharing.md ("Departments"), not by teamgpu's planner.
 
-use kube::api::ListParams;
-
 use super::*;
 
 /// The quota key of the PCIe GPUs' DeviceClass.
@@ -85,27 +83,6 @@ impl World {
                 .await
                 .unwrap();
         }
-    }
-
-    /// How many of `ns`'s claims are allocated.
-    async fn allocated(&self, ns: &str) -> Result<usize, String> {
-        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.ns(ns));
-        let list = (claims.list(&ListParams::default()).await).map_err(|e| e.to_string())?;
-        Ok((list.items.iter())
-            .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
-            .count())
-    }
-
-    /// Waits until `devices` of `ns`'s claims are allocated.
-    async fn allocated_in(&self, ns: &str, devices: usize) {
-        let what = format!("{devices} allocated in {ns}");
-        eventually(&what, Duration::from_secs(60), || async {
-            match self.allocated(ns).await? {
-                n if n == devices => Ok(()),
-                n => Err(format!("{n}")),
-            }
-        })
-        .await;
     }
 }
 

@@ -151,6 +151,40 @@ impl World {
             .collect())
     }
 
+    /// Waits until `ns`'s quota holds `want` devices of `class`.
+    async fn hard_is(&self, ns: &str, class: &str, want: &str) {
+        let key = format!("{class}.teamgpu.io.deviceclass.resource.k8s.io/devices");
+        eventually(&format!("{ns}: {key} = {want}"), CONVERGE, || async {
+            let hard = self.quota_hard(ns).await?;
+            match hard.get(&key) {
+                Some(v) if v == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+
+    /// How many of `ns`'s claims are allocated.
+    async fn allocated(&self, ns: &str) -> Result<usize, String> {
+        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.ns(ns));
+        let list = (claims.list(&Default::default()).await).map_err(|e| e.to_string())?;
+        Ok((list.items.iter())
+            .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+            .count())
+    }
+
+    /// Waits until `devices` of `ns`'s claims are allocated.
+    async fn allocated_in(&self, ns: &str, devices: usize) {
+        let what = format!("{devices} allocated in {ns}");
+        eventually(&what, Duration::from_secs(60), || async {
+            match self.allocated(ns).await? {
+                n if n == devices => Ok(()),
+                n => Err(format!("{n}")),
+            }
+        })
+        .await;
+    }
+
     async fn templates(&self, ns: &str) -> Vec<String> {
         let list = Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns(ns))
             .list(&Default::default())
@@ -255,16 +289,21 @@ impl World {
         &self,
         teams: [(&str, serde_json::Value, serde_json::Value); N],
     ) {
-        self.sharing_policy(
-            "pcie",
-            json!({"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}),
-        )
-        .await;
+        self.pcie_policy().await;
         for (name, mut quota, reclaim) in teams {
             quota["sharingPolicy"] = json!("pcie");
             let spec = json!({"quotas": [quota], "reclaim": reclaim});
             self.create_team(name, spec).await;
         }
+    }
+
+    /// A GpuSharingPolicy `pcie` of the 16 PCIe GPUs.
+    async fn pcie_policy(&self) {
+        self.sharing_policy(
+            "pcie",
+            json!({"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}),
+        )
+        .await;
     }
 
     /// The reclaim scenarios' teams on the 16 PCIe GPUs: "owner" is guaranteed 8 (limit 8) and

@@ -132,15 +132,9 @@ async fn idle_devices_go_first_to_the_team_whose_pods_wait() {
     let Some(world) = World::new().await else {
         return;
     };
-    let client = world.client.clone();
     // 16 PCIe GPUs. "alpha" (weight 3) is guaranteed nothing and may borrow all 16; "beta"
     // (weight 1) is guaranteed 4 and may hold 16.
-    world
-        .sharing_policy(
-            "pcie",
-            json!({"selector": {"productNames": ["NVIDIA A100-PCIE-40GB"]}}),
-        )
-        .await;
+    world.pcie_policy().await;
     for (name, guaranteed, weight) in [("alpha", 0, 3), ("beta", 4, 1)] {
         let quota = json!({"sharingPolicy": "pcie", "guaranteed": guaranteed, "limit": 16});
         world
@@ -148,26 +142,16 @@ async fn idle_devices_go_first_to_the_team_whose_pods_wait() {
             .await;
     }
     let _operator = world.operator();
-    let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
-    let hard = |ns: &'static str, want: &'static str| {
-        let world = &world;
-        async move {
-            let h = world.quota_hard(ns).await?;
-            match h.get(key) {
-                Some(v) if v == want => Ok(()),
-                other => Err(format!("{ns}: {other:?}")),
-            }
-        }
-    };
     // Nothing waits: the 16 idle devices go by weight, 12 to alpha and beta's 4 beyond its 4.
-    eventually("alpha may borrow 12", CONVERGE, || hard("alpha", "12")).await;
-    eventually("beta may hold 8", CONVERGE, || hard("beta", "8")).await;
+    world.hard_is("alpha", "pcie", "12").await;
+    world.hard_is("beta", "pcie", "8").await;
 
     // beta starts 14 one-GPU Pods: 8 fit its quota, 6 wait. Of the 8 idle devices, by weight
     // alone alpha (nothing waiting) would be lent 6 and beta 2, pass after pass, and some of
-    // beta's Pods would still wait beside devices nobody uses (13 of 14 had a device after 20 s
-    // when this rule was taken out). beta's waiting Pods are served first: 6 to beta, 2 to alpha.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &world.ns("beta"));
+    // beta's Pods would still wait beside devices nobody uses (with this rule taken out, 13 of 14
+    // had a device after 60 s: the last 3 idle devices all go to alpha's weight). beta's waiting
+    // Pods are served first: 6 to beta, 2 to alpha.
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.ns("beta"));
     for i in 0..14 {
         pods.create(
             &PostParams::default(),
@@ -176,23 +160,9 @@ async fn idle_devices_go_first_to_the_team_whose_pods_wait() {
         .await
         .unwrap();
     }
-    eventually("all 14 of beta's Pods get a device", CONVERGE, || async {
-        let claims = Api::<ResourceClaim>::namespaced(client.clone(), &world.ns("beta"))
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let allocated = (claims.items.iter())
-            .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
-            .count();
-        if allocated == 14 {
-            Ok(())
-        } else {
-            Err(format!("{allocated} allocated"))
-        }
-    })
-    .await;
-    eventually("beta holds 14", CONVERGE, || hard("beta", "14")).await;
-    eventually("alpha is left the other 2", CONVERGE, || hard("alpha", "2")).await;
+    world.allocated_in("beta", 14).await;
+    world.hard_is("beta", "pcie", "14").await;
+    world.hard_is("alpha", "pcie", "2").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,19 +85,6 @@ async fn refused_once_admission_has_the_quota(
 }
 
 impl World {
-    /// Waits until `ns`'s quota holds `want` devices of `class`.
-    async fn hard_is(&self, ns: &str, class: &str, want: &str) {
-        let key = format!("{class}.teamgpu.io.deviceclass.resource.k8s.io/devices");
-        eventually(&format!("{ns}: {key} = {want}"), CONVERGE, || async {
-            let hard = self.quota_hard(ns).await?;
-            match hard.get(&key) {
-                Some(v) if v == want => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await;
-    }
-
     /// The memory each allocated claim of `ns` consumes, as the scheduler recorded it.
     async fn consumed(&self, ns: &str) -> Vec<String> {
         let claims = Api::<ResourceClaim>::namespaced(self.client.clone(), &self.ns(ns))
