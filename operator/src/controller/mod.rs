@@ -70,8 +70,10 @@ pub struct Config {
     /// listed again and every object compared, so that a change a watch missed is repaired; it
     /// writes nothing when nothing differs.
     pub resync: Duration,
-    /// The least time from one pass's start to the next's, so that a burst of events makes
-    /// few passes. An event after a quiet spell is planned at once (after [`GATHER`]).
+    /// Paces passes: planning may take half of one core over time, with up to this much
+    /// planning banked for a burst, and no event waits longer than this for its pass. An event
+    /// after a quiet spell, or a user's next claim right after the last one's status, is
+    /// planned at once (after [`GATHER`]).
     pub debounce: Duration,
     /// Groups that may move any namespace into or out of any team and exempt namespaces
     /// (`None`: [`crate::core::plan::namespace_admission::DEFAULT_ADMIN_GROUPS`]).
@@ -382,7 +384,7 @@ async fn reconcile_loop(
 ) {
     let mut leader_open = config.leader_elect;
     let mut next_resync = Instant::now() + config.resync;
-    let mut last_pass: Option<Instant> = None;
+    let mut budget = PassBudget::new(Instant::now(), config.debounce);
     loop {
         let wake_at = [
             reconciler.executor.next_retry(),
@@ -393,7 +395,7 @@ async fn reconcile_loop(
         .fold(next_resync, Instant::min);
         tokio::select! {
             () = notify.notified() => {
-                tokio::time::sleep_until(pass_due(Instant::now(), last_pass, config.debounce).into()).await;
+                tokio::time::sleep_until(budget.due(Instant::now()).into()).await;
             }
             // Without leader election (or once the lease task is gone) nothing will change:
             // a closed channel answers at once, and would make this loop spin.
@@ -406,8 +408,8 @@ async fn reconcile_loop(
             reconciler.resync();
         }
         metrics.leader.set(i64::from(*leader.borrow()));
-        last_pass = Some(Instant::now());
-        reconciler.reconcile().await;
+        let planning = reconciler.reconcile().await;
+        budget.spend(Instant::now(), planning);
         progress.pass_finished();
     }
 }
@@ -416,12 +418,50 @@ async fn reconcile_loop(
 /// and its labels) before the pass that follows a quiet spell.
 pub const GATHER: Duration = Duration::from_millis(5);
 
-/// When the pass for an event that arrives now may start: after [`GATHER`], and no sooner than
-/// `debounce` after the last pass started. A lone event is planned at once; a burst (a
-/// converge's own watch events, a Job of many Pods) gets at most one pass per `debounce`.
-fn pass_due(now: Instant, last_pass: Option<Instant>, debounce: Duration) -> Instant {
-    let gathered = now + GATHER.min(debounce);
-    last_pass.map_or(gathered, |last| gathered.max(last + debounce))
+/// How much planning the loop may do at once: it grows by half the wall time (planning takes
+/// at most half of one core over time), up to `cap`, and each pass spends what it planned
+/// (reading the caches and planning; its writes only wait on the API server). While it is
+/// short, an event waits until it is earned again, never longer than `cap`.
+#[derive(Debug, Clone, Copy)]
+struct PassBudget {
+    /// Seconds of planning available at `at` (negative: owed).
+    credit: f64,
+    at: Instant,
+    cap: Duration,
+}
+
+impl PassBudget {
+    fn new(now: Instant, cap: Duration) -> Self {
+        Self {
+            credit: cap.as_secs_f64(),
+            at: now,
+            cap,
+        }
+    }
+
+    fn credit_at(&self, now: Instant) -> f64 {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() / 2.0;
+        (self.credit + earned).min(self.cap.as_secs_f64())
+    }
+
+    /// A pass that ended at `now` planned for `planning`.
+    fn spend(&mut self, now: Instant, planning: Duration) {
+        // Owed at most `cap`: one long pass (a first plan) does not slow the next ten seconds.
+        self.credit = (self.credit_at(now) - planning.as_secs_f64()).max(-self.cap.as_secs_f64());
+        self.at = now;
+    }
+
+    /// When the pass for an event that arrives `now` may start: after [`GATHER`], and once
+    /// the credit is back to zero, at most `cap` from now.
+    fn due(&self, now: Instant) -> Instant {
+        let gathered = now + GATHER.min(self.cap);
+        let owed = -self.credit_at(now);
+        if owed <= 0.0 {
+            return gathered;
+        }
+        let wait = Duration::from_secs_f64(2.0 * owed).min(self.cap);
+        gathered.max(now + wait)
+    }
 }
 
 /// This process's resident memory in MiB (Linux; 0 elsewhere), for the logs.
@@ -448,25 +488,65 @@ mod tests {
 
     const DEBOUNCE: Duration = Duration::from_millis(100);
 
+    const MS: Duration = Duration::from_millis(1);
+
     #[test]
     fn an_event_after_a_quiet_spell_is_planned_at_once() {
-        let now = Instant::now();
-        assert_eq!(pass_due(now, None, DEBOUNCE), now + GATHER);
-        let long_ago = now - Duration::from_secs(5);
-        assert_eq!(pass_due(now, Some(long_ago), DEBOUNCE), now + GATHER);
+        let start = Instant::now();
+        let mut budget = PassBudget::new(start, DEBOUNCE);
+        assert_eq!(budget.due(start), start + GATHER);
+        budget.spend(start + 80 * MS, 80 * MS);
+        let later = start + 5_000 * MS;
+        assert_eq!(budget.due(later), later + GATHER);
     }
 
     #[test]
-    fn a_burst_gets_at_most_one_pass_per_debounce() {
+    fn a_users_next_claim_right_after_a_pass_is_planned_at_once() {
+        // Passes of 30 ms planning and 50 ms writes, each event 20 ms after the last pass
+        // ended: a third of a core, so no event waits.
+        let mut now = Instant::now();
+        let mut budget = PassBudget::new(now, DEBOUNCE);
+        for _ in 0..50 {
+            let due = budget.due(now);
+            assert_eq!(due, now + GATHER);
+            now = due + 80 * MS;
+            budget.spend(now, 30 * MS);
+            now += 20 * MS;
+        }
+    }
+
+    #[test]
+    fn a_burst_gets_passes_that_plan_at_most_half_the_time() {
+        // Events all the time, passes of 40 ms planning and no writes: once the banked 100 ms
+        // are spent, a pass waits as long as the one before planned.
+        let start = Instant::now();
+        let mut now = start;
+        let mut budget = PassBudget::new(now, DEBOUNCE);
+        let mut planning = Duration::ZERO;
+        for _ in 0..100 {
+            now = budget.due(now) + 40 * MS;
+            budget.spend(now, 40 * MS);
+            planning += 40 * MS;
+        }
+        let share = planning.as_secs_f64() / (now - start).as_secs_f64();
+        assert!(
+            (0.48..=0.55).contains(&share),
+            "planning {share:.2} of the time"
+        );
+    }
+
+    #[test]
+    fn no_event_waits_longer_than_the_debounce() {
         let now = Instant::now();
-        let just_now = now - Duration::from_millis(30);
-        assert_eq!(pass_due(now, Some(just_now), DEBOUNCE), just_now + DEBOUNCE);
+        let mut budget = PassBudget::new(now, DEBOUNCE);
+        budget.spend(now, 2_000 * MS);
+        assert_eq!(budget.due(now), now + DEBOUNCE);
     }
 
     #[test]
     fn a_debounce_shorter_than_the_gathering_wins() {
         let now = Instant::now();
         let short = Duration::from_millis(2);
-        assert_eq!(pass_due(now, None, short), now + short);
+        assert_eq!(PassBudget::new(now, short).due(now), now + short);
     }
 }

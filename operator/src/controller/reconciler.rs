@@ -135,7 +135,8 @@ impl Reconciler {
         self.engine.resync();
     }
 
-    pub(super) async fn reconcile(&mut self) {
+    /// One pass; returns how long it spent reading the caches and planning, without the writes.
+    pub(super) async fn reconcile(&mut self) -> std::time::Duration {
         let started = Instant::now();
         let labels = metrics::ControllerLabels {
             controller: "teamgpu",
@@ -191,5 +192,6 @@ impl Reconciler {
             resident_mib = resident_mib(),
             "pass done"
         );
+        planned_in.unwrap_or_else(|| started.elapsed())
     }
 }

@@ -288,7 +288,9 @@ impl Server {
                     done.applied.push((key.clone(), None));
                 }
                 Effect::Object(Write::Delete { key }) => self.delete(key),
-                Effect::Status { kind, name, status } => {
+                Effect::Status {
+                    kind, name, status, ..
+                } => {
                     self.write_status(*kind, name, status);
                     done.statuses.push((*kind, name.clone()));
                 }

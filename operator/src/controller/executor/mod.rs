@@ -97,13 +97,14 @@ enum Outcome {
 }
 
 /// Effects of one phase may run concurrently; phases run one after another, in the order the
-/// pass gives: objects (applies in dependency order, then deletions in reverse), statuses,
+/// pass gives: objects (applies in dependency order, then deletions in reverse), statuses (of
+/// the teams whose own use changed, then the others),
 /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions. The applies of admission objects run beside those of quotas and
 /// templates ([`Phase::lane`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Phase {
     Object { delete: bool, kind: Kind },
-    Status,
+    Status { urgent: bool },
     Requeue,
     Event,
     Evict,
@@ -122,7 +123,7 @@ impl Phase {
                 delete: true,
                 kind: key.kind,
             },
-            Effect::Status { .. } => Phase::Status,
+            Effect::Status { urgent, .. } => Phase::Status { urgent: *urgent },
             Effect::Requeue(_) => Phase::Requeue,
             Effect::Event(_) => Phase::Event,
             Effect::Evict(_) => Phase::Evict,
@@ -503,8 +504,15 @@ mod tests {
             }),
             Effect::Status {
                 kind: PolicyKind::TeamGpuPolicy,
+                name: "claimant".into(),
+                status: serde_json::Value::Null,
+                urgent: true,
+            },
+            Effect::Status {
+                kind: PolicyKind::TeamGpuPolicy,
                 name: "team".into(),
                 status: serde_json::Value::Null,
+                urgent: false,
             },
         ];
         let names: Vec<Vec<Vec<Vec<String>>>> = steps(effects)
@@ -549,8 +557,18 @@ mod tests {
                 vec![vec![vec![
                     Effect::Status {
                         kind: PolicyKind::TeamGpuPolicy,
+                        name: "claimant".into(),
+                        status: serde_json::Value::Null,
+                        urgent: true,
+                    }
+                    .id()
+                ]]],
+                vec![vec![vec![
+                    Effect::Status {
+                        kind: PolicyKind::TeamGpuPolicy,
                         name: "team".into(),
                         status: serde_json::Value::Null,
+                        urgent: false,
                     }
                     .id()
                 ]]],

@@ -105,7 +105,9 @@ impl Requests {
                 Ok(Outcome::Applied(None))
             }
             Effect::Object(Write::Delete { key }) => self.delete(key).await,
-            Effect::Status { kind, name, status } => self.patch_status(*kind, name, status).await,
+            Effect::Status {
+                kind, name, status, ..
+            } => self.patch_status(*kind, name, status).await,
             Effect::Event(event) => self.publish(event).await,
             Effect::Evict(e) => self.evict(e).await,
             Effect::Requeue(r) => {

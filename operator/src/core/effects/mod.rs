@@ -47,6 +47,9 @@ pub enum Effect {
         kind: PolicyKind,
         name: String,
         status: Value,
+        /// A person waits for it (a team's own use, conditions, namespaces or generation
+        /// changed; see [`status_changes`]): written at once and before the others.
+        urgent: bool,
     },
     /// An Event for a person to read. Boxed, as is an eviction: the other effects are a third of
     /// their size, and a first converge holds 10,000 of them.

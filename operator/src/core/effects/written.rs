@@ -1,4 +1,5 @@
-//! The statuses teamgpu wrote whose watch event has not come back yet.
+//! The statuses teamgpu wrote whose watch event has not come back yet, and when each was
+//! last written (a status whose numbers alone moved waits for [`super::status::STATUS_PACE`]).
 //!
 //! A pass that follows a status write closely (the write's own watch events wake it) may
 //! still find the status from before the write in the cache, and would write the same status
@@ -10,10 +11,12 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::time::Instant;
 
 use serde_json::Value;
 
 use super::PolicyKind;
+use super::status::STATUS_PACE;
 
 /// See the module doc.
 #[derive(Debug, Default)]
@@ -23,6 +26,12 @@ pub struct WrittenStatuses {
     /// Written. A record holds while the cache has the version it was written over; a later
     /// version never matches it again, and the next write of the policy replaces it.
     written: HashMap<(PolicyKind, String), Written>,
+    /// When each status handed out was planned, and each written one, within the pace.
+    handed_at: HashMap<(PolicyKind, String), Instant>,
+    last_written: HashMap<(PolicyKind, String), Instant>,
+    /// The pass's time, and when the first status it held back may be written.
+    now: Option<Instant>,
+    held_until: Option<Instant>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +55,33 @@ fn content(status: &Value) -> u64 {
 }
 
 impl WrittenStatuses {
+    /// Starts a pass at `now`: what was held back is weighed again.
+    pub fn start_pass(&mut self, now: Instant) {
+        self.now = Some(now);
+        self.held_until = None;
+        self.last_written.retain(|_, at| now < *at + STATUS_PACE);
+    }
+
+    /// Whether a status of the policy that is not urgent waits: it was written less than the
+    /// pace before this pass. Then the pass that may write it is [`WrittenStatuses::next_wake`].
+    pub fn paced(&mut self, kind: PolicyKind, name: &str) -> bool {
+        let (Some(now), Some(at)) = (self.now, self.last_written.get(&(kind, name.to_owned())))
+        else {
+            return false;
+        };
+        let due = *at + STATUS_PACE;
+        if now >= due {
+            return false;
+        }
+        self.held_until = Some(self.held_until.map_or(due, |h| h.min(due)));
+        true
+    }
+
+    /// When a status held back this pass may be written.
+    pub fn next_wake(&self) -> Option<Instant> {
+        self.held_until
+    }
+
     /// Whether `status`, planned for the policy at `version`, is to be written: not when it
     /// was written over that same version already. Records it as handed out if so.
     pub fn to_write(
@@ -63,6 +99,9 @@ impl WrittenStatuses {
         if self.written.get(&key) == Some(&planned) {
             return false;
         }
+        if let Some(now) = self.now {
+            self.handed_at.insert(key.clone(), now);
+        }
         self.handed.insert(key, planned);
         true
     }
@@ -74,8 +113,12 @@ impl WrittenStatuses {
             if let Some(written) = self.handed.remove(key) {
                 self.written.insert(key.clone(), written);
             }
+            if let Some(at) = self.handed_at.remove(key) {
+                self.last_written.insert(key.clone(), at);
+            }
         }
         self.handed.clear();
+        self.handed_at.clear();
     }
 }
 

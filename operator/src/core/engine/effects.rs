@@ -49,6 +49,7 @@ impl Engine {
             sharing,
             teams,
             &mut self.written,
+            now.instant,
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.

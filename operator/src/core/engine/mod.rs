@@ -272,13 +272,19 @@ impl Engine {
     }
 
     /// When a pass must run though nothing changes: a reclaim's grace period ends or a
-    /// refused eviction is due again, a wake-up of waiting Pods is due to be retried. (The
-    /// executor's retries of failed writes are the executor's.)
+    /// refused eviction is due again, a wake-up of waiting Pods is due to be retried, a status
+    /// held back by its pace may be written. (The executor's retries of failed writes are the
+    /// executor's.)
     pub fn next_wake(&self) -> Option<Instant> {
-        [self.reclaim.next_attempt(), self.requeuer.next_attempt()]
-            .into_iter()
-            .flatten()
-            .min()
+        let statuses = self.written.next_wake();
+        [
+            self.reclaim.next_attempt(),
+            self.requeuer.next_attempt(),
+            statuses,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Pending demand and the Pods waiting on quota, from the pending Pods, their claims and

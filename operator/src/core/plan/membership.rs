@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::api::TeamGpuPolicy;
+use crate::api::{TeamGpuPolicy, TeamGpuPolicySpec};
 use crate::core::state::NamespaceInfo;
 
 /// A label selector Kubernetes would reject, so teamgpu does not guess what it means.
@@ -231,6 +231,51 @@ impl Membership {
     }
 }
 
+/// [`resolve`], kept while what it reads of the teams and the namespaces is the same, so that
+/// a pass after a claim does not match every team's selector against every namespace again.
+/// The namespaces are compared by pointer first: the watch cache hands the same view of a
+/// namespace whose labels did not change.
+#[derive(Debug, Default)]
+pub struct KeptMembership {
+    /// Per team: its name, its spec and the namespaces its status says it had.
+    teams: Vec<(Option<String>, TeamGpuPolicySpec, Vec<String>)>,
+    namespaces: Vec<Arc<NamespaceInfo>>,
+    membership: Option<Arc<Membership>>,
+}
+
+impl KeptMembership {
+    pub fn resolve(
+        &mut self,
+        teams: &[TeamGpuPolicy],
+        namespaces: &[Arc<NamespaceInfo>],
+    ) -> Arc<Membership> {
+        fn had(t: &TeamGpuPolicy) -> &[String] {
+            t.status.as_ref().map_or(&[], |s| &s.namespaces[..])
+        }
+        let same_teams = self.teams.len() == teams.len()
+            && (self.teams.iter().zip(teams)).all(|((name, spec, namespaces), t)| {
+                *name == t.metadata.name && *spec == t.spec && had(t) == &namespaces[..]
+            });
+        let same_namespaces = self.namespaces.len() == namespaces.len()
+            && (self.namespaces.iter().zip(namespaces)).all(|(a, b)| Arc::ptr_eq(a, b) || a == b);
+        match &self.membership {
+            Some(kept) if same_teams && same_namespaces => Arc::clone(kept),
+            _ => {
+                let resolved = Arc::new(resolve(teams, namespaces));
+                self.teams = (teams.iter())
+                    .map(|t| {
+                        let had = had(t).to_vec();
+                        (t.metadata.name.clone(), t.spec.clone(), had)
+                    })
+                    .collect();
+                self.namespaces = namespaces.to_vec();
+                self.membership = Some(Arc::clone(&resolved));
+                resolved
+            }
+        }
+    }
+}
+
 /// Resolve which namespaces belong to which team.
 pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Membership {
     let existing: BTreeSet<&str> = namespaces.iter().map(|n| n.name.as_str()).collect();
@@ -356,6 +401,40 @@ mod tests {
                 overcommit: None,
             },
         )
+    }
+
+    #[test]
+    fn kept_membership_is_resolved_again_when_what_it_reads_changes() {
+        let mut kept = KeptMembership::default();
+        let mut namespaces = vec![ns("ml-dev", &[("teamgpu.io/team", "ml")]), ns("web", &[])];
+        let mut teams = vec![team("ml", Some("ml"), &[])];
+        let first = kept.resolve(&teams, &namespaces);
+        assert_eq!(first.namespaces["ml"], ["ml-dev"]);
+        // The same views (a claim's pass): the kept answer.
+        assert!(Arc::ptr_eq(&first, &kept.resolve(&teams, &namespaces)));
+        // Equal labels in a new view: still the same answer.
+        namespaces[1] = ns("web", &[]);
+        assert!(Arc::ptr_eq(&first, &kept.resolve(&teams, &namespaces)));
+        // A namespace labelled into the team.
+        namespaces[1] = ns("web", &[("teamgpu.io/team", "ml")]);
+        assert_eq!(
+            kept.resolve(&teams, &namespaces).namespaces["ml"],
+            ["ml-dev", "web"]
+        );
+        // The team's selector changed.
+        teams[0] = team("ml", Some("web"), &[]);
+        assert!(kept.resolve(&teams, &namespaces).namespaces["ml"].is_empty());
+        // Another team names `web`: which team had it (its status) decides.
+        teams = vec![team("ml", Some("ml"), &[]), team("web", None, &["web"])];
+        assert_eq!(kept.resolve(&teams, &namespaces).team_of("web"), None);
+        teams[1].status = Some(crate::api::TeamGpuPolicyStatus {
+            namespaces: vec!["web".into()],
+            ..Default::default()
+        });
+        assert_eq!(
+            kept.resolve(&teams, &namespaces).team_of("web"),
+            Some("web")
+        );
     }
 
     #[test]

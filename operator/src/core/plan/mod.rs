@@ -161,6 +161,7 @@ pub struct Planner {
     shared: SharedDevices,
     governed: capacity::Governed,
     shares: shares::Shares,
+    membership: membership::KeptMembership,
     objects: desired::Kept,
 }
 
@@ -178,6 +179,7 @@ impl Planner {
             shared: SharedDevices::new(false),
             governed: Cache::new(false),
             shares: Cache::new(false),
+            membership: membership::KeptMembership::default(),
             objects: desired::Kept::new(false),
         }
     }
@@ -337,7 +339,7 @@ impl Planner {
         // 3. Membership: which namespaces belong to which team.
         let mut teams: Vec<&TeamGpuPolicy> = state.teams.iter().collect();
         teams.sort_by_key(|t| name_of(*t));
-        let membership = membership::resolve(&state.teams, &state.namespaces);
+        let membership = &*self.membership.resolve(&state.teams, &state.namespaces);
 
         // 4. Fair shares of every pool, from the usage and pending demand of each namespace.
         let demand = demand::Demand::new(&self.usage, &state.pending);
@@ -346,12 +348,12 @@ impl Planner {
             let counts = self.matching.pool_counts(policy, &sets);
             placement::rooms(policy, counts, usage, outside.get(policy), inventory)
         };
-        let budgets = budgets::budgets(&teams, &policies, &membership, &demand, &per_device);
+        let budgets = budgets::budgets(&teams, &policies, membership, &demand, &per_device);
         let findings = shares::fair_shares(
             &mut self.shares,
             &policies,
             &teams,
-            &membership,
+            membership,
             (&demand, &available, &rooms, &shared),
             &budgets,
         );
@@ -359,7 +361,7 @@ impl Planner {
         out.placements = findings.placements;
         out.warnings.extend(findings.warnings);
         let shares = shares::by_policy(&self.shares);
-        let team_gpus = team_gpus::of_policies(&shared, &shares, &membership);
+        let team_gpus = team_gpus::of_policies(&shared, &shares, membership);
 
         // 5. The objects.
         let inputs = desired::Inputs {
@@ -368,7 +370,7 @@ impl Planner {
             live_classes: &live_classes,
             governed_foreign: &governed_foreign,
             teams: &teams,
-            membership: &membership,
+            membership,
             shares: &shares,
             team_gpus: &team_gpus,
         };
@@ -378,7 +380,7 @@ impl Planner {
         let inputs = status::Inputs {
             policies: &policies,
             teams: &teams,
-            membership: &membership,
+            membership,
             shares: &shares,
             demand: &demand,
             matches,

@@ -1,3 +1,5 @@
+use std::time::Instant;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
@@ -42,7 +44,13 @@ fn status_writes(
     now: &Time,
 ) -> Vec<Effect> {
     let statuses = applied_statuses(plan, &[], teams, refused, now);
-    status_changes(&statuses, &[], teams, &mut WrittenStatuses::default())
+    status_changes(
+        &statuses,
+        &[],
+        teams,
+        &mut WrittenStatuses::default(),
+        Instant::now(),
+    )
 }
 
 /// Teams `ml` (namespace `ml-dev`, Ready) and `cv` (`cv-dev`), and the sharing policy `a100`
