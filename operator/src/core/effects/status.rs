@@ -115,31 +115,18 @@ pub const STATUS_PACE: Duration = Duration::from_secs(1);
 /// Whether two statuses of a team count the same use: per sharing policy, the devices its
 /// claims request and hold and its Pods wait for.
 fn same_use(a: &TeamGpuPolicyStatus, b: &TeamGpuPolicyStatus) -> bool {
-    let counts = |s: &TeamGpuPolicyStatus| {
-        (s.quotas.iter())
-            .map(|q| {
-                (
-                    q.sharing_policy.clone(),
-                    q.requested,
-                    q.allocated,
-                    q.pending,
-                )
-            })
-            .collect::<Vec<_>>()
-    };
-    counts(a) == counts(b)
+    a.quotas.len() == b.quotas.len()
+        && (a.quotas.iter().zip(&b.quotas)).all(|(a, b)| {
+            (&a.sharing_policy, a.requested, a.allocated, a.pending)
+                == (&b.sharing_policy, b.requested, b.allocated, b.pending)
+        })
 }
 
 /// Whether two lists of conditions say the same (their times aside).
 fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
-    let said = |c: &Condition| {
-        (
-            c.type_.clone(),
-            c.status.clone(),
-            c.reason.clone(),
-            c.message.clone(),
-        )
-    };
+    fn said(c: &Condition) -> (&str, &str, &str, &str) {
+        (&c.type_, &c.status, &c.reason, &c.message)
+    }
     a.len() == b.len() && a.iter().zip(b).all(|(a, b)| said(a) == said(b))
 }
 

@@ -26,10 +26,10 @@ pub struct WrittenStatuses {
     /// Written. A record holds while the cache has the version it was written over; a later
     /// version never matches it again, and the next write of the policy replaces it.
     written: HashMap<(PolicyKind, String), Written>,
-    /// When each status handed out was planned, and each written one, within the pace.
-    handed_at: HashMap<(PolicyKind, String), Instant>,
+    /// When each status written within the pace was handed out.
     last_written: HashMap<(PolicyKind, String), Instant>,
-    /// The pass's time, and when the first status it held back may be written.
+    /// The pass's time (that of every status handed out), and when the first status it held
+    /// back may be written.
     now: Option<Instant>,
     held_until: Option<Instant>,
 }
@@ -99,9 +99,6 @@ impl WrittenStatuses {
         if self.written.get(&key) == Some(&planned) {
             return false;
         }
-        if let Some(now) = self.now {
-            self.handed_at.insert(key.clone(), now);
-        }
         self.handed.insert(key, planned);
         true
     }
@@ -111,14 +108,13 @@ impl WrittenStatuses {
     pub fn settle(&mut self, succeeded: &[(PolicyKind, String)]) {
         for key in succeeded {
             if let Some(written) = self.handed.remove(key) {
+                if let Some(at) = self.now {
+                    self.last_written.insert(key.clone(), at);
+                }
                 self.written.insert(key.clone(), written);
-            }
-            if let Some(at) = self.handed_at.remove(key) {
-                self.last_written.insert(key.clone(), at);
             }
         }
         self.handed.clear();
-        self.handed_at.clear();
     }
 }
 
