@@ -67,6 +67,25 @@ impl<K: Ord, I: PartialEq, V> Cache<K, I, V> {
         &entry.value
     }
 
+    /// [`Cache::get`], where `compute` is also handed what `key` held before, to reuse what
+    /// of it is still right.
+    pub fn get_reusing(
+        &mut self,
+        key: K,
+        input: I,
+        compute: impl FnOnce(&I, Option<V>) -> V,
+    ) -> &V {
+        let stale = (self.entries.get(&key)).is_some_and(|e| !self.keep || e.input != input);
+        if stale {
+            let before = self.entries.remove(&key).map(|e| e.value);
+            let value = compute(&input, before.filter(|_| self.keep));
+            let pass = self.pass;
+            let entry = (self.entries.entry(key)).or_insert(Entry { input, value, pass });
+            return &entry.value;
+        }
+        self.get(key, input, |input| compute(input, None))
+    }
+
     /// The value `get` last gave for `key`.
     pub fn value<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&V>
     where
@@ -124,6 +143,24 @@ mod tests {
         assert_eq!(cache.get("a", 1, &mut compute), "v1");
         assert_eq!(cache.get("a", 2, &mut compute), "v2");
         assert_eq!(computed, 2);
+    }
+
+    #[test]
+    fn a_value_computed_again_is_handed_what_the_key_held_before() {
+        let mut cache: Cache<&str, u32, Vec<u32>> = Cache::default();
+        let mut compute = |input: &u32, before: Option<Vec<u32>>| {
+            let mut v = before.unwrap_or_default();
+            v.push(*input);
+            v
+        };
+        assert_eq!(cache.get_reusing("a", 1, &mut compute), &[1]);
+        assert_eq!(cache.get_reusing("a", 1, &mut compute), &[1]);
+        assert_eq!(cache.get_reusing("a", 2, &mut compute), &[1, 2]);
+        assert_eq!(cache.get_reusing("b", 3, &mut compute), &[3]);
+        // One that does not keep hands nothing over.
+        let mut single: Cache<&str, u32, Vec<u32>> = Cache::new(false);
+        single.get_reusing("a", 1, &mut compute);
+        assert_eq!(single.get_reusing("a", 2, &mut compute), &[2]);
     }
 
     #[test]

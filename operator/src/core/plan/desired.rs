@@ -22,7 +22,7 @@ use super::types::DesiredObjects;
 use super::usage::quota_resource_name as quota_resource;
 use super::{admission, department_admission, namespace_admission, rbac};
 use crate::api::TeamGpuPolicy;
-use crate::core::fairshare::PoolShares;
+use crate::core::fairshare::{PoolShares, TeamShare};
 use crate::core::state::ClusterState;
 
 /// What the objects are made of.
@@ -40,11 +40,31 @@ pub struct Inputs<'a> {
 }
 
 /// The objects of teams, kept until what they are made of changes: a team's claim templates
-/// (without namespace), and a team namespace's templates and quota.
+/// (without namespace), and the templates and quotas of all its namespaces.
 #[derive(Debug, Default)]
 pub struct Kept {
     templates: Cache<String, u64, Vec<Arc<ResourceClaimTemplate>>>,
-    namespaces: Cache<(String, String), u64, NamespaceObjects>,
+    teams: Cache<String, TeamInput, TeamObjects>,
+}
+
+/// What a team's namespace objects are made of: the team, its templates, its quota's
+/// annotations, the classes every quota names and its namespaces ([`TeamInput::identity`]), and
+/// the devices each namespace may hold of each class (`hards`, namespace by namespace). A claim
+/// changes the hards of the teams in its pool only: every other team's objects are handed out
+/// as they were, without a look at their namespaces.
+#[derive(Debug, PartialEq)]
+struct TeamInput {
+    identity: u64,
+    hards: Vec<u32>,
+}
+
+/// A team's templates and quotas in all its namespaces, in namespace order, and per namespace
+/// the identity of what its objects were made of (kept when only other namespaces change).
+#[derive(Debug, Default)]
+struct TeamObjects {
+    templates: Vec<NamespacedTemplate>,
+    quotas: Vec<Arc<NamespacedQuota>>,
+    namespaces: BTreeMap<String, (u64, NamespaceObjects)>,
 }
 
 /// A team namespace's claim templates and quota.
@@ -54,7 +74,7 @@ impl Kept {
     pub fn new(keep: bool) -> Self {
         Self {
             templates: Cache::new(keep),
-            namespaces: Cache::new(keep),
+            teams: Cache::new(keep),
         }
     }
 }
@@ -98,7 +118,7 @@ pub fn objects(inputs: &Inputs, kept: &mut Kept) -> DesiredObjects {
         team_objects(inputs, kept, (team, &zero_hard, &shapes), &mut out);
     }
     kept.templates.sweep();
-    kept.namespaces.sweep();
+    kept.teams.sweep();
     // No owner left (the CRDs are being deleted): teamgpu is being uninstalled, and nothing it
     // enforced is to stay behind.
     let api_gone = inputs.state.crd_owners.as_ref().is_some_and(Vec::is_empty);
@@ -157,12 +177,8 @@ fn team_objects(
     out: &mut DesiredObjects,
 ) {
     let team_name = name_of(team);
-    let namespaces = inputs
-        .membership
-        .namespaces
-        .get(&team_name)
-        .cloned()
-        .unwrap_or_default();
+    let namespaces: &[String] =
+        (inputs.membership.namespaces.get(&team_name)).map_or(&[], Vec::as_slice);
     let usable: Vec<&CompiledPolicy> = team
         .spec
         .quotas
@@ -191,6 +207,57 @@ fn team_objects(
             .map(Arc::new)
             .collect()
     });
+    let meta = Arc::new(team_quota_meta(team, &usable, own_gpus));
+    // What every namespace's objects are made of, besides its hards.
+    let mut hasher = std::hash::DefaultHasher::new();
+    // The quota's annotations say the team's classes and its spec's quotas.
+    let names = (&team.metadata.name, &team.metadata.uid);
+    (names, &meta.annotations, templates_id).hash(&mut hasher);
+    let made_of = hasher.finish();
+    // Each class's resource and the team's shares in its pool, found once for all namespaces.
+    let pools: Vec<(String, Option<&TeamShare>)> = (usable.iter())
+        .map(|policy| {
+            let pool = inputs.shares.get(policy.name.as_str());
+            let share = pool.and_then(|pool| pool.teams.iter().find(|t| t.team == team_name));
+            (quota_resource(&device_class_name(&policy.name)), share)
+        })
+        .collect();
+    let hards: Vec<u32> = (namespaces.iter().enumerate())
+        .flat_map(|(i, namespace)| {
+            pools
+                .iter()
+                .map(move |(_, share)| hard_of(*share, i, namespace))
+        })
+        .collect();
+    let mut hasher = std::hash::DefaultHasher::new();
+    (made_of, zero_hard, &namespaces).hash(&mut hasher);
+    let input = TeamInput {
+        identity: hasher.finish(),
+        hards,
+    };
+    let parts = TeamParts {
+        meta,
+        made_of,
+        zero_hard,
+        resources: pools.into_iter().map(|(resource, _)| resource).collect(),
+        templates,
+    };
+    let team_objects = kept.teams.get_reusing(team_name, input, |input, before| {
+        parts.objects(namespaces, &input.hards, before)
+    });
+    out.claim_templates
+        .extend(team_objects.templates.iter().cloned());
+    out.resource_quotas
+        .extend(team_objects.quotas.iter().cloned());
+}
+
+/// The metadata of `team`'s quotas: its `usable` classes, and what its requests of some must be
+/// (a memory slice, its own GPUs).
+fn team_quota_meta(
+    team: &TeamGpuPolicy,
+    usable: &[&CompiledPolicy],
+    own_gpus: BTreeMap<&str, String>,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
     let classes: Vec<String> = usable.iter().map(|p| device_class_name(&p.name)).collect();
     // What the team's requests of a class must be, beside the grant of the class.
     let slices = (usable.iter()).filter_map(|p| {
@@ -202,41 +269,68 @@ fn team_objects(
         (key, expression)
     });
     let rules: Vec<(String, String)> = slices.chain(own_gpus).collect();
-    let meta = Arc::new(objects::quota_meta(team, &classes, &rules));
-    for namespace in &namespaces {
-        let mut hard: BTreeMap<Arc<str>, u32> = zero_hard.iter().map(|r| (r.clone(), 0)).collect();
-        for policy in &usable {
-            let ns_hard = inputs
-                .shares
-                .get(policy.name.as_str())
-                .and_then(|pool| pool.teams.iter().find(|t| t.team == team_name))
-                .and_then(|t| t.namespaces.iter().find(|n| &n.namespace == namespace))
-                .map_or(0, |n| n.hard);
-            let resource = quota_resource(&device_class_name(&policy.name));
-            match hard.get_mut(resource.as_str()) {
-                Some(devices) => *devices = ns_hard,
-                None => {
-                    hard.insert(Arc::from(resource), ns_hard);
+    objects::quota_meta(team, &classes, &rules)
+}
+
+/// What all of a team's namespace objects are made of, besides each namespace's hards.
+struct TeamParts<'a> {
+    meta: Arc<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+    /// A hash of the team, its quota's annotations and its templates.
+    made_of: u64,
+    /// Every governed resource, each a hard of 0 unless the team has a quota for it.
+    zero_hard: &'a [Arc<str>],
+    /// The quota resource of each of the team's usable classes.
+    resources: Vec<String>,
+    templates: &'a [Arc<ResourceClaimTemplate>],
+}
+
+impl TeamParts<'_> {
+    /// The objects of `namespaces`, the hards of the i-th at `hards[i * resources..]`; a
+    /// namespace whose objects are made of what they were `before` keeps them.
+    fn objects(
+        &self,
+        namespaces: &[String],
+        hards: &[u32],
+        before: Option<TeamObjects>,
+    ) -> TeamObjects {
+        let mut before = before.map(|b| b.namespaces).unwrap_or_default();
+        let mut made = TeamObjects::default();
+        let per_namespace = self.resources.len();
+        for (i, namespace) in namespaces.iter().enumerate() {
+            let ns_hards = &hards[i * per_namespace..][..per_namespace];
+            let mut hard: BTreeMap<Arc<str>, u32> =
+                self.zero_hard.iter().map(|r| (r.clone(), 0)).collect();
+            for (resource, ns_hard) in self.resources.iter().zip(ns_hards) {
+                match hard.get_mut(resource.as_str()) {
+                    Some(devices) => *devices = *ns_hard,
+                    None => {
+                        hard.insert(Arc::from(resource.as_str()), *ns_hard);
+                    }
                 }
             }
+            let mut hasher = std::hash::DefaultHasher::new();
+            (self.made_of, &hard).hash(&mut hasher);
+            let identity = hasher.finish();
+            let objects = match before.remove(namespace) {
+                Some((kept, objects)) if kept == identity => objects,
+                _ => namespace_objects(&self.meta, namespace, &hard, self.templates),
+            };
+            made.templates.extend(objects.0.iter().cloned());
+            made.quotas.push(objects.1.clone());
+            made.namespaces
+                .insert(namespace.clone(), (identity, objects));
         }
-        let mut hasher = std::hash::DefaultHasher::new();
-        // The quota's annotations say the team's classes and its spec's quotas.
-        (
-            &team.metadata.name,
-            &team.metadata.uid,
-            &meta.annotations,
-            &hard,
-            templates_id,
-        )
-            .hash(&mut hasher);
-        let key = (team_name.clone(), namespace.clone());
-        let (templates, quota) = kept.namespaces.get(key, hasher.finish(), |_| {
-            namespace_objects(&meta, namespace, &hard, templates)
-        });
-        out.claim_templates.extend(templates.iter().cloned());
-        out.resource_quotas.push(quota.clone());
+        made
     }
+}
+
+/// The devices the `i`th of a team's namespaces, `namespace`, may hold by the team's `share`
+/// of a pool (0 without one). The shares list the team's namespaces in the same order.
+fn hard_of(share: Option<&TeamShare>, i: usize, namespace: &str) -> u32 {
+    let Some(share) = share else { return 0 };
+    let at = share.namespaces.get(i).filter(|n| n.namespace == namespace);
+    (at.or_else(|| share.namespaces.iter().find(|n| n.namespace == namespace)))
+        .map_or(0, |n| n.hard)
 }
 
 /// A policy whose teams get GPUs of their own: the CEL that selects `team`'s GPUs (which its

@@ -388,10 +388,18 @@ impl Usage {
     }
 
     pub fn get(&self, namespace: &str, class: &str) -> ClassUsage {
-        self.by_class
-            .get(&(namespace.to_owned(), class.to_owned()))
-            .copied()
-            .unwrap_or_default()
+        // A namespace's own usage (the planner's, per namespace) holds a few classes: looked
+        // through without making a key, which each pass would do for every team namespace.
+        let found = if self.by_class.len() <= 16 {
+            (self.by_class.iter())
+                .find(|((n, c), _)| n == namespace && c == class)
+                .map(|(_, u)| *u)
+        } else {
+            (self.by_class)
+                .get(&(namespace.to_owned(), class.to_owned()))
+                .copied()
+        };
+        found.unwrap_or_default()
     }
 }
 
