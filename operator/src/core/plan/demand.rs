@@ -71,7 +71,7 @@ impl<'a> Demand<'a> {
     /// What `namespace`'s claims use of `class`.
     pub fn usage(&self, namespace: &str, class: &str) -> ClassUsage {
         (self.usage.get(namespace))
-            .map(|u| u.get(namespace, class))
+            .map(|u| u.of_class(class))
             .unwrap_or_default()
     }
 

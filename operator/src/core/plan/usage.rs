@@ -388,18 +388,19 @@ impl Usage {
     }
 
     pub fn get(&self, namespace: &str, class: &str) -> ClassUsage {
-        // A namespace's own usage (the planner's, per namespace) holds a few classes: looked
-        // through without making a key, which each pass would do for every team namespace.
-        let found = if self.by_class.len() <= 16 {
-            (self.by_class.iter())
-                .find(|((n, c), _)| n == namespace && c == class)
-                .map(|(_, u)| *u)
-        } else {
-            (self.by_class)
-                .get(&(namespace.to_owned(), class.to_owned()))
-                .copied()
-        };
-        found.unwrap_or_default()
+        self.by_class
+            .get(&(namespace.to_owned(), class.to_owned()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// The use of `class` in the one namespace this usage counts (the planner keeps a usage
+    /// per namespace): its few classes looked through, without a key made or the namespace
+    /// compared, which the shares would do for every team namespace and pool each pass.
+    pub fn of_class(&self, class: &str) -> ClassUsage {
+        (self.by_class.iter())
+            .find(|((_, c), _)| c == class)
+            .map_or_else(ClassUsage::default, |(_, u)| *u)
     }
 }
 
