@@ -341,14 +341,14 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     }
     // What docs/sizing.md recommends for the scale it documents, and says is in the Deployment.
     assert_eq!(container["resources"]["requests"]["cpu"], "100m");
-    assert_eq!(container["resources"]["requests"]["memory"], "384Mi");
+    assert_eq!(container["resources"]["requests"]["memory"], "432Mi");
     assert_eq!(container["resources"]["limits"]["cpu"], "1");
-    assert_eq!(container["resources"]["limits"]["memory"], "768Mi");
+    assert_eq!(container["resources"]["limits"]["memory"], "848Mi");
     let sizing =
         std::fs::read_to_string(repo_root().join("docs/sizing.md")).expect("docs/sizing.md");
     assert!(
         sizing.contains(
-            "  requests: {cpu: 100m, memory: 384Mi}\n  limits: {cpu: \"1\", memory: 768Mi}\n"
+            "  requests: {cpu: 100m, memory: 432Mi}\n  limits: {cpu: \"1\", memory: 848Mi}\n"
         ),
         "docs/sizing.md must show the Deployment's resources"
     );
