@@ -32,7 +32,7 @@ pub const MIN_WEIGHT: u32 = 1;
 pub const MAX_WEIGHT: u32 = 1000;
 
 /// One sharing policy (a pool of matching devices) and the teams with a quota for it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct PoolInput {
     /// Devices of the inventory that match the policy.
     pub capacity: u32,
@@ -46,7 +46,7 @@ pub struct PoolInput {
 }
 
 /// One team's quota for a pool and its usage, per namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct TeamInput {
     /// Team name; the tie-breaker wherever two teams are otherwise equal.
     pub team: String,
@@ -69,7 +69,7 @@ pub struct TeamInput {
 }
 
 /// What one namespace of a team uses and waits for in a pool.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct NamespaceUsage {
     /// Namespace name.
     pub namespace: String,

@@ -29,7 +29,7 @@ const MAX_DEPTH: usize = 16;
 
 /// A department: a node of the tree of teams that owns no namespaces. Its children (teams or
 /// departments naming it as `parent`) share what it gets.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct DepartmentInput {
     pub name: String,
     /// The department above it, if any.

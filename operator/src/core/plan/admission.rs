@@ -67,7 +67,7 @@ pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/"
 pub use crate::core::state::{Enforcement, UnknownEnforcement};
 
 /// The DeviceClasses whose devices teamgpu governs, as admission needs them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct GovernedClasses {
     /// Foreign classes (not teamgpu's) that select governed devices; teamgpu's own classes are
     /// recognised by their suffix.

@@ -3,6 +3,14 @@
 //! time" is decided in one place, by comparing inputs (a fingerprint, or the input itself).
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+
+/// A fingerprint of `value`, for an input that is cheaper to hash than to keep.
+pub fn fingerprint(value: &impl Hash) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
 
 /// Values by key, each with the input it was computed from.
 ///
@@ -105,6 +113,11 @@ impl<K: Ord, I: PartialEq, V> Cache<K, I, V> {
     /// Every value, by key.
     pub fn values(&self) -> impl Iterator<Item = (&K, &V)> {
         self.entries.iter().map(|(k, e)| (k, &e.value))
+    }
+
+    /// Every value with the input it was computed from, by key.
+    pub fn entries(&self) -> impl Iterator<Item = (&K, &I, &V)> {
+        self.entries.iter().map(|(k, e)| (k, &e.input, &e.value))
     }
 
     /// Forgets every key [`Cache::get`] was not asked for since the last sweep; returns them.

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::cache::Cache;
+use super::cache::{Cache, fingerprint};
 use super::types::clamp;
 use super::usage::{ClassUsage, Usage};
 use crate::core::fairshare::NamespaceUsage;
@@ -11,11 +11,13 @@ use crate::core::state::PendingDemand;
 
 /// What each namespace uses of each class, and what its Pods wait for.
 pub struct Demand<'a> {
-    /// Each namespace's usage, hashed: the shares look up every team namespace once per pool
-    /// of its team each pass, and the usage cache's ordered map costs a dozen string
-    /// comparisons, far apart in memory, per lookup (30,000 lookups at 10,000 namespaces).
-    usage: HashMap<&'a str, &'a Usage, rustc_hash::FxBuildHasher>,
+    /// Each namespace's usage and the input it was counted from (equal inputs, equal usage),
+    /// hashed: the shares look up every team namespace each pass, and the usage cache's ordered
+    /// map costs a dozen string comparisons, far apart in memory, per lookup.
+    usage: HashMap<&'a str, (&'a Usage, u64), rustc_hash::FxBuildHasher>,
     pending: BTreeMap<(&'a str, &'a str), u32>,
+    /// A hash of `pending`: what every pool's shares read of the Pods that wait.
+    pending_mark: u64,
     /// The devices of each waiting claim, per (namespace, class).
     claims: BTreeMap<(&'a str, &'a str), &'a [u32]>,
     oldest: BTreeMap<(&'a str, &'a str), k8s_openapi::jiff::Timestamp>,
@@ -40,7 +42,10 @@ impl<'a> Demand<'a> {
             }
         }
         Self {
-            usage: (usage.values()).map(|(ns, u)| (ns.as_str(), u)).collect(),
+            usage: (usage.entries())
+                .map(|(ns, input, u)| (ns.as_str(), (u, *input)))
+                .collect(),
+            pending_mark: fingerprint(&waiting),
             pending: waiting,
             claims,
             oldest,
@@ -71,8 +76,21 @@ impl<'a> Demand<'a> {
     /// What `namespace`'s claims use of `class`.
     pub fn usage(&self, namespace: &str, class: &str) -> ClassUsage {
         (self.usage.get(namespace))
-            .map(|u| u.of_class(class))
+            .map(|(u, _)| u.of_class(class))
             .unwrap_or_default()
+    }
+
+    /// A hash of what `namespaces` use and wait for, of every class: equal marks, equal
+    /// [`Demand::of`] for each of them and any class.
+    pub fn mark(&self, namespaces: &[String]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        self.pending_mark.hash(&mut hasher);
+        for ns in namespaces {
+            let input = self.usage.get(ns.as_str()).map(|(_, input)| *input);
+            (ns, input).hash(&mut hasher);
+        }
+        hasher.finish()
     }
 
     /// `namespace`'s use of `class`, as the fair-share engine reads it.

@@ -6,9 +6,12 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 
-use super::cache::Cache;
+use super::cache::{Cache, fingerprint};
 use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::{
@@ -45,6 +48,8 @@ pub struct Inputs<'a> {
 pub struct Kept {
     templates: Cache<String, u64, Vec<Arc<ResourceClaimTemplate>>>,
     teams: Cache<String, TeamInput, TeamObjects>,
+    /// The non-team admission policy, by a fingerprint of what it is made of.
+    non_team: Cache<(), u64, Arc<ValidatingAdmissionPolicy>>,
 }
 
 /// What a team's namespace objects are made of: the team, its templates, its quota's
@@ -77,6 +82,7 @@ impl Kept {
         Self {
             templates: Cache::new(keep),
             teams: Cache::new(keep),
+            non_team: Cache::new(keep),
         }
     }
 }
@@ -125,8 +131,9 @@ pub fn objects(inputs: &Inputs, kept: &mut Kept) -> DesiredObjects {
     // enforced is to stay behind.
     let api_gone = inputs.state.crd_owners.as_ref().is_some_and(Vec::is_empty);
     if (!inputs.state.sharing_policies.is_empty() || !inputs.state.teams.is_empty()) && !api_gone {
-        admission_objects(inputs, &governed, &mut out);
+        admission_objects(inputs, &governed, kept, &mut out);
     }
+    kept.non_team.sweep();
     member_access(inputs.state, &mut out);
     stamp_content_hashes(&mut out);
     out
@@ -402,6 +409,7 @@ fn namespace_objects(
 fn admission_objects(
     inputs: &Inputs,
     governed: &BTreeMap<String, Option<String>>,
+    kept: &mut Kept,
     out: &mut DesiredObjects,
 ) {
     let state = inputs.state;
@@ -424,60 +432,63 @@ fn admission_objects(
             .map(str::to_owned)
             .to_vec()
     });
+    // Owned by the CRDs: the garbage collector deletes them with the CRDs, also when no
+    // operator runs any more to prune them. Each stamped with the hash of its spec.
+    let owners = state.crd_owners.as_ref();
+    let policy = |mut p: ValidatingAdmissionPolicy| {
+        p.metadata.owner_references = owners.cloned();
+        stamp(&mut p.metadata, &p.spec);
+        Arc::new(p)
+    };
+    let binding = |mut b: ValidatingAdmissionPolicyBinding| {
+        b.metadata.owner_references = owners.cloned();
+        stamp(&mut b.metadata, &b.spec);
+        Arc::new(b)
+    };
+    // The non-team policy lists every team namespace (10,000 at the Kubernetes limit): built,
+    // serialized and hashed again only when what it is made of changes, not at every claim.
+    let owned_by: Option<Vec<_>> =
+        owners.map(|o| o.iter().map(|r| (&r.uid, r.controller)).collect());
+    let made_of = fingerprint(&(&classes, operator, &inputs.membership.namespaces, owned_by));
+    let non_team = kept.non_team.get((), made_of, |_| {
+        let namespaces = inputs.membership.all_team_namespaces();
+        policy(admission::non_team_policy(&classes, operator, &namespaces))
+    });
     out.admission_policies.extend([
-        Arc::new(admission::team_policy(&classes, operator)),
-        Arc::new(admission::non_team_policy(
-            &classes,
-            operator,
-            &inputs.membership.all_team_namespaces(),
-        )),
-        Arc::new(namespace_admission::membership_policy(
+        policy(admission::team_policy(&classes, operator)),
+        Arc::clone(non_team),
+        policy(namespace_admission::membership_policy(
             &admin_groups,
             operator,
         )),
-        Arc::new(namespace_admission::exemption_policy(
+        policy(namespace_admission::exemption_policy(
             &admin_groups,
             operator,
         )),
     ]);
     let mode = state.enforcement;
     out.admission_bindings.extend([
-        Arc::new(admission::team_binding(mode)),
-        Arc::new(namespace_admission::membership_binding(mode)),
-        Arc::new(namespace_admission::exemption_binding(mode)),
-        Arc::new(admission::non_team_binding(mode)),
+        binding(admission::team_binding(mode)),
+        binding(namespace_admission::membership_binding(mode)),
+        binding(namespace_admission::exemption_binding(mode)),
+        binding(admission::non_team_binding(mode)),
     ]);
     // Delegation and overcommit of departments: nothing to check in a flat cluster.
     if state.teams.iter().any(|t| t.spec.department) {
         out.admission_policies.extend([
-            Arc::new(department_admission::department_policy(
+            policy(department_admission::department_policy(
                 &admin_groups,
                 operator,
             )),
-            Arc::new(department_admission::top_level_policy(
+            policy(department_admission::top_level_policy(
                 &admin_groups,
                 operator,
             )),
         ]);
         out.admission_bindings.extend([
-            Arc::new(department_admission::department_binding(mode)),
-            Arc::new(department_admission::top_level_binding(mode)),
+            binding(department_admission::department_binding(mode)),
+            binding(department_admission::top_level_binding(mode)),
         ]);
-    }
-    // Owned by the CRDs: the garbage collector deletes them with the CRDs, also when no
-    // operator runs any more to prune them.
-    if let Some(owners) = &state.crd_owners {
-        let policies = out
-            .admission_policies
-            .iter_mut()
-            .map(|p| &mut Arc::make_mut(p).metadata);
-        let bindings = out
-            .admission_bindings
-            .iter_mut()
-            .map(|b| &mut Arc::make_mut(b).metadata);
-        for meta in policies.chain(bindings) {
-            meta.owner_references = Some(owners.clone());
-        }
     }
 }
 
@@ -515,15 +526,8 @@ fn stamp_content_hashes(objects: &mut DesiredObjects) {
         let o = Arc::make_mut(o);
         stamp(&mut o.metadata, &o.spec);
     }
-    // ResourceClaimTemplates and ResourceQuotas carry theirs from `namespace_objects` already.
-    for o in &mut objects.admission_policies {
-        let o = Arc::make_mut(o);
-        stamp(&mut o.metadata, &o.spec);
-    }
-    for o in &mut objects.admission_bindings {
-        let o = Arc::make_mut(o);
-        stamp(&mut o.metadata, &o.spec);
-    }
+    // ResourceClaimTemplates and ResourceQuotas carry theirs from `namespace_objects` already,
+    // admission objects from `admission_objects`.
     for o in &mut objects.member_roles {
         let o = Arc::make_mut(o);
         stamp(&mut o.metadata, &o.rules);

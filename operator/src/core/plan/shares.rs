@@ -1,10 +1,10 @@
 //! Phase 4, fair shares: per usable sharing policy, one pool of its available devices among the
 //! teams with a quota for it, computed again only when the pool's input changed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::budgets::{self, Budgets};
-use super::cache::Cache;
+use super::cache::{Cache, fingerprint};
 use super::counters;
 use super::demand::Demand;
 use super::identity::name_of;
@@ -17,8 +17,9 @@ use super::types::ReclaimOrder;
 use crate::api::{Entitlement, TeamGpuPolicy};
 use crate::core::fairshare::{self, PoolInput, PoolShares, TeamInput};
 
-/// Fair shares per sharing policy, kept until the pool's input changes.
-pub type Shares = Cache<String, PoolInput, PoolShares>;
+/// Fair shares per sharing policy, kept until the fingerprint of the pool's input changes
+/// ([`fair_shares`]).
+pub type Shares = Cache<String, u64, PoolShares>;
 
 /// What the pools ask for besides the shares: borrowers to reclaim from, and overcommit.
 #[derive(Default)]
@@ -41,6 +42,12 @@ pub type Rooms<'a> = &'a dyn Fn(&str) -> Vec<PoolRoom>;
 /// contested counter groups of `shared` it is given, into `shares`; and where a team waits below its
 /// guarantee, whether its claims fit the free devices of a node (`rooms`, see
 /// [`super::placement`]).
+///
+/// A pool's teams are read namespace by namespace only when the pool's shares are computed
+/// again: at 10,000 team namespaces, reading them for every pool each pass was most of a
+/// claim's pass. What decides is a fingerprint of the pool's teams, their entitlements and a
+/// hash of their namespaces' demand ([`Demand::mark`], once per team). Pools that contest
+/// counter groups are read whole, since what they are given depends on each other's demand.
 pub fn fair_shares(
     shares: &mut Shares,
     policies: &[CompiledPolicy],
@@ -50,30 +57,44 @@ pub fn fair_shares(
     budgets: &Budgets,
 ) -> Findings {
     let mut findings = Findings::default();
-    let mut inputs: BTreeMap<String, PoolInput> = (policies.iter())
-        .filter(|p| p.usable())
-        .map(|policy| {
-            let class = device_class_name(&policy.name);
-            let held = |node: &str, entitlement| {
-                let at = (policy.name.as_str(), class.as_str());
-                budgets::held(node, at, (membership, demand), budgets, entitlement)
-            };
-            let input = PoolInput {
-                capacity: available(&policy.name),
-                teams: teams
-                    .iter()
-                    .filter(|team| !team.spec.department)
-                    .filter_map(|team| {
-                        team_input(team, (policy, &class), (membership, demand), &held)
-                    })
-                    .collect(),
-                departments: departments(teams, policy, membership, &held),
-            };
-            (policy.name.clone(), input)
-        })
+    let contested: BTreeSet<&str> = (shared.contested.iter())
+        .flat_map(|c| c.more.keys().map(String::as_str))
         .collect();
-    findings.allotted = counters::allot(&shared.contested, &mut inputs);
-    for (name, input) in &inputs {
+    let mut marks: HashMap<String, u64> = HashMap::new();
+    // Per pool, its input and, while its namespaces are unread, its fingerprint.
+    let mut pools: BTreeMap<String, (PoolInput, Option<u64>)> = BTreeMap::new();
+    let mut given: BTreeMap<String, PoolInput> = BTreeMap::new();
+    for policy in policies.iter().filter(|p| p.usable()) {
+        let class = device_class_name(&policy.name);
+        let held = |node: &str, entitlement| {
+            let at = (policy.name.as_str(), class.as_str());
+            budgets::held(node, at, (membership, demand), budgets, entitlement)
+        };
+        let mut input = PoolInput {
+            capacity: available(&policy.name),
+            teams: teams
+                .iter()
+                .filter(|team| !team.spec.department)
+                .filter_map(|team| team_input(team, policy, membership, &held))
+                .collect(),
+            departments: departments(teams, policy, membership, &held),
+        };
+        if contested.contains(policy.name.as_str()) {
+            read_namespaces(&mut input, &class, membership, demand);
+            given.insert(policy.name.clone(), input);
+        } else {
+            let team_marks: Vec<u64> = (input.teams.iter())
+                .map(|t| {
+                    *(marks.entry(t.team.clone()))
+                        .or_insert_with(|| demand.mark(namespaces_of(membership, &t.team)))
+                })
+                .collect();
+            let fingerprint = fingerprint(&(&input, team_marks));
+            pools.insert(policy.name.clone(), (input, Some(fingerprint)));
+        }
+    }
+    findings.allotted = counters::allot(&shared.contested, &mut given);
+    for (name, input) in &given {
         let guaranteed = counters::guaranteed(input);
         let others = shared.contested_with(name);
         if !others.is_empty() && u64::from(input.capacity) < guaranteed {
@@ -83,17 +104,23 @@ pub fn fair_shares(
             ));
         }
     }
-    for (name, input) in inputs {
+    pools.extend(given.into_iter().map(|(name, input)| (name, (input, None))));
+    for (name, (mut input, unread)) in pools {
         let class = device_class_name(&name);
-        let pool = shares.get(name.clone(), input, fairshare::compute_pool);
+        // A read pool's fingerprint is its whole input, told apart from an unread one's.
+        let fingerprint = unread.unwrap_or_else(|| fingerprint(&("read", &input)));
+        let pool = shares.get(name.clone(), fingerprint, |_| {
+            if unread.is_some() {
+                read_namespaces(&mut input, &class, membership, demand);
+            }
+            fairshare::compute_pool(&input)
+        });
         let waits =
             (pool.teams.iter()).any(|t| t.pending > 0 && t.allocated < t.effective_guarantee);
         let placement = waits
             .then(|| {
-                let claims_of = |team: &str| {
-                    let namespaces = membership.namespaces.get(team);
-                    demand.waiting_claims(namespaces.map_or(&[][..], Vec::as_slice), &class)
-                };
+                let claims_of =
+                    |team: &str| demand.waiting_claims(namespaces_of(membership, team), &class);
                 let rooms = counters::rooms(rooms(&name), &name, shared, &findings.allotted);
                 placement::place(&name, pool, &rooms, claims_of)
             })
@@ -110,13 +137,27 @@ pub fn fair_shares(
     findings
 }
 
+/// The namespaces `team` owns.
+fn namespaces_of<'a>(membership: &'a Membership, team: &str) -> &'a [String] {
+    membership.namespaces.get(team).map_or(&[], Vec::as_slice)
+}
+
+/// Fills in each team's use of `class`, namespace by namespace.
+fn read_namespaces(input: &mut PoolInput, class: &str, membership: &Membership, demand: &Demand) {
+    for team in &mut input.teams {
+        team.namespaces = (namespaces_of(membership, &team.team).iter())
+            .map(|ns| demand.of(ns, class))
+            .collect();
+    }
+}
+
 /// A team in the pool of `policy`, if it has a quota for it whose amounts count in the policy's
 /// devices (the status says why not), and owns namespaces; its entitlement `held` to the budgets
-/// over it.
+/// over it. Its namespaces are not read yet.
 fn team_input(
     team: &TeamGpuPolicy,
-    (policy, class): (&CompiledPolicy, &str),
-    (membership, demand): (&Membership, &Demand),
+    policy: &CompiledPolicy,
+    membership: &Membership,
     held: Held,
 ) -> Option<TeamInput> {
     let name = name_of(team);
@@ -126,7 +167,8 @@ fn team_input(
         .iter()
         .find(|q| q.sharing_policy == policy.name)?;
     let entitlement = held(&name, quota.entitlement(policy.slice()).ok()?);
-    let namespaces = membership.namespaces.get(&name)?;
+    // A team without namespaces has no place in the pool.
+    membership.namespaces.get(&name)?;
     Some(TeamInput {
         parent: parent_in_pool(&name, &policy.name, membership),
         team: name,
@@ -134,7 +176,8 @@ fn team_input(
         limit: entitlement.limit,
         weight: quota.weight.unwrap_or(team.spec.weight),
         lending_limit: entitlement.lending_limit,
-        namespaces: namespaces.iter().map(|ns| demand.of(ns, class)).collect(),
+        // Read when the pool's shares are computed ([`read_namespaces`]).
+        namespaces: Vec::new(),
     })
 }
 
