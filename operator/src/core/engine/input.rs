@@ -2,6 +2,7 @@
 //! changed: the whole cache, or for slices and claims what changed since the last hand-over. Policies arrive as read (dynamic objects) and are read into
 //! their types here: one that does not fit is reported on its status, never fatal.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -93,32 +94,72 @@ impl Policy for TeamGpuPolicy {
     }
 }
 
-/// Whether the planner reads the same in `new` as in `old` (see [`Policy::planned_eq`]).
-fn same_for_planning<K: Policy>(old: &[K], new: &[K]) -> bool {
-    old.len() == new.len() && old.iter().zip(new).all(|(a, b)| a.planned_eq(b))
-}
-
 /// Every policy of `objects` not being deleted, read into its type, and the ones that do not
 /// fit. A policy being deleted (waiting for finalizers or foreground deletion of its
 /// dependents) is treated as gone: its objects are no longer wanted, its status not written.
 pub fn parse_policies<K: Policy>(objects: &[Arc<DynamicObject>]) -> (Vec<K>, Vec<Malformed>) {
+    let (parsed, malformed, _) = parse_policies_reusing(objects, Vec::new());
+    (parsed, malformed)
+}
+
+/// [`parse_policies`], taking from `before` (the last policies read) each one whose
+/// resourceVersion is the same, instead of copying and reading its object again: at 10,000
+/// namespaces a team's status lists a hundred, and every status write of one team came back as
+/// a read of all of them. Also whether the planner reads the same in the result as in `before`
+/// ([`Policy::planned_eq`], place by place).
+pub(super) fn parse_policies_reusing<K: Policy>(
+    objects: &[Arc<DynamicObject>],
+    before: Vec<K>,
+) -> (Vec<K>, Vec<Malformed>, bool) {
+    let before_len = before.len();
+    let mut before: Vec<Option<K>> = before.into_iter().map(Some).collect();
+    let places: HashMap<String, usize> = (before.iter().enumerate())
+        .filter_map(|(i, k)| Some((k.as_ref()?.meta().name.clone()?, i)))
+        .collect();
     let mut malformed = Vec::new();
-    let parsed = objects
+    let mut parsed = Vec::with_capacity(objects.len());
+    let mut same = true;
+    for o in objects
         .iter()
         .filter(|o| o.metadata.deletion_timestamp.is_none())
-        .filter_map(|o| match (**o).clone().try_parse::<K>() {
-            Ok(k) => Some(k),
-            Err(error) => {
-                malformed.push(Malformed {
-                    object: (**o).clone(),
-                    kind: K::KIND,
-                    message: format!("the object cannot be read as a {}: {error}", K::kind(&())),
-                });
-                None
-            }
-        })
-        .collect();
-    (parsed, malformed)
+    {
+        let place = o
+            .metadata
+            .name
+            .as_ref()
+            .and_then(|n| places.get(n))
+            .copied();
+        let version = o.metadata.resource_version.as_ref();
+        let kept = place.and_then(|i| {
+            before[i]
+                .take_if(|k| version.is_some() && k.meta().resource_version.as_ref() == version)
+        });
+        let policy = match kept {
+            Some(kept) => kept,
+            None => match (**o).clone().try_parse::<K>() {
+                Ok(k) => {
+                    let old = place.and_then(|i| before[i].as_ref());
+                    same &= old.is_some_and(|old| old.planned_eq(&k));
+                    k
+                }
+                Err(error) => {
+                    malformed.push(Malformed {
+                        object: (**o).clone(),
+                        kind: K::KIND,
+                        message: format!(
+                            "the object cannot be read as a {}: {error}",
+                            K::kind(&())
+                        ),
+                    });
+                    continue;
+                }
+            },
+        };
+        same &= place == Some(parsed.len());
+        parsed.push(policy);
+    }
+    same &= parsed.len() == before_len;
+    (parsed, malformed, same)
 }
 
 impl Engine {
@@ -138,16 +179,16 @@ impl Engine {
         self.replan |= replan;
         match input {
             Input::SharingPolicies(objects) => {
-                let (policies, unreadable) = self.policies(&objects);
-                self.replan |= !same_for_planning(&self.state.sharing_policies, &policies)
-                    || self.state.unreadable_sharing_policies != unreadable;
+                let before = std::mem::take(&mut self.state.sharing_policies);
+                let (policies, unreadable, same) = self.policies(&objects, before);
+                self.replan |= !same || self.state.unreadable_sharing_policies != unreadable;
                 self.state.sharing_policies = policies;
                 self.state.unreadable_sharing_policies = unreadable;
             }
             Input::Teams(objects) => {
-                let (teams, unreadable) = self.policies(&objects);
-                self.replan |= !same_for_planning(&self.state.teams, &teams)
-                    || self.state.unreadable_teams != unreadable;
+                let before = std::mem::take(&mut self.state.teams);
+                let (teams, unreadable, same) = self.policies(&objects, before);
+                self.replan |= !same || self.state.unreadable_teams != unreadable;
                 self.state.teams = teams;
                 self.state.unreadable_teams = unreadable;
             }
@@ -209,8 +250,12 @@ impl Engine {
 
     /// The policies of `objects` that can be read, and the names of those that cannot (which
     /// replace the malformed ones of their kind).
-    fn policies<K: Policy>(&mut self, objects: &[Arc<DynamicObject>]) -> (Vec<K>, Vec<String>) {
-        let (policies, malformed) = parse_policies::<K>(objects);
+    fn policies<K: Policy>(
+        &mut self,
+        objects: &[Arc<DynamicObject>],
+        before: Vec<K>,
+    ) -> (Vec<K>, Vec<String>, bool) {
+        let (policies, malformed, same) = parse_policies_reusing::<K>(objects, before);
         for m in &malformed {
             tracing::warn!(object = %m.object.name_any(), error = %m.message, "custom resource skipped");
         }
@@ -219,6 +264,6 @@ impl Engine {
         self.malformed.extend(malformed);
         // In one order whatever kind was read last: their statuses are effects.
         (self.malformed).sort_by_cached_key(|m| (m.kind.label(), m.object.name_any()));
-        (policies, names)
+        (policies, names, same)
     }
 }

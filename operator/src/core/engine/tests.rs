@@ -86,3 +86,33 @@ fn a_malformed_policy_gets_a_status_that_says_so_once_the_slices_are_in() {
     };
     assert!(follower.effects.is_empty(), "{:?}", follower.effects);
 }
+
+#[test]
+fn policies_are_read_again_only_when_their_resource_version_changed() {
+    let team = |name: &str, version: &str, weight: u32| {
+        let mut object =
+            (*team_object(name, json!({"weight": weight, "namespaces": ["a"]}))).clone();
+        object.metadata.resource_version = Some(version.into());
+        Arc::new(object)
+    };
+    let first = [team("a", "1", 1), team("b", "1", 1)];
+    let (read, _, _) = input::parse_policies_reusing::<TeamGpuPolicy>(&first, Vec::new());
+    // Only a status written (a new version, the same spec): read again, the plan the same.
+    let second = [team("a", "2", 1), team("b", "1", 1)];
+    let (read, malformed, same) = input::parse_policies_reusing(&second, read);
+    assert!(malformed.is_empty() && same);
+    assert_eq!(read[0].metadata.resource_version.as_deref(), Some("2"));
+    // The same version stands for the same object: what was read is kept, not read again.
+    let stale_cache = [team("a", "2", 7), team("b", "1", 1)];
+    let (read, _, same) = input::parse_policies_reusing(&stale_cache, read);
+    assert!(same);
+    assert_eq!(read[0].spec.weight, 1);
+    // A changed spec, a deleted policy: the planner reads something else.
+    let (read, _, same) =
+        input::parse_policies_reusing(&[team("a", "3", 2), team("b", "1", 1)], read);
+    assert!(!same);
+    assert_eq!(read[0].spec.weight, 2);
+    let (read, _, same) = input::parse_policies_reusing(&[team("a", "3", 2)], read);
+    assert!(!same);
+    assert_eq!(read.len(), 1);
+}
