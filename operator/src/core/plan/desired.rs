@@ -218,11 +218,9 @@ fn team_objects(
     });
     let meta = Arc::new(team_quota_meta(team, &usable, own_gpus));
     // What every namespace's objects are made of, besides its hards.
-    let mut hasher = std::hash::DefaultHasher::new();
     // The quota's annotations say the team's classes and its spec's quotas.
     let names = (&team.metadata.name, &team.metadata.uid);
-    (names, &meta.annotations, templates_id).hash(&mut hasher);
-    let made_of = hasher.finish();
+    let made_of = fingerprint(&(names, &meta.annotations, templates_id));
     // Each class's resource and the team's shares in its pool, found once for all namespaces.
     let pools: Vec<(String, Option<&TeamShare>)> = (usable.iter())
         .map(|policy| {
@@ -238,10 +236,8 @@ fn team_objects(
                 .map(move |(_, share)| hard_of(*share, i, namespace))
         })
         .collect();
-    let mut hasher = std::hash::DefaultHasher::new();
-    (made_of, zero_hard, &namespaces).hash(&mut hasher);
     let input = TeamInput {
-        identity: hasher.finish(),
+        identity: fingerprint(&(made_of, zero_hard, &namespaces)),
         hards,
     };
     let parts = TeamParts {
@@ -317,9 +313,7 @@ impl TeamParts<'_> {
                     }
                 }
             }
-            let mut hasher = std::hash::DefaultHasher::new();
-            (self.made_of, &hard).hash(&mut hasher);
-            let identity = hasher.finish();
+            let identity = fingerprint(&(self.made_of, &hard));
             let objects = match before.remove(namespace) {
                 Some((kept, objects)) if kept == identity => objects,
                 _ => namespace_objects(&self.meta, namespace, &hard, self.templates),

@@ -60,7 +60,10 @@ pub fn fair_shares(
     let contested: BTreeSet<&str> = (shared.contested.iter())
         .flat_map(|c| c.more.keys().map(String::as_str))
         .collect();
-    let mut marks: HashMap<String, u64> = HashMap::new();
+    // Each team's namespaces' demand, hashed once a pass for all the pools it is in.
+    let marks: HashMap<&str, u64> = (membership.namespaces.iter())
+        .map(|(team, namespaces)| (team.as_str(), demand.mark(namespaces)))
+        .collect();
     // Per pool, its input and, while its namespaces are unread, its fingerprint.
     let mut pools: BTreeMap<String, (PoolInput, Option<u64>)> = BTreeMap::new();
     let mut given: BTreeMap<String, PoolInput> = BTreeMap::new();
@@ -84,10 +87,7 @@ pub fn fair_shares(
             given.insert(policy.name.clone(), input);
         } else {
             let team_marks: Vec<u64> = (input.teams.iter())
-                .map(|t| {
-                    *(marks.entry(t.team.clone()))
-                        .or_insert_with(|| demand.mark(namespaces_of(membership, &t.team)))
-                })
+                .map(|t| marks.get(t.team.as_str()).copied().unwrap_or_default())
                 .collect();
             let fingerprint = fingerprint(&(&input, team_marks));
             pools.insert(policy.name.clone(), (input, Some(fingerprint)));
