@@ -22,7 +22,10 @@
 //!   `trivial-condition`: with a match condition `true`; `trivial-params`: with the team
 //!   binding's params; `trivial-twice`: two such policies;
 //! - `zero-quota`: no policy, and in the written namespace a ResourceQuota of 0 devices of every
-//!   governed class (by claim and by extended resource), as a quota could guard it instead.
+//!   governed class (by claim and by extended resource), as a quota could guard it instead;
+//! - `guarded`: what teamgpu writes now for a namespace outside every team at 10,000 team
+//!   namespaces: its policies and bindings, and in the written namespace its quota of 0 and,
+//!   once the quota is in force, its guard label, which the non-team binding leaves out.
 //!
 //! For each, the benchmark deletes every admission policy, applies the configuration's, waits
 //! until admission sees them (a sentinel policy applied after them refuses a probe, then goes),
@@ -35,6 +38,7 @@
 //! and the time until admission lets the namespace use its class).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -48,6 +52,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use teamgpu::core::plan::admission::{self, Enforcement, GovernedClasses};
 use teamgpu::core::plan::namespace_admission;
+use teamgpu::core::plan::outside_teams::{self, OutsideTeams};
 use teamgpu_e2e::cluster::TestCluster;
 
 /// Requests in flight, as in the scale benchmark.
@@ -64,6 +69,8 @@ const SENTINEL: &str = "admission-cost-sentinel";
 const TEAM_LABEL: &str = "teamgpu.io/team";
 /// A class teamgpu governs: its policies refuse a claim of it outside every team.
 const GOVERNED: &str = "gpu-00.teamgpu.io";
+/// The team namespaces teamgpu's policies list in [`Configuration::Guarded`].
+const GUARDED_TEAM_NAMESPACES: usize = 10_000;
 
 /// The admission objects of one measurement (see the module documentation).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -80,10 +87,12 @@ enum Configuration {
     TrivialTwice,
     /// No policy; a ResourceQuota of 0 devices per governed class in the written namespace.
     ZeroQuota,
+    /// teamgpu's policies with 10,000 team namespaces, the written namespace guarded.
+    Guarded,
 }
 
 /// The configurations but [`Configuration::Teamgpu`], by their name on the command line.
-const NAMED: [(&str, Configuration); 9] = [
+const NAMED: [(&str, Configuration); 10] = [
     ("none", Configuration::None),
     ("team-only", Configuration::TeamOnly),
     ("non-team-only", Configuration::NonTeamOnly),
@@ -93,6 +102,7 @@ const NAMED: [(&str, Configuration); 9] = [
     ("trivial-params", Configuration::TrivialParams),
     ("trivial-twice", Configuration::TrivialTwice),
     ("zero-quota", Configuration::ZeroQuota),
+    ("guarded", Configuration::Guarded),
 ];
 
 impl Configuration {
@@ -191,8 +201,9 @@ type Objects = (
     Vec<ValidatingAdmissionPolicyBinding>,
 );
 
-/// teamgpu's admission objects with `namespaces` as the team namespaces.
-fn teamgpu_objects(namespaces: &BTreeSet<String>) -> Objects {
+/// teamgpu's admission objects with `namespaces` as the team namespaces; `guarded`: the value
+/// of the guard label that the non-team binding leaves out.
+fn teamgpu_objects(namespaces: &BTreeSet<String>, guarded: Option<&str>) -> Objects {
     let names: BTreeSet<&str> = namespaces.iter().map(String::as_str).collect();
     let governed = governed();
     let operator = admission::DEFAULT_OPERATOR_USER;
@@ -207,7 +218,7 @@ fn teamgpu_objects(namespaces: &BTreeSet<String>) -> Objects {
     ];
     let bindings = vec![
         admission::team_binding(Enforcement::Deny),
-        admission::non_team_binding(Enforcement::Deny),
+        admission::non_team_binding(Enforcement::Deny, guarded),
         namespace_admission::membership_binding(Enforcement::Deny),
         namespace_admission::exemption_binding(Enforcement::Deny),
     ];
@@ -252,7 +263,7 @@ fn objects(configuration: Configuration) -> Objects {
     let governed = governed();
     let operator = admission::DEFAULT_OPERATOR_USER;
     let non_team = admission::non_team_policy(&governed, operator, &BTreeSet::new());
-    let mut non_team_binding = admission::non_team_binding(Enforcement::Deny);
+    let mut non_team_binding = admission::non_team_binding(Enforcement::Deny, None);
     let team = admission::team_policy(&governed, operator);
     // The trivial policies judge what teamgpu's do.
     let rules = serde_json::to_value(&team.spec.as_ref().unwrap().match_constraints).unwrap();
@@ -260,7 +271,11 @@ fn objects(configuration: Configuration) -> Objects {
         |name, params, condition| plain_policy(name, rules.clone(), "true", params, condition);
     match configuration {
         Configuration::None | Configuration::ZeroQuota => (Vec::new(), Vec::new()),
-        Configuration::Teamgpu(size) => teamgpu_objects(&team_namespaces(size)),
+        Configuration::Teamgpu(size) => teamgpu_objects(&team_namespaces(size), None),
+        Configuration::Guarded => {
+            let label = guard().label;
+            teamgpu_objects(&team_namespaces(GUARDED_TEAM_NAMESPACES), Some(&label))
+        }
         Configuration::TeamOnly => (vec![team], vec![admission::team_binding(Enforcement::Deny)]),
         Configuration::NonTeamOnly => (vec![non_team], vec![non_team_binding]),
         Configuration::NonTeamSelector => {
@@ -403,10 +418,9 @@ async fn namespace(cluster: &TestCluster, name: &str) {
     }
 }
 
-/// A ResourceQuota of 0 devices of every governed class in `namespace`, by claim and by
-/// extended resource, as a quota could guard a namespace outside every team instead of a policy.
-async fn zero_quota(cluster: &TestCluster, namespace: &str) {
-    let hard: BTreeMap<String, String> = (0..CLASSES)
+/// Every governed class's devices and extended resource, as quota resource names.
+fn zero_hard() -> Vec<Arc<str>> {
+    (0..CLASSES)
         .map(|i| format!("gpu-{i:02}.teamgpu.io"))
         .flat_map(|class| {
             let prefix = admission::IMPLICIT_EXTENDED_PREFIX;
@@ -415,11 +429,25 @@ async fn zero_quota(cluster: &TestCluster, namespace: &str) {
                 format!("requests.{prefix}{class}"),
             ]
         })
-        .map(|resource| (resource, "0".to_owned()))
+        .map(Arc::from)
+        .collect()
+}
+
+/// teamgpu's guard of a namespace outside every team, against [`zero_hard`].
+fn guard() -> OutsideTeams {
+    OutsideTeams::new(Vec::new(), &zero_hard()).expect("resources to guard")
+}
+
+/// A ResourceQuota of 0 devices of every governed class in `namespace`, by claim and by
+/// extended resource, as teamgpu guards a namespace outside every team; with `label`, the
+/// namespace is labelled as teamgpu does once the quota is in force.
+async fn zero_quota(cluster: &TestCluster, namespace: &str, label: bool) {
+    let hard: BTreeMap<String, String> = (zero_hard().iter())
+        .map(|resource| (resource.to_string(), "0".to_owned()))
         .collect();
     let quota = json!({
         "apiVersion": "v1", "kind": "ResourceQuota",
-        "metadata": {"name": "outside-every-team", "namespace": namespace},
+        "metadata": {"name": outside_teams::QUOTA_NAME, "namespace": namespace},
         "spec": {"hard": hard},
     });
     let api: Api<k8s_openapi::api::core::v1::ResourceQuota> =
@@ -428,6 +456,29 @@ async fn zero_quota(cluster: &TestCluster, namespace: &str) {
     api.create(&PostParams::default(), &quota).await.unwrap();
     // Refused once quota admission sees it.
     until_refused(cluster, namespace, &claim("probe", GOVERNED), true).await;
+    if label {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let guard = guard();
+        loop {
+            let quota = api.get(outside_teams::QUOTA_NAME).await.unwrap();
+            let hard = serde_json::to_value(quota.status.and_then(|s| s.hard)).unwrap();
+            if outside_teams::in_force(&hard).as_deref() == Some(&*guard.label) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the quota controller filled no status"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let patch = json!({"metadata": {"labels": {outside_teams::GUARD_LABEL: guard.label}}});
+        Api::<Namespace>::all(cluster.client())
+            .patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        // The binding's namespace informer sees the label within moments.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 /// Creates `n` objects made by `make` in `namespace`, `PARALLEL` in flight; what it cost.
@@ -479,8 +530,11 @@ async fn measure(
 ) -> Measured {
     let outside = format!("outside-{round}");
     namespace(cluster, &outside).await;
-    if configuration == Configuration::ZeroQuota {
-        zero_quota(cluster, &outside).await;
+    if matches!(
+        configuration,
+        Configuration::ZeroQuota | Configuration::Guarded
+    ) {
+        zero_quota(cluster, &outside, configuration == Configuration::Guarded).await;
     }
     // Warm up the namespace's caches and the policies' compiled programs.
     let _ = create_many(cluster, &outside, 100, |n| {
@@ -519,7 +573,7 @@ async fn join(cluster: &TestCluster, mut names: BTreeSet<String>) -> Join {
     names.insert(joining.to_owned());
     let before = counters(cluster).await;
     let started = Instant::now();
-    apply(cluster, teamgpu_objects(&names)).await;
+    apply(cluster, teamgpu_objects(&names, None)).await;
     let apply = started.elapsed();
     until_refused(cluster, joining, &claim("probe", GOVERNED), false).await;
     let enforced = started.elapsed();

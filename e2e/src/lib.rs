@@ -20,6 +20,18 @@ pub use proxy::{FaultProxy, Faults};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+/// What refuses a governed class in a namespace outside every team, in its message: the quota
+/// of 0 once it is in force there, the non-team admission policy before.
+pub const REFUSED_OUTSIDE_TEAMS: [&str; 2] = [
+    "exceeded quota: teamgpu-outside-teams",
+    "belongs to no TeamGpuPolicy",
+];
+
+/// Whether `message` is a refusal of [`REFUSED_OUTSIDE_TEAMS`].
+pub fn refused_outside_teams(message: &str) -> bool {
+    REFUSED_OUTSIDE_TEAMS.iter().any(|m| message.contains(m))
+}
+
 /// Polls `check` every 25 ms until it returns `Ok`, or panics after `timeout` with `what` and
 /// the last `Err`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T

@@ -285,6 +285,21 @@ async fn sweep(client: &Client) -> Result<Vec<String>, SandboxError> {
         found.extend(delete_listed(client, &rules, None, &e2e).await?);
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    // The guard label teamgpu sets on namespaces outside teams (the system's among them).
+    let guard = teamgpu::core::plan::outside_teams::GUARD_LABEL;
+    for ns in namespaces
+        .list(&ListParams::default().labels(guard))
+        .await?
+        .items
+    {
+        let unlabel = json!({"metadata": {"labels": {guard: null}}});
+        let patch = Patch::Merge(&unlabel);
+        ignore_gone(
+            namespaces
+                .patch(&ns.name_any(), &PatchParams::default(), &patch)
+                .await,
+        )?;
+    }
     for ns in namespaces.list(&e2e).await?.items {
         let name = ns.name_any();
         // Pods at once (grace 0), so that their claims are released now.

@@ -176,7 +176,7 @@ impl Day {
         eventually(&format!("{want:?} outside teams"), CONVERGE, || async {
             let (admitted, out) = self.driver_claim("outsider");
             let got = match (admitted, out.contains("Warning:") && out.contains(OUTSIDE)) {
-                (false, _) if out.contains(OUTSIDE) => Some(Outcome::Refused),
+                (false, _) if teamgpu_e2e::refused_outside_teams(&out) => Some(Outcome::Refused),
                 (true, true) => Some(Outcome::Warned),
                 (true, false) => Some(Outcome::Admitted),
                 (false, _) => None,

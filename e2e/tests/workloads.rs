@@ -487,7 +487,7 @@ async fn the_claims_of_a_deleted_team_go_with_their_pods() {
                 ..PostParams::default()
             };
             match claims.create(&dry_run, &new_claim).await {
-                Err(kube::Error::Api(s)) if s.message.contains("belongs to no TeamGpuPolicy") => {
+                Err(kube::Error::Api(s)) if teamgpu_e2e::refused_outside_teams(&s.message) => {
                     Ok(())
                 }
                 other => Err(format!("{other:?}")),

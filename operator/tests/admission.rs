@@ -320,7 +320,8 @@ fn one_binding_per_policy_without_a_list_of_namespaces() {
     );
     // The non-team policy: every namespace but the exempt ones (the policy's match condition
     // leaves the team namespaces out).
-    let non_team = serde_json::to_value(non_team_binding(Enforcement::Deny).spec.unwrap()).unwrap();
+    let non_team =
+        serde_json::to_value(non_team_binding(Enforcement::Deny, None).spec.unwrap()).unwrap();
     assert_eq!(
         non_team,
         json!({"policyName": "teamgpu-non-team-requests",
@@ -343,7 +344,7 @@ fn warn_and_audit_admit_what_deny_refuses_and_say_so() {
         let mode: Enforcement = flag.parse().unwrap();
         for binding in [
             team_binding(mode),
-            non_team_binding(mode),
+            non_team_binding(mode, None),
             membership_binding(mode),
             exemption_binding(mode),
         ] {

@@ -15,10 +15,11 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use server::{Server, Watch};
 use teamgpu::core::diff::Kind;
-use teamgpu::core::effects::{Effect, ReclaimDefaults};
+use teamgpu::core::effects::{Effect, Label, ReclaimDefaults};
 use teamgpu::core::engine::{Engine, Now, Pass, Role, Settings};
 use teamgpu::core::plan::Plan;
 use teamgpu::core::plan::admission::Enforcement;
+use teamgpu::core::plan::outside_teams::GUARD_LABEL;
 
 fn engine() -> Engine {
     Engine::new(Settings {
@@ -64,14 +65,27 @@ fn pass_and_settle(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Ef
     effects
 }
 
-/// The example's cluster and an engine that converged it at second 0 (and found nothing to do
-/// at second 1).
+/// The first passes over the example's cluster: its objects at second 0, then at second 1 the
+/// guard label of "web", the one namespace outside every team, once its quota of 0 is in force
+/// (the server's quota controller filled the quota's status); nothing to do at second 2.
+/// Returns the first pass's effects.
+fn converge(engine: &mut Engine, server: &mut Server, start: Instant) -> Vec<Effect> {
+    let first = pass_and_settle(engine, server, at(start, 0));
+    let labels = pass_and_settle(engine, server, at(start, 1));
+    assert!(
+        matches!(&labels[..], [Effect::Label(Label { namespace, value: Some(_) })] if namespace == "web"),
+        "{labels:#?}"
+    );
+    assert_eq!(pass_and_settle(engine, server, at(start, 2)), []);
+    first
+}
+
+/// The example's cluster and an engine that converged it.
 fn converged() -> (Instant, Server, Engine) {
     let start = Instant::now();
     let mut server = Server::example();
     let mut engine = engine();
-    pass_and_settle(&mut engine, &mut server, at(start, 0));
-    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 1)), []);
+    converge(&mut engine, &mut server, start);
     (start, server, engine)
 }
 
@@ -84,7 +98,7 @@ fn a_converged_cluster_gets_no_effect_when_idle_and_after_a_no_op_event() {
     let start = Instant::now();
     let mut server = Server::example();
     let mut engine = engine();
-    let first = pass_and_settle(&mut engine, &mut server, at(start, 0));
+    let first = converge(&mut engine, &mut server, start);
     // The example's objects: 2 DeviceClasses, 3 teams' quotas and templates, admission
     // objects, members' roles; a status for each of the 5 policies.
     assert!(
@@ -97,7 +111,7 @@ fn a_converged_cluster_gets_no_effect_when_idle_and_after_a_no_op_event() {
         "quotas were applied"
     );
 
-    let second = pass_and_settle(&mut engine, &mut server, at(start, 1));
+    let second = pass_and_settle(&mut engine, &mut server, at(start, 3));
     assert_eq!(second, Vec::new(), "a converged cluster gets no effect");
 
     // Events that change nothing teamgpu reads: every watch again, a namespace relabelled
@@ -121,12 +135,46 @@ fn a_converged_cluster_gets_no_effect_when_idle_and_after_a_no_op_event() {
 }
 
 #[test]
+fn a_guard_label_left_from_an_earlier_install_comes_off_before_anything_is_written() {
+    let start = Instant::now();
+    // The label an earlier install put on "web", the namespace outside every team.
+    let mut earlier = Server::example();
+    converge(&mut engine(), &mut earlier, start);
+    let label = earlier.namespaces["web"][GUARD_LABEL].clone();
+    // Installed again: its quotas went with the CRDs, the label stayed. The binding that leaves
+    // labelled namespaces out is among the first pass's objects: the label comes off first.
+    let mut server = Server::example();
+    let mut labels = server.namespaces["web"].clone();
+    labels.insert(GUARD_LABEL.to_owned(), label.clone());
+    server.label_namespace("web", labels);
+    let mut engine = engine();
+    let first = pass_and_settle(&mut engine, &mut server, at(start, 0));
+    assert_eq!(
+        first.first(),
+        Some(&Effect::Label(Label {
+            namespace: "web".into(),
+            value: None
+        }))
+    );
+    assert!(count(&first, |e| matches!(e, Effect::Object(_))) > 10);
+    assert_eq!(count(&first, |e| matches!(e, Effect::Label(_))), 1);
+    // Once the new quota is in force, the label is set again, to the same value.
+    let second = pass_and_settle(&mut engine, &mut server, at(start, 1));
+    assert_eq!(
+        second,
+        [Effect::Label(Label {
+            namespace: "web".into(),
+            value: Some(label)
+        })]
+    );
+}
+
+#[test]
 fn a_restart_over_a_converged_cluster_gets_no_effect() {
     let start = Instant::now();
     let mut server = Server::example();
     let mut first = engine();
-    pass_and_settle(&mut first, &mut server, at(start, 0));
-    assert_eq!(pass_and_settle(&mut first, &mut server, at(start, 1)), []);
+    converge(&mut first, &mut server, start);
 
     // A new operator: nothing kept but what the server holds.
     let mut restarted = engine();

@@ -383,7 +383,8 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
         ("teamgpu.io", "gpusharingpolicies/status", set(&["patch"])),
         ("teamgpu.io", "teamgpupolicies/status", set(&["patch"])),
         ("events.k8s.io", "events", set(&["create", "patch"])),
-        ("", "namespaces", read.clone()),
+        // `patch`: the guard label of a namespace outside teams.
+        ("", "namespaces", set(&["list", "watch", "patch"])),
         ("resource.k8s.io", "resourceslices", read.clone()),
         ("resource.k8s.io", "resourceclaims", read.clone()),
         // Where the API server serves them.

@@ -15,6 +15,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use teamgpu::api::{GpuSharingPolicy, TeamGpuPolicy};
+use teamgpu::core::plan::outside_teams::GUARD_LABEL;
 use teamgpu_e2e::cluster::OPERATOR_NAMESPACE;
 use teamgpu_e2e::fixtures::{fresh, gpu_pod, samples};
 use teamgpu_e2e::operator::Operator;
@@ -114,6 +115,8 @@ impl World {
         let operator = world.operator();
         world.install_samples().await;
         world.converged().await;
+        // The one namespace of the samples outside every team: its quota of 0 in force.
+        world.guarded("web").await;
         Some((world, operator))
     }
 
@@ -206,6 +209,21 @@ fn condition<'a>(
 const CONVERGE: Duration = Duration::from_secs(20);
 
 impl World {
+    /// Waits until `ns` (the example's name) carries the guard label of a namespace outside
+    /// every team: its quota of 0 is in force.
+    async fn guarded(&self, ns: &str) {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let name = self.ns(ns);
+        eventually(&format!("{ns} guarded"), CONVERGE, || async {
+            let namespace = api.get(&name).await.map_err(|e| e.to_string())?;
+            match namespace.labels().get(GUARD_LABEL) {
+                Some(_) => Ok(()),
+                None => Err(format!("{:?}", namespace.labels())),
+            }
+        })
+        .await;
+    }
+
     async fn converged(&self) {
         // The sample teams' namespaces all have their quota.
         for ns in [
@@ -393,11 +411,12 @@ impl World {
     }
 
     /// The objects the samples ask for on the example's cluster, as `owned_objects` names
-    /// them: two DeviceClasses, four admission policies and their bindings, and in every team
-    /// namespace a quota and a
-    /// template per offered count (a100-80gb offers 1, 2, 4 and 8 devices, a100-shared 1) of the
-    /// team's sharing policies.
-    fn expected_objects(&self) -> Vec<String> {
+    /// them: two DeviceClasses, four admission policies and their bindings, in every team
+    /// namespace a quota and a template per offered count (a100-80gb offers 1, 2, 4 and 8
+    /// devices, a100-shared 1) of the team's sharing policies, and a quota of 0 in every other
+    /// namespace the server lists (`web`, the system's, the operator's) that is not exempt or
+    /// being deleted.
+    async fn expected_objects(&self) -> Vec<String> {
         let mut out = vec![
             "deviceclass//a100-80gb.teamgpu.io".to_owned(),
             "deviceclass//a100-shared.teamgpu.io".to_owned(),
@@ -415,6 +434,25 @@ impl World {
             out.push(format!("validatingadmissionpolicybinding//{binding}"));
         }
         let big = ["a100-80gb", "a100-80gb-x2", "a100-80gb-x4", "a100-80gb-x8"];
+        let teams = [
+            "ml-research-dev",
+            "ml-research-train",
+            "inference-prod",
+            "inference-canary",
+            "data-science",
+        ]
+        .map(|ns| self.ns(ns));
+        let namespaces = Api::<Namespace>::all(self.client.clone())
+            .list(&Default::default())
+            .await
+            .unwrap();
+        for ns in namespaces.items {
+            let exempt = ns.labels().get("teamgpu.io/exempt").map(String::as_str) == Some("true");
+            let name = ns.name_any();
+            if !teams.contains(&name) && !exempt && ns.metadata.deletion_timestamp.is_none() {
+                out.push(format!("resourcequota/{name}/teamgpu-outside-teams"));
+            }
+        }
         for (ns, shared) in [
             ("ml-research-dev", true),
             ("ml-research-train", true),

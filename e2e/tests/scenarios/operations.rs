@@ -345,7 +345,7 @@ async fn health_metrics_and_the_writes_of_a_converge_and_of_idle_time() {
     let idle_writes = stored_writes(&requests) - converged;
     eprintln!(
         "converge: {converged} writes for {} objects and 5 statuses; idle {idle:?}: {idle_writes} writes",
-        world.expected_objects().len(),
+        world.expected_objects().await.len(),
     );
     let by_verb = |from: &BTreeMap<(String, String), u64>, to: &BTreeMap<(String, String), u64>| {
         let mut out: BTreeMap<String, i64> = BTreeMap::new();

@@ -331,7 +331,11 @@ async fn policy_changes_flow_to_quotas_classes_and_templates_and_deletion_cleans
                 bound.push(ns);
             }
         }
-        if left.is_empty() && bound.is_empty() {
+        // Outside every team now: each guarded by a quota of 0, and nothing else.
+        let guarded: Vec<String> = (team_namespaces.iter())
+            .map(|ns| format!("resourcequota/{ns}/teamgpu-outside-teams"))
+            .collect();
+        if left == guarded && bound.is_empty() {
             Ok(())
         } else {
             Err(format!("{left:?} {bound:?}"))

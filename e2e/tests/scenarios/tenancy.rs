@@ -68,6 +68,9 @@ fn outcome<T>(result: Result<T, kube::Error>) -> Outcome {
     }
 }
 
+/// The refusal of the quota of 0 that guards a namespace outside every team.
+const OUTSIDE_QUOTA: &str = "exceeded quota: teamgpu-outside-teams";
+
 /// Waits until admission applies the policies the operator wrote (bindings take effect a moment
 /// after they are written): a dry run of `claim` in `ns` is refused with `says`.
 async fn admission_denies(world: &World, ns: &str, claim: &ResourceClaim, says: &str) {
@@ -113,11 +116,12 @@ async fn a_team_member_with_edit_cannot_escape_the_entitlement() {
         "belongs to TeamGpuPolicy",
     )
     .await;
+    // Converged, web's quota of 0 is in force: it refuses, not the non-team policy.
     admission_denies(
         &world,
         "web",
         &claim("probe", "gpu.nvidia.com", 1),
-        "belongs to no TeamGpuPolicy",
+        OUTSIDE_QUOTA,
     )
     .await;
 
@@ -137,7 +141,7 @@ async fn a_team_member_with_edit_cannot_escape_the_entitlement() {
         json!({"requests": [{"name": "gpu", "exactly": e}]})
     };
     let in_team = "belongs to TeamGpuPolicy";
-    let outside = "belongs to no TeamGpuPolicy";
+    let outside = OUTSIDE_QUOTA;
     let forbidden = "forbidden: User \"alice\" cannot";
 
     // (attempt, what the refusal must say, outcome)
@@ -332,17 +336,19 @@ async fn a_team_member_with_edit_cannot_escape_the_entitlement() {
                 .await,
         ),
     ));
+    // A template is admitted outside teams (quota charges claims, not templates): the claim
+    // the resourceclaim controller makes from it is what is refused.
     table.push((
-        "a template with mig.nvidia.com in firstAvailable outside every team",
+        "a claim with mig.nvidia.com in firstAvailable outside every team",
         outside,
         outcome(
-            templates(&web)
+            claims(&web)
                 .create(
                     &pp,
                     &serde_json::from_value(json!({"metadata": {"name": "mine"},
-                        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+                        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
                             {"name": "nic", "deviceClassName": "nic.example.com"},
-                            {"name": "mig", "deviceClassName": "mig.nvidia.com"}]}]}}}}))
+                            {"name": "mig", "deviceClassName": "mig.nvidia.com"}]}]}}}))
                     .unwrap(),
                 )
                 .await,
@@ -574,6 +580,14 @@ async fn only_members_move_namespaces_into_and_out_of_their_team() {
         matches!(&by_alice, Err((403, m)) if m.contains("only cluster admins may set or change the label teamgpu.io/exempt")),
         "{by_alice:?}"
     );
+    // The guard label of a namespace outside teams is the operator's alone: set, it would
+    // take the namespace out of the non-team policy.
+    let guard = Patch::Merge(json!({"metadata": {"labels": {GUARD_LABEL: "0123456789abcdef"}}}));
+    let by_alice = outcome(namespaces(&alice).patch(&ml_alice, &pp, &guard).await);
+    assert!(
+        matches!(&by_alice, Err((403, m)) if m.contains(&format!("only the teamgpu operator sets the label {GUARD_LABEL}"))),
+        "{by_alice:?}"
+    );
     namespaces(&world.client)
         .patch(&ml_alice, &pp, &exempt)
         .await
@@ -639,12 +653,18 @@ async fn an_exempt_namespace_may_use_governed_devices_and_teams_see_them_used_ou
     let monitoring = world.ns("monitoring");
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &monitoring);
     let pp = PostParams::default();
-    admission_denies(
-        &world,
-        "monitoring",
-        &claim("probe", "gpu.nvidia.com", 1),
-        "belongs to no TeamGpuPolicy",
-    )
+    // New: refused by the non-team policy, or by its quota of 0 once that is in force.
+    let probe = claim("probe", "gpu.nvidia.com", 1);
+    eventually("admission in monitoring refuses", CONVERGE, || async {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        match outcome(claims.create(&dry_run, &probe).await) {
+            Err((403, message)) if teamgpu_e2e::refused_outside_teams(&message) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
     .await;
     // An admin exempts the namespace; admission lets the driver's class through there.
     Api::<Namespace>::all(client.clone())
@@ -749,4 +769,82 @@ async fn an_exempt_namespace_may_use_governed_devices_and_teams_see_them_used_ou
         }
     })
     .await;
+}
+
+/// A namespace outside every team is guarded by a quota of 0 that the operator labels it for
+/// once in force; a value of the label the quota does not back is replaced; joining a team takes
+/// both off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_outside_teams_is_guarded_by_a_quota_until_it_joins_a_team() {
+    let Some((world, _operator)) = World::with_samples().await else {
+        return;
+    };
+    let web = world.ns("web");
+    let quotas = Api::<ResourceQuota>::namespaced(world.client.clone(), &web);
+    let namespaces = Api::<Namespace>::all(world.client.clone());
+    let guard_of = |ns: Namespace| ns.labels().get(GUARD_LABEL).cloned();
+    // What the quota says, as the server stores it: 0 of the driver's class, by claim and by
+    // its extended resource, and of teamgpu's.
+    let quota = quotas.get("teamgpu-outside-teams").await.unwrap();
+    let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
+    for resource in [
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices",
+        "requests.nvidia.com/gpu",
+        "requests.deviceclass.resource.kubernetes.io/gpu.nvidia.com",
+        "a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices",
+    ] {
+        assert_eq!(
+            hard.get(resource).map(|q| q.0.as_str()),
+            Some("0"),
+            "{resource}"
+        );
+    }
+    let label = guard_of(namespaces.get(&web).await.unwrap()).expect("web is guarded");
+
+    // An admin puts a value on web's label that no quota backs: the operator sets its own
+    // back, as web's quota is in force.
+    let bogus = json!({"metadata": {"labels": {GUARD_LABEL: "0123456789abcdef"}}});
+    namespaces
+        .patch(&web, &PatchParams::default(), &Patch::Merge(&bogus))
+        .await
+        .unwrap();
+    eventually(
+        "web's guard label is the operator's again",
+        CONVERGE,
+        || async {
+            let ns = namespaces.get(&web).await.map_err(|e| e.to_string())?;
+            match guard_of(ns) {
+                Some(value) if value == label => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // web joins ml-research: its quota of 0 and its label go, the team's quota comes, and a
+    // claim of the team's class is admitted there.
+    world.label("web", Some("ml-research")).await;
+    let probe = claim("probe", "a100-80gb.teamgpu.io", 1);
+    let claims = Api::<ResourceClaim>::namespaced(world.client.clone(), &web);
+    eventually("web is a team namespace", CONVERGE, || async {
+        let ns = namespaces.get(&web).await.map_err(|e| e.to_string())?;
+        let zero = quotas
+            .get_opt("teamgpu-outside-teams")
+            .await
+            .map_err(|e| e.to_string())?;
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let admitted = outcome(claims.create(&dry_run, &probe).await);
+        match (guard_of(ns), zero, admitted) {
+            (None, None, Ok(())) => Ok(()),
+            (label, zero, admitted) => Err(format!(
+                "label {label:?}, quota of 0 {}, probe {admitted:?}",
+                zero.is_some()
+            )),
+        }
+    })
+    .await;
+    world.quota_hard("web").await.expect("the team's quota");
 }

@@ -15,6 +15,7 @@ use teamgpu::core::effects::{Effect, PolicyKind};
 use teamgpu::core::engine::{Done, Input};
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::objects::is_managed;
+use teamgpu::core::plan::outside_teams::GUARD_LABEL;
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::state::{NamespaceInfo, NamespaceView, Taken};
 use teamgpu::dra_cel::DeviceReads;
@@ -311,6 +312,17 @@ impl Server {
                     for pod in &e.pods {
                         self.pending_pods.remove(pod);
                     }
+                }
+                Effect::Label(label) => {
+                    if let Some(labels) = self.namespaces.get_mut(&label.namespace) {
+                        let key = GUARD_LABEL.to_owned();
+                        match &label.value {
+                            Some(value) => labels.insert(key, value.clone()),
+                            None => labels.remove(&key),
+                        };
+                        self.changed.insert(Watch::Namespaces);
+                    }
+                    done.labelled.push(label.clone());
                 }
             }
         }

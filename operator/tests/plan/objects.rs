@@ -56,12 +56,46 @@ fn the_example_plans_every_kind_of_object() {
     );
     assert!(in_ns("web").is_empty());
 
-    let team_namespaces: Vec<_> = plan
-        .objects
-        .resource_quotas
-        .iter()
-        .map(|q| q.to_object().metadata.namespace.unwrap())
+    let quotas_named = |name: &str| -> Vec<String> {
+        (plan.objects.resource_quotas.iter())
+            .filter(|q| q.name() == name)
+            .map(|q| q.to_object().metadata.namespace.unwrap())
+            .collect()
+    };
+    let team_namespaces = quotas_named("teamgpu");
+    // The one namespace outside every team gets a quota of 0 of every governed class instead.
+    assert_eq!(quotas_named("teamgpu-outside-teams"), ["web"]);
+    let outside = (plan.objects.resource_quotas.iter())
+        .find(|q| q.name() == "teamgpu-outside-teams")
+        .unwrap();
+    // teamgpu's two classes and the NVIDIA driver's three, which select the same GPUs: their
+    // devices, the name every class has as an extended resource, and gpu.nvidia.com's own
+    // extended resource name.
+    let hard: Vec<&str> = outside
+        .hard()
+        .map(|(name, n)| {
+            assert_eq!(n, 0);
+            name
+        })
         .collect();
+    assert_eq!(
+        hard,
+        [
+            "a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices",
+            "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices",
+            "gpu.nvidia.com.deviceclass.resource.k8s.io/devices",
+            "mig.nvidia.com.deviceclass.resource.k8s.io/devices",
+            "requests.deviceclass.resource.kubernetes.io/a100-80gb.teamgpu.io",
+            "requests.deviceclass.resource.kubernetes.io/a100-shared.teamgpu.io",
+            "requests.deviceclass.resource.kubernetes.io/gpu.nvidia.com",
+            "requests.deviceclass.resource.kubernetes.io/mig.nvidia.com",
+            "requests.deviceclass.resource.kubernetes.io/vfio.gpu.nvidia.com",
+            "requests.nvidia.com/gpu",
+            "vfio.gpu.nvidia.com.deviceclass.resource.k8s.io/devices",
+        ]
+    );
+    let guard = plan.objects.outside_teams.as_deref().unwrap();
+    assert_eq!(guard.namespaces, ["web"]);
     assert_eq!(
         team_namespaces,
         [
@@ -203,13 +237,12 @@ fn a_namespace_claimed_by_two_teams_gets_nothing_and_both_say_so() {
         .unwrap();
     ds.spec.namespaces.push("ml-research-dev".into());
     let plan = plan(&state);
-    assert!(
-        !plan
-            .objects
-            .resource_quotas
-            .iter()
-            .any(|q| &*q.namespace == "ml-research-dev")
-    );
+    // It is no team's: the quota of 0 of a namespace outside teams, not a team's.
+    let quotas: Vec<&str> = (plan.objects.resource_quotas.iter())
+        .filter(|q| &*q.namespace == "ml-research-dev")
+        .map(|q| q.name())
+        .collect();
+    assert_eq!(quotas, ["teamgpu-outside-teams"]);
     assert!(
         !plan
             .objects

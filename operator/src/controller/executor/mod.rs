@@ -97,13 +97,15 @@ enum Outcome {
 }
 
 /// Effects of one phase may run concurrently; phases run one after another, in the order the
-/// pass gives: objects (applies in dependency order, then deletions in reverse), statuses (of
+/// pass gives: guard labels taken off, objects (applies in dependency order, then deletions in
+/// reverse), guard labels set (after the quotas they say are in force), statuses (of
 /// the teams whose own use changed, then the others),
 /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions. The applies of admission objects run beside those of quotas and
 /// templates ([`Phase::lane`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Phase {
     Object { delete: bool, kind: Kind },
+    Label,
     Status { urgent: bool },
     Requeue,
     Event,
@@ -124,6 +126,7 @@ impl Phase {
                 kind: key.kind,
             },
             Effect::Status { urgent, .. } => Phase::Status { urgent: *urgent },
+            Effect::Label(_) => Phase::Label,
             Effect::Requeue(_) => Phase::Requeue,
             Effect::Event(_) => Phase::Event,
             Effect::Evict(_) => Phase::Evict,
@@ -349,6 +352,10 @@ impl Executor {
                 });
             }
             (Effect::Event(event), Ok(_)) => done.published.push(event.key()),
+            (Effect::Label(label), Ok(_)) => {
+                tracing::info!(object = %id, value = ?label.value, "wrote");
+                done.labelled.push(label.clone());
+            }
             (Effect::Status { kind, name, .. }, Ok(_)) => {
                 tracing::debug!(object = %id, action = effect.verb(), "wrote");
                 done.statuses.push((*kind, name.clone()));

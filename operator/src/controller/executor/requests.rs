@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{self, Recorder, Reporter};
 use serde_json::json;
@@ -15,6 +15,7 @@ use crate::controller::FIELD_MANAGER;
 use crate::controller::metrics::{Metrics, WriteLabels};
 use crate::core::diff::{ObjectKey, OwnWrites, Payload, Write};
 use crate::core::effects::{Effect, Event, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION};
+use crate::core::plan::outside_teams::GUARD_LABEL;
 
 /// How long one eviction may take: the client retries a PodDisruptionBudget's 429 for minutes,
 /// and the pass must not wait on it.
@@ -113,15 +114,15 @@ impl Requests {
             Effect::Requeue(r) => {
                 self.count_write("pod", "requeue");
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
-                let patch =
-                    serde_json::json!({"metadata": {"annotations": {REQUEUE_ANNOTATION: r.value}}});
-                let params = PatchParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..PatchParams::default()
-                };
-                let patch = Patch::Merge(patch);
-                bounded(WRITE_TIMEOUT, api.patch(&r.pod, &params, &patch)).await?;
-                Ok(Outcome::Done)
+                let patch = json!({"metadata": {"annotations": {REQUEUE_ANNOTATION: r.value}}});
+                merge_patch(&api, &r.pod, patch).await
+            }
+            Effect::Label(label) => {
+                self.count_write("namespace", "label");
+                let api: Api<Namespace> = Api::all(self.client.clone());
+                // `null` takes the label off, whoever set it.
+                let patch = json!({"metadata": {"labels": {GUARD_LABEL: label.value}}});
+                merge_patch(&api, &label.namespace, patch).await
             }
         }
     }
@@ -238,6 +239,27 @@ impl Requests {
         .await?;
         Ok(Outcome::Done)
     }
+}
+
+/// A JSON merge patch of object `name`, as [`FIELD_MANAGER`].
+async fn merge_patch<K>(
+    api: &Api<K>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<Outcome, WriteError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    bounded(
+        WRITE_TIMEOUT,
+        api.patch(name, &params, &Patch::Merge(patch)),
+    )
+    .await?;
+    Ok(Outcome::Done)
 }
 
 fn apply_params() -> PatchParams {

@@ -402,6 +402,20 @@ impl Differ {
         }
     }
 
+    /// The hash of the `status.hard` of the live quota of 0 in `namespace`, a namespace outside
+    /// teams, once the quota controller has written it.
+    pub fn outside_quota_in_force(&self, namespace: &str) -> Option<&str> {
+        let key = ObjectKey {
+            kind: Kind::ResourceQuota,
+            namespace: Some(namespace.to_owned()),
+            name: crate::core::plan::outside_teams::QUOTA_NAME.to_owned(),
+        };
+        match &self.live.get(&key)?.object {
+            LiveObject::Owned(view) => view.in_force.as_deref(),
+            LiveObject::DeviceClass(_) => None,
+        }
+    }
+
     /// Takes in a plan's objects: one lookup each (this runs over every object of every plan).
     fn update_desired(&mut self, objects: &DesiredObjects) {
         let next: Vec<(Kind, DesiredObject)> = DesiredObject::all(objects).collect();

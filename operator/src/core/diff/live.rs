@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::{Kind, ObjectKey, key_of_meta};
 use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
+use crate::core::plan::outside_teams;
 
 /// A live object teamgpu manages, shared with the watch cache that holds it.
 #[derive(Debug, Clone)]
@@ -31,6 +32,9 @@ pub struct LiveView {
     /// For a ResourceClaimTemplate: what quota charges per DeviceClass for a claim made from
     /// it (for pending demand).
     pub template_charge: Option<Arc<BTreeMap<String, u64>>>,
+    /// For a namespace's quota of 0 outside teams: the hash of its `status.hard`, once the
+    /// quota controller has written it (see [`outside_teams::in_force`]).
+    pub in_force: Option<Box<str>>,
     /// The object as the API server stores it (managed fields left out) until compared, or
     /// what it is known to hold. Shared with [`OwnWrites`] while it is text nobody claimed.
     content: Arc<std::sync::Mutex<Content>>,
@@ -209,6 +213,11 @@ impl LiveView {
             })
             .flatten()
             .map(|spec| share(crate::core::plan::usage::quota_charge(&spec)));
+        let in_force = (kind == Kind::ResourceQuota
+            && meta.name.as_deref() == Some(outside_teams::QUOTA_NAME))
+        .then(|| outside_teams::in_force(&object.data["status"]["hard"]))
+        .flatten()
+        .map(String::into_boxed_str);
         LiveView {
             key: key_of_meta(kind, meta),
             resource_version: meta.resource_version.as_deref().map(Box::from),
@@ -219,6 +228,7 @@ impl LiveView {
                 .map(|v| Box::from(v.as_str())),
             content_hash: annotation(CONTENT_HASH_ANNOTATION),
             template_charge,
+            in_force,
             content,
         }
     }

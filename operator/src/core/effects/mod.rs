@@ -11,6 +11,7 @@
 //! [`Refusals`] (what the API server refused, for status and Events).
 
 mod events;
+mod guard_labels;
 pub mod reclaim;
 pub mod refusals;
 mod requeue;
@@ -26,6 +27,7 @@ use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::Write;
 use crate::core::plan::ReclaimOrder;
 pub use events::{EventKey, Published, event_transitions, in_team_namespaces};
+pub use guard_labels::{GuardLabels, Label};
 pub use reclaim::workload::PodView;
 pub use reclaim::{ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, eviction_events};
 pub use refusals::{FailedWrite, Failure, Refusals, RefusedByOwner};
@@ -59,6 +61,8 @@ pub enum Effect {
     /// Wake a Pod waiting for its claim: its annotation changes, and the resourceclaim
     /// controller tries a changed Pod again at once.
     Requeue(Requeue),
+    /// Set or take off the guard label of a namespace outside teams.
+    Label(Label),
 }
 
 impl Effect {
@@ -74,6 +78,7 @@ impl Effect {
             }
             Effect::Evict(e) => format!("{} eviction", e.workload),
             Effect::Requeue(r) => format!("pod {}/{} requeue", r.namespace, r.pod),
+            Effect::Label(l) => format!("namespace {} guard label", l.namespace),
         }
     }
 
@@ -85,6 +90,7 @@ impl Effect {
             Effect::Event(_) => "publish",
             Effect::Evict(_) => "evict",
             Effect::Requeue(_) => "requeue",
+            Effect::Label(_) => "label",
         }
     }
 }

@@ -1,5 +1,5 @@
-//! A plan's effects, in the order they are performed: objects, statuses, requeues, Events,
-//! evictions.
+//! A plan's effects, in the order they are performed: guard labels taken off, objects, guard
+//! labels set, statuses, requeues, Events, evictions.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -41,7 +41,16 @@ impl Engine {
         tracing::debug!(writes = writes.len(), "compared");
         let time = Time(now.wall);
         let (sharing, teams) = (&self.state.sharing_policies, &self.state.teams);
-        let mut out: Vec<Effect> = writes.into_iter().map(Effect::Object).collect();
+        // A guard label whose quota is not in force comes off before anything is written (a
+        // binding that leaves labelled namespaces out may be among the objects); a label is
+        // set after the objects, as it says that they are in force.
+        let differ = &self.differ;
+        let outside = plan.objects.outside_teams.as_deref();
+        let labels = (self.guard_labels).writes(outside, |ns| differ.outside_quota_in_force(ns));
+        let (set, off): (Vec<_>, Vec<_>) = labels.into_iter().partition(|l| l.value.is_some());
+        let mut out: Vec<Effect> = off.into_iter().map(Effect::Label).collect();
+        out.extend(writes.into_iter().map(Effect::Object));
+        out.extend(set.into_iter().map(Effect::Label));
         out.extend(effects::malformed_statuses(&self.malformed, &time));
         // Status from what was applied: the refused writes of each policy.
         out.extend(effects::status_changes(

@@ -193,6 +193,7 @@ impl Engine {
                 self.state.unreadable_teams = unreadable;
             }
             Input::Namespaces(namespaces) => {
+                self.guard_labels.observe(&namespaces);
                 // A namespace being deleted is no team's: nothing is written into it.
                 self.state.namespaces = (namespaces.iter())
                     .filter(|n| !n.terminating)

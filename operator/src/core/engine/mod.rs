@@ -43,8 +43,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::core::diff::{self, ObjectKey};
 use crate::core::effects::{
-    Effect, EventKey, FailedWrite, Malformed, PolicyKind, PolicyStatuses, Published,
-    ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
+    Effect, EventKey, FailedWrite, GuardLabels, Label, Malformed, PolicyKind, PolicyStatuses,
+    Published, ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
 };
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{self, Plan, admission::Enforcement};
@@ -124,6 +124,8 @@ pub struct Done {
     pub failed: Vec<FailedWrite>,
     /// Statuses written.
     pub statuses: Vec<(PolicyKind, String)>,
+    /// Guard labels written.
+    pub labelled: Vec<Label>,
 }
 
 /// One pass's decisions, kept between passes (see the module doc).
@@ -143,6 +145,8 @@ pub struct Engine {
     refusals: Refusals,
     /// Statuses written whose watch event has not come back yet.
     written: WrittenStatuses,
+    /// The guard labels of namespaces outside teams, live and written.
+    guard_labels: GuardLabels,
     /// The planner's input, besides slices and claims (which the planner keeps).
     state: ClusterState,
     /// Custom resources that could not be read into their types.
@@ -180,6 +184,7 @@ impl Engine {
             requeuer: Requeuer::default(),
             refusals: Refusals::default(),
             written: WrittenStatuses::default(),
+            guard_labels: GuardLabels::default(),
             state,
             malformed: Vec::new(),
             pending_pods: Vec::new(),
@@ -253,6 +258,9 @@ impl Engine {
             self.differ.applied(&key, version.as_deref());
         }
         self.written.settle(&done.statuses);
+        for label in done.labelled {
+            self.guard_labels.settle(label);
+        }
         for key in done.published {
             self.published.record(key);
         }

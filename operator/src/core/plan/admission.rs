@@ -11,7 +11,8 @@
 //! - `teamgpu-non-team-requests`, in every namespace outside all teams (a match condition lists
 //!   the team namespaces) except those a cluster admin exempted (label `teamgpu.io/exempt:
 //!   "true"`): no governed class there at all, neither teamgpu's nor a foreign class that selects
-//!   governed devices.
+//!   governed devices. Where a quota of 0 already refuses the same, its binding leaves the
+//!   namespace out ([`super::outside_teams`]).
 //!
 //! Why not one binding per team whose namespace selector names its namespaces: the API server
 //! parses every binding's selector, values validated one by one, on every request a policy
@@ -48,6 +49,7 @@ use super::objects::{
     OWN_GPUS_ANNOTATION_PREFIX, QUOTA_CLASSES_ANNOTATION, QUOTA_NAME, QUOTA_TEAM_ANNOTATION,
     SLICE_ANNOTATION_PREFIX, SLICE_CAPACITY, managed_labels,
 };
+use super::outside_teams::GUARD_LABEL;
 
 pub const TEAM_POLICY_NAME: &str = "teamgpu-team-requests";
 /// The binding of the team policy.
@@ -60,9 +62,7 @@ pub const DEFAULT_OPERATOR_USER: &str = "system:serviceaccount:teamgpu-system:te
 /// A namespace outside every team with this label set to `"true"` may use governed classes
 /// directly (system workloads such as monitoring agents). Only admin groups may set it.
 pub const EXEMPT_LABEL: &str = "teamgpu.io/exempt";
-/// The extended resource name every DeviceClass has under DRAExtendedResource (KEP-5004):
-/// `deviceclass.resource.kubernetes.io/<class>`.
-pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+pub use super::objects::IMPLICIT_EXTENDED_PREFIX;
 
 pub use crate::core::state::{Enforcement, UnknownEnforcement};
 
@@ -446,19 +446,26 @@ pub fn team_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBindin
 }
 
 /// The binding of the non-team policy: every namespace but the exempt ones (the policy's match
-/// condition leaves the team namespaces out).
-pub fn non_team_binding(enforcement: Enforcement) -> ValidatingAdmissionPolicyBinding {
+/// condition leaves the team namespaces out) and those whose quota of 0 is in force: labelled
+/// with `guarded`, the value of [`GUARD_LABEL`] now (see [`super::outside_teams`]).
+pub fn non_team_binding(
+    enforcement: Enforcement,
+    guarded: Option<&str>,
+) -> ValidatingAdmissionPolicyBinding {
+    let not_in = |key: &str, value: &str| LabelSelectorRequirement {
+        key: key.into(),
+        operator: "NotIn".into(),
+        values: Some(vec![value.into()]),
+    };
+    let mut requirements = vec![not_in(EXEMPT_LABEL, "true")];
+    requirements.extend(guarded.map(|label| not_in(GUARD_LABEL, label)));
     ValidatingAdmissionPolicyBinding {
         metadata: meta(NON_TEAM_BINDING_NAME),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
             policy_name: Some(NON_TEAM_POLICY_NAME.into()),
             match_resources: Some(MatchResources {
                 namespace_selector: Some(LabelSelector {
-                    match_expressions: Some(vec![LabelSelectorRequirement {
-                        key: EXEMPT_LABEL.into(),
-                        operator: "NotIn".into(),
-                        values: Some(vec!["true".into()]),
-                    }]),
+                    match_expressions: Some(requirements),
                     ..LabelSelector::default()
                 }),
                 ..MatchResources::default()

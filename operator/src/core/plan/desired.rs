@@ -19,6 +19,7 @@ use super::objects::{
     is_managed,
 };
 use super::objects::{NamespacedQuota, NamespacedTemplate};
+use super::outside_teams::KeptGuard;
 use super::policies::CompiledPolicy;
 use super::team_gpus::{self, TeamGpus};
 use super::types::DesiredObjects;
@@ -50,6 +51,7 @@ pub struct Kept {
     teams: Cache<String, TeamInput, TeamObjects>,
     /// The non-team admission policy, by a fingerprint of what it is made of.
     non_team: Cache<(), u64, Arc<ValidatingAdmissionPolicy>>,
+    outside: KeptGuard,
 }
 
 /// What a team's namespace objects are made of: the team, its templates, its quota's
@@ -83,6 +85,7 @@ impl Kept {
             templates: Cache::new(keep),
             teams: Cache::new(keep),
             non_team: Cache::new(keep),
+            outside: KeptGuard::new(keep),
         }
     }
 }
@@ -131,9 +134,19 @@ pub fn objects(inputs: &Inputs, kept: &mut Kept) -> DesiredObjects {
     // enforced is to stay behind.
     let api_gone = inputs.state.crd_owners.as_ref().is_some_and(Vec::is_empty);
     if (!inputs.state.sharing_policies.is_empty() || !inputs.state.teams.is_empty()) && !api_gone {
+        // A quota of 0 refuses in every mode: only when the bindings deny.
+        if inputs.state.enforcement == admission::Enforcement::Deny {
+            let (outside, owners) = (&inputs.membership.outside, inputs.state.crd_owners.as_ref());
+            let resources = (&zero_hard[..], governed.keys());
+            if let Some(guard) = kept.outside.get(outside, resources, owners) {
+                out.resource_quotas.extend(guard.quotas.iter().cloned());
+                out.outside_teams = Some(Arc::clone(&guard.outside));
+            }
+        }
         admission_objects(inputs, &governed, kept, &mut out);
     }
     kept.non_team.sweep();
+    kept.outside.sweep();
     member_access(inputs.state, &mut out);
     stamp_content_hashes(&mut out);
     out
@@ -461,11 +474,13 @@ fn admission_objects(
         )),
     ]);
     let mode = state.enforcement;
+    let guarded = out.outside_teams.as_ref().map(|o| o.label.clone());
+    let guarded = guarded.as_deref();
     out.admission_bindings.extend([
         binding(admission::team_binding(mode)),
         binding(namespace_admission::membership_binding(mode)),
         binding(namespace_admission::exemption_binding(mode)),
-        binding(admission::non_team_binding(mode)),
+        binding(admission::non_team_binding(mode, guarded)),
     ]);
     // Delegation and overcommit of departments: nothing to check in a flat cluster.
     if state.teams.iter().any(|t| t.spec.department) {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use super::admission::EXEMPT_LABEL;
 use crate::api::{TeamGpuPolicy, TeamGpuPolicySpec};
 use crate::core::state::NamespaceInfo;
 
@@ -77,6 +78,9 @@ pub struct Membership {
     pub missing: BTreeMap<String, Vec<String>>,
     /// The departments and who belongs to which (see [`Tree`]).
     pub tree: Tree,
+    /// The namespaces of no team that a cluster admin did not exempt, sorted: teamgpu guards
+    /// them with a quota of 0 ([`super::outside_teams`]).
+    pub outside: Vec<String>,
 }
 
 /// Departments (TeamGpuPolicies with `department: true`) and their members.
@@ -363,6 +367,14 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
             membership.namespaces.remove(name);
         }
     }
+    let in_teams = membership.all_team_namespaces();
+    let mut outside: Vec<String> = (namespaces.iter())
+        .filter(|n| !in_teams.contains(n.name.as_str()))
+        .filter(|n| n.labels.get(EXEMPT_LABEL).is_none_or(|v| v != "true"))
+        .map(|n| n.name.clone())
+        .collect();
+    outside.sort();
+    membership.outside = outside;
     membership
 }
 

@@ -26,6 +26,7 @@ pub mod inventory;
 pub mod membership;
 pub mod namespace_admission;
 pub mod objects;
+pub mod outside_teams;
 pub mod pending;
 pub mod placement;
 mod policies;

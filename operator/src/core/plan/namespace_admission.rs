@@ -16,7 +16,9 @@
 //!
 //! The exemption label ([`EXEMPT_LABEL`](super::admission::EXEMPT_LABEL)) may be set or changed
 //! only by the admin groups: `teamgpu-namespace-exemption`, a policy without params, so that it
-//! holds with no team at all.
+//! holds with no team at all. The same policy keeps the guard label of a namespace outside teams
+//! ([`super::outside_teams`]) to the operator (and the admin groups): with it set, the non-team
+//! policy no longer looks at the namespace.
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
@@ -27,6 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::admission::{EXEMPT_LABEL, Enforcement, meta, not_the_operator, validation};
 use super::cel::string_literal;
+use super::outside_teams::{GUARD_LABEL, QUOTA_NAME as OUTSIDE_QUOTA};
 use crate::api::GROUP;
 
 pub const MEMBERSHIP_POLICY_NAME: &str = "teamgpu-namespace-membership";
@@ -188,9 +191,10 @@ pub(super) fn every_team_as_params(
 }
 
 /// The exemption policy: only `admin_groups` (and the operator) set or change the exemption
-/// label.
+/// label, and the guard label of a namespace outside teams ([`GUARD_LABEL`]).
 pub fn exemption_policy(admin_groups: &[String], operator: &str) -> ValidatingAdmissionPolicy {
     let exempt = string_literal(EXEMPT_LABEL);
+    let guard = string_literal(GUARD_LABEL);
     let (new, old) = ("variables.newLabels", "variables.oldLabels");
     ValidatingAdmissionPolicy {
         metadata: meta(EXEMPTION_POLICY_NAME),
@@ -199,16 +203,29 @@ pub fn exemption_policy(admin_groups: &[String], operator: &str) -> ValidatingAd
             match_constraints: Some(namespace_writes()),
             match_conditions: Some(not_an_admin(admin_groups, operator)),
             variables: Some(label_variables()),
-            validations: Some(vec![Validation {
-                expression: format!(
-                    "({exempt} in {new} ? {new}[{exempt}] : '') == ({exempt} in {old} ? {old}[{exempt}] : '')"
-                ),
-                message: Some(format!(
-                    "only cluster admins may set or change the label {EXEMPT_LABEL}"
-                )),
-                reason: Some("Forbidden".into()),
-                ..Validation::default()
-            }]),
+            validations: Some(vec![
+                Validation {
+                    expression: format!(
+                        "({exempt} in {new} ? {new}[{exempt}] : '') == ({exempt} in {old} ? {old}[{exempt}] : '')"
+                    ),
+                    message: Some(format!(
+                        "only cluster admins may set or change the label {EXEMPT_LABEL}"
+                    )),
+                    reason: Some("Forbidden".into()),
+                    ..Validation::default()
+                },
+                Validation {
+                    // Taking it off is harmless: the non-team policy applies again.
+                    expression: format!(
+                        "!({guard} in {new}) || ({guard} in {old} && {old}[{guard}] == {new}[{guard}])"
+                    ),
+                    message: Some(format!(
+                        "only the teamgpu operator sets the label {GUARD_LABEL}: it says that the namespace's ResourceQuota {OUTSIDE_QUOTA} is in force"
+                    )),
+                    reason: Some("Forbidden".into()),
+                    ..Validation::default()
+                },
+            ]),
             ..ValidatingAdmissionPolicySpec::default()
         }),
         status: None,

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::conditions::{self, DesiredCondition};
 use super::inventory::PoolKey;
 use super::objects::{NamespacedQuota, NamespacedTemplate};
+use super::outside_teams::OutsideTeams;
 use crate::api::{
     BudgetStatus, ClassEquivalents, EquivalentTotals, GpuSharingPolicyStatus, QuotaStatus,
     QuotaTotals, SharedGpu, TeamGpuPolicyStatus,
@@ -41,6 +42,9 @@ pub struct DesiredObjects {
     /// Owners (`teamgpu.io/owner` values) whose objects are kept as they are: the policy exists
     /// but cannot be read, so what it had is neither changed nor pruned.
     pub retained_owners: BTreeSet<String>,
+    /// The namespaces outside every team that a quota of 0 guards, and their label (see
+    /// [`super::outside_teams`]); `None` when the bindings do not deny.
+    pub outside_teams: Option<Arc<OutsideTeams>>,
 }
 
 /// What the planner concluded about one GpuSharingPolicy.

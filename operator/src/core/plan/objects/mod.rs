@@ -30,6 +30,9 @@ pub const OWNER_LABEL: &str = "teamgpu.io/owner";
 pub const CONTENT_HASH_ANNOTATION: &str = "teamgpu.io/content-hash";
 /// The name of the ResourceQuota in every team namespace.
 pub const QUOTA_NAME: &str = "teamgpu";
+/// The extended resource name every DeviceClass has under DRAExtendedResource (KEP-5004):
+/// `deviceclass.resource.kubernetes.io/<class>`.
+pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 /// The annotation of a team namespace's quota that names its team, for the team admission
 /// policy's messages.
 pub const QUOTA_TEAM_ANNOTATION: &str = "teamgpu.io/team";
