@@ -29,6 +29,8 @@ use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use teamgpu::api::TeamGpuPolicy;
+use teamgpu::core::plan::admission::EXEMPT_LABEL;
+use teamgpu::core::plan::outside_teams;
 use teamgpu_e2e::TestCluster;
 use teamgpu_e2e::fixtures::fresh;
 use teamgpu_synthetic::{Scale, synthetic};
@@ -111,9 +113,13 @@ where
     ));
     while seen.len() < want {
         match events.next().await {
-            Some(Ok(Event::Apply(o) | Event::InitApply(o))) => {
+            // Not the quotas of 0 outside teams (the system's namespaces): only the teams'.
+            Some(Ok(Event::Apply(o) | Event::InitApply(o)))
+                if o.metadata.name.as_deref() != Some(outside_teams::QUOTA_NAME) =>
+            {
                 seen.insert((o.metadata.namespace, o.metadata.name));
             }
+            Some(Ok(Event::Apply(_) | Event::InitApply(_))) => {}
             Some(Ok(Event::Delete(o))) => {
                 seen.remove(&(o.metadata.namespace, o.metadata.name));
             }
@@ -442,14 +448,16 @@ async fn benchmark() {
     println!("filled in {:.1?}", t.elapsed());
 
     // The write floor: the same quotas and templates, created by a plain client, in namespaces
-    // of their own (`f-<namespace>`).
+    // of their own (`f-<namespace>`). Exempt: outside every team, the operator would otherwise
+    // guard each of them with a quota of 0.
     let floor_ns = |ns: &str| format!("f-{ns}");
+    let exempt = || BTreeMap::from([(EXEMPT_LABEL.to_owned(), "true".to_owned())]);
     create_all(
         &client,
         state
             .namespaces
             .iter()
-            .map(|n| namespace(&floor_ns(&n.name), BTreeMap::new()))
+            .map(|n| namespace(&floor_ns(&n.name), exempt()))
             .collect(),
     )
     .await;
@@ -513,7 +521,7 @@ async fn benchmark() {
         state
             .namespaces
             .iter()
-            .map(|n| namespace(&format!("a-{}", n.name), BTreeMap::new()))
+            .map(|n| namespace(&format!("a-{}", n.name), exempt()))
             .collect(),
     )
     .await;

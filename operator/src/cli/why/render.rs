@@ -92,8 +92,9 @@ fn team_line(why: &Why) -> String {
     match &why.team {
         Some(team) => format!("team: {team} (namespace {})", why.namespace),
         None => format!(
-            "team: namespace {} belongs to no TeamGpuPolicy: teamgpu's admission refuses claims \
-             of its DeviceClasses here; a platform admin can add the namespace to a team",
+            "team: namespace {} belongs to no TeamGpuPolicy: teamgpu refuses claims of its \
+             DeviceClasses here (ResourceQuota teamgpu-outside-teams, or its admission policy); \
+             a platform admin can add the namespace to a team",
             why.namespace
         ),
     }

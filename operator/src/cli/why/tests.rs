@@ -309,8 +309,9 @@ fn a_pod_in_a_namespace_of_no_team_is_told_so() {
         text(&why),
         "pod scratch/notebook waits: no team\n\
          why:\n  \
-         team: namespace scratch belongs to no TeamGpuPolicy: teamgpu's admission refuses claims \
-         of its DeviceClasses here; a platform admin can add the namespace to a team\n  \
+         team: namespace scratch belongs to no TeamGpuPolicy: teamgpu refuses claims of its \
+         DeviceClasses here (ResourceQuota teamgpu-outside-teams, or its admission policy); \
+         a platform admin can add the namespace to a team\n  \
          claim gpu: template a100: 1 device of sharing policy a100 (a100.teamgpu.io), missing\n  \
          event: FailedResourceClaimCreation from resource_claim: PodResourceClaim gpu: \
          resource claim template \"a100\": resourceclaimtemplate.resource.k8s.io \"a100\" not found\n"
