@@ -19,8 +19,16 @@ pub struct Label {
 pub struct GuardLabels {
     /// Namespace -> the value of its guard label, as the watch has it.
     live: BTreeMap<String, String>,
-    /// Labels written whose watch event has not come yet: not written again meanwhile.
-    written: HashMap<String, Option<String>>,
+    /// Labels written whose watch event has not come yet, with the value the watch showed when
+    /// they were written: not written again until the watch shows another value (the write's
+    /// own, or someone's after it, which one event may bring together).
+    written: HashMap<String, Written>,
+}
+
+#[derive(Debug)]
+struct Written {
+    value: Option<String>,
+    over: Option<String>,
 }
 
 impl GuardLabels {
@@ -36,7 +44,7 @@ impl GuardLabels {
         let present: BTreeSet<&str> = namespaces.iter().map(|n| n.info.name.as_str()).collect();
         let live = &self.live;
         self.written
-            .retain(|ns, value| present.contains(ns.as_str()) && live.get(ns) != value.as_ref());
+            .retain(|ns, w| present.contains(ns.as_str()) && live.get(ns) == w.over.as_ref());
     }
 
     /// The labels to write so that each namespace carries what `outside` asks of it, given the
@@ -54,7 +62,7 @@ impl GuardLabels {
         for namespace in namespaces {
             let want = outside.and_then(|o| o.label_of(namespace, in_force(namespace)));
             let have = self.live.get(namespace).map(String::as_str);
-            let written = self.written.get(namespace).map(Option::as_deref);
+            let written = self.written.get(namespace).map(|w| w.value.as_deref());
             if want != have && written != Some(want) {
                 out.push(Label {
                     namespace: namespace.to_owned(),
@@ -67,7 +75,10 @@ impl GuardLabels {
 
     /// `label` was written: it is not written again until the watch shows something else.
     pub fn settle(&mut self, label: Label) {
-        self.written.insert(label.namespace, label.value);
+        let over = self.live.get(&label.namespace).cloned();
+        let value = label.value;
+        self.written
+            .insert(label.namespace, Written { value, over });
     }
 }
 
@@ -129,6 +140,24 @@ mod tests {
         );
         labels.observe(&[ns("ci", Some("l")), ns("team-a", None)]);
         assert_eq!(labels.writes(None, in_force), [label("ci", None)]);
+    }
+
+    #[test]
+    fn a_change_that_comes_with_the_written_labels_event_is_seen() {
+        let mut labels = GuardLabels::default();
+        labels.observe(&[ns("ci", None)]);
+        let guard = outside(&["ci"]);
+        let in_force = |_: &str| Some("l");
+        for write in labels.writes(Some(&guard), in_force) {
+            labels.settle(write);
+        }
+        // Before the operator takes the watch in, someone sets another value: the one event
+        // shows only that. It is put right.
+        labels.observe(&[ns("ci", Some("other"))]);
+        assert_eq!(
+            labels.writes(Some(&guard), in_force),
+            [label("ci", Some("l"))]
+        );
     }
 
     #[test]
