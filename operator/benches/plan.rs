@@ -17,7 +17,7 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::core::DynamicObject;
-use teamgpu::core::diff::{Differ, Kind, LiveObject};
+use teamgpu::core::diff::{Differ, Kind, LiveObject, LiveView};
 use teamgpu::core::plan::inventory::{Inventory, SliceView};
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::plan::{Planner, cel, plan};
@@ -272,6 +272,40 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
     planner.update_claim_views(Delta::All(&cached.claims));
     events.bench_function("take in 10,000 ResourceClaims, none changed", |b| {
         b.iter(|| planner.update_claim_views(Delta::All(black_box(&cached.claims))))
+    });
+    // The quota controller updated one quota's status (a claim was made): its watch hands the
+    // differ that quota, as the operator does, or (before) every quota of the cache.
+    let quotas: Vec<Arc<LiveView>> = (live.owned.iter())
+        .filter(|(kind, _)| *kind == Kind::ResourceQuota)
+        .map(|(kind, o)| Arc::new(LiveView::new(*kind, o)))
+        .collect();
+    let first = (live.owned.iter()).find(|(kind, _)| *kind == Kind::ResourceQuota);
+    let mut updated = (*first.expect("a quota").1).clone();
+    updated.metadata.resource_version = Some("2".into());
+    let versions = [
+        quotas[0].clone(),
+        Arc::new(LiveView::new(Kind::ResourceQuota, &updated)),
+    ];
+    let (_, mut differ) = started(&state, &cached, live.objects());
+    let mut flip = 0;
+    events.bench_function("take in one quota's status update, whole cache", |b| {
+        b.iter(|| {
+            flip ^= 1;
+            let all = (quotas.iter().skip(1).cloned())
+                .chain([versions[flip].clone()])
+                .map(LiveObject::Owned);
+            differ.update_live(Kind::ResourceQuota, all)
+        })
+    });
+    events.bench_function("take in one quota's status update, what changed", |b| {
+        b.iter(|| {
+            flip ^= 1;
+            let changed = Delta::Changed {
+                upserted: &versions[flip..=flip],
+                removed: &[],
+            };
+            differ.update_owned(Kind::ResourceQuota, changed)
+        })
     });
     events.bench_function("first pass of a started operator", |b| {
         b.iter_batched(

@@ -444,6 +444,7 @@ impl Projector<DynamicObject> for OwnedProjector {
     type View = LiveView;
     /// Counts the resyncs: each lists the objects again (see [`Stores::relist_owned`]).
     type Params = u64;
+    const TRACKED: bool = true;
 
     fn project(&mut self, object: &DynamicObject, _: &u64) -> LiveView {
         LiveView::observed(self.kind, object, &self.own_writes, &mut self.charges)

@@ -11,7 +11,6 @@ use super::executor::Executor;
 use super::metrics::{self, Metrics};
 use super::observe::{self, Stores, Watch};
 use super::{Config, resident_mib};
-use crate::core::diff::LiveObject;
 use crate::core::effects::ReclaimDefaults;
 use crate::core::engine::{Engine, Input, Now, Pass, Planned, Role, Settings};
 
@@ -82,8 +81,9 @@ impl Reconciler {
         if changed.contains(Watch::DeviceClasses) {
             inputs.push(Input::DeviceClasses(stores.device_classes.state()));
         }
-        // Slices and claims: what changed since the last take, or everything at the first
-        // and after a resync.
+        // Slices, claims and owned objects: what changed since the last take, or everything at
+        // the first (slices and claims also after a resync; owned objects are listed again
+        // then, and what the list finds different is a change).
         if changed.contains(Watch::Slices)
             && let Some((reads, slices)) = stores.slices.take()
         {
@@ -110,9 +110,8 @@ impl Reconciler {
         }
         for (kind, store) in &stores.owned {
             if changed.contains(Watch::Owned(*kind))
-                && let Some(objects) = all(store.state())
+                && let Some((_, objects)) = store.take()
             {
-                let objects = objects.into_iter().map(LiveObject::Owned).collect();
                 inputs.push(Input::Owned {
                     kind: *kind,
                     objects,

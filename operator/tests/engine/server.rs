@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
-use teamgpu::core::diff::{Kind, LiveObject, ObjectKey, Write};
+use teamgpu::core::diff::{Kind, LiveView, ObjectKey, Write};
 use teamgpu::core::effects::{Effect, PolicyKind};
 use teamgpu::core::engine::{Done, Input};
 use teamgpu::core::plan::inventory::SliceView;
@@ -45,6 +45,9 @@ pub struct Server {
     pub pending_pods: BTreeMap<(String, String), Pod>,
     /// Every object teamgpu owns but DeviceClasses.
     pub owned: BTreeMap<ObjectKey, DynamicObject>,
+    /// The owned objects as the engine last took them in: their watches hand over what
+    /// changed since, as the operator's do.
+    handed: BTreeMap<ObjectKey, DynamicObject>,
     /// What the slices are projected to, as the operator's slice watch does.
     slice_reads: DeviceReads,
     envs: teamgpu::core::plan::inventory::SliceValues,
@@ -192,10 +195,11 @@ impl Server {
         self.changed.insert(watch);
     }
 
-    /// What the engine must take in: the caches whose watch saw a change, whole.
+    /// What the engine must take in: the caches whose watch saw a change, whole (owned
+    /// objects: what changed since the engine last took them in).
     pub fn changes(&mut self) -> Vec<Input> {
         let changed = std::mem::take(&mut self.changed);
-        changed.into_iter().map(|w| self.input(w)).collect()
+        changed.into_iter().map(|w| self.input(w, false)).collect()
     }
 
     /// Every cache, as a fresh engine (a restarted operator) takes them in.
@@ -213,7 +217,7 @@ impl Server {
         ]
         .into_iter()
         .chain(owned.map(Watch::Owned))
-        .map(|w| self.input(w))
+        .map(|w| self.input(w, true))
         .collect()
     }
 
@@ -223,7 +227,8 @@ impl Server {
         self.changed.insert(Watch::Slices);
     }
 
-    fn input(&mut self, watch: Watch) -> Input {
+    /// The cache of `watch`; the owned objects all of them when `whole`, else what changed.
+    fn input(&mut self, watch: Watch, whole: bool) -> Input {
         let arcs = |objects: &BTreeMap<String, DynamicObject>| {
             objects.values().cloned().map(Arc::new).collect()
         };
@@ -266,12 +271,37 @@ impl Server {
             }
             Watch::Owned(kind) => Input::Owned {
                 kind,
-                objects: (self.owned.iter())
-                    .filter(|(key, _)| key.kind == kind)
-                    .map(|(_, o)| LiveObject::owned(kind, o))
-                    .collect(),
+                objects: self.owned_since_handed(kind, whole),
             },
         }
+    }
+
+    /// The owned objects of `kind`: every one (`whole`), or those new, changed or gone since
+    /// the engine last took them in.
+    fn owned_since_handed(&mut self, kind: Kind, whole: bool) -> Taken<LiveView> {
+        let view = |o: &DynamicObject| Arc::new(LiveView::new(kind, o));
+        let version = |o: &DynamicObject| o.metadata.resource_version.clone();
+        let now: BTreeMap<&ObjectKey, &DynamicObject> = (self.owned.iter())
+            .filter(|(k, _)| k.kind == kind)
+            .collect();
+        let taken = if whole {
+            Taken::All(now.values().map(|o| view(o)).collect())
+        } else {
+            let upserted = (now.iter())
+                .filter(|(k, o)| self.handed.get(**k).map(version) != Some(version(o)))
+                .map(|(_, o)| view(o))
+                .collect();
+            let removed = (self.handed.iter())
+                .filter(|(k, _)| k.kind == kind && !now.contains_key(k))
+                .map(|(_, o)| view(o))
+                .collect();
+            Taken::Changed { upserted, removed }
+        };
+        let handed = (now.into_iter()).map(|(k, o)| (k.clone(), o.clone()));
+        let handed: Vec<_> = handed.collect();
+        self.handed.retain(|k, _| k.kind != kind);
+        self.handed.extend(handed);
+        taken
     }
 
     /// Performs `effects` as the executor would, every one of them accepted.

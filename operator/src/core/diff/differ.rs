@@ -12,11 +12,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::{
-    Kind, Live, LiveObject, ObjectKey, Payload, PayloadOf, Write, in_safe_order, key_of_meta,
-    verdict,
+    Kind, Live, LiveObject, LiveView, ObjectKey, Payload, PayloadOf, Write, in_safe_order,
+    key_of_meta, verdict,
 };
 use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
 use crate::core::plan::{DesiredObjects, NamespacedQuota, NamespacedTemplate};
+use crate::core::state::Delta;
 
 /// A live object in the differ, with the fingerprint of the desired object this version was
 /// found to hold everything of.
@@ -242,26 +243,52 @@ impl Differ {
     pub fn update_live(&mut self, kind: Kind, objects: impl IntoIterator<Item = LiveObject>) {
         let mut seen = HashSet::new();
         for object in objects {
-            let key = object.key();
-            let version = object.resource_version().unwrap_or_default();
-            let known = self.live.get(&key).is_some_and(|known| {
-                !version.is_empty() && known.object.resource_version() == Some(version)
-            });
-            // A known version keeps what its comparison found; one of teamgpu's own applies
-            // holds what it applied.
-            if !known {
-                self.dirty.insert(key.clone());
-                let holds = match &object {
-                    LiveObject::Owned(view) => view.written(),
-                    LiveObject::DeviceClass(_) => None,
-                };
-                self.live.insert(key.clone(), LiveEntry { object, holds });
-            }
-            seen.insert(key);
+            seen.insert(self.put_live(object));
         }
         forget(&mut self.live, &mut self.dirty, |key, _| {
             key.kind != kind || seen.contains(key)
         });
+    }
+
+    /// Takes in the objects of `kind` teamgpu owns: all of them, or what changed since the
+    /// last hand-over (at 10,000 namespaces, the quota controller's update of one quota is
+    /// one object, not 10,000).
+    pub fn update_owned(&mut self, kind: Kind, objects: Delta<'_, LiveView>) {
+        match objects {
+            Delta::All(all) => {
+                self.update_live(kind, all.iter().map(|v| LiveObject::Owned(v.clone())));
+            }
+            Delta::Changed { upserted, removed } => {
+                for view in removed {
+                    if self.live.remove(&view.key).is_some() {
+                        self.dirty.insert(view.key.clone());
+                    }
+                }
+                for view in upserted {
+                    self.put_live(LiveObject::Owned(view.clone()));
+                }
+            }
+        }
+    }
+
+    /// Takes in one live object; its key.
+    fn put_live(&mut self, object: LiveObject) -> ObjectKey {
+        let key = object.key();
+        let version = object.resource_version().unwrap_or_default();
+        let known = self.live.get(&key).is_some_and(|known| {
+            !version.is_empty() && known.object.resource_version() == Some(version)
+        });
+        // A known version keeps what its comparison found; one of teamgpu's own applies
+        // holds what it applied.
+        if !known {
+            self.dirty.insert(key.clone());
+            let holds = match &object {
+                LiveObject::Owned(view) => view.written(),
+                LiveObject::DeviceClass(_) => None,
+            };
+            self.live.insert(key.clone(), LiveEntry { object, holds });
+        }
+        key
     }
 
     /// Compares every object at the next [`Differ::writes`], not only those whose side changed

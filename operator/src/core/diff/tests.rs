@@ -121,6 +121,7 @@ fn classes_are_applied_before_the_templates_that_use_them() {
 mod differ {
     use super::*;
     use crate::core::plan::NamespacedQuota;
+    use crate::core::state::Delta;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use proptest::prelude::*;
 
@@ -435,6 +436,7 @@ mod differ {
         fn the_kept_differ_agrees_with_the_full_comparison(
             mut steps in proptest::collection::vec(step(), 1..16),
             quiet in proptest::collection::vec(any::<bool>(), 16),
+            as_delta in proptest::collection::vec(any::<bool>(), 16),
         ) {
             // Most passes see no live change: a quiet step keeps the live side as it was.
             for i in 1..steps.len() {
@@ -446,7 +448,9 @@ mod differ {
             let mut differ = Differ::default();
             let mut previous: Option<Step> = None;
             let mut shared = std::collections::HashMap::new();
-            for step in &steps {
+            // The live quotas the differ was last handed, per namespace.
+            let mut handed: [Option<(u8, bool)>; 2] = [None; 2];
+            for (i, step) in steps.iter().enumerate() {
                 let namespaces = ["a", "b"];
                 let mut objects = DesiredObjects::default();
                 // Quotas are shared while unchanged, as the planner does; classes are new
@@ -488,13 +492,31 @@ mod differ {
                 );
                 // As the operator does: a kind is passed again only when its watch saw an
                 // event (here: when it changed, or at random).
+                // Whole, or (as the owned watches hand them) what changed since the last time.
                 if previous.as_ref().is_none_or(|p: &Step| p.live != step.live || step.retained) {
-                    differ.update_live(
-                        Kind::ResourceQuota,
-                        live_quotas
-                            .iter()
-                            .map(|q| LiveObject::owned(Kind::ResourceQuota, q)),
-                    );
+                    let view = |ns: &str, (d, drift): (u8, bool)| {
+                        Arc::new(LiveView::new(Kind::ResourceQuota, &live_quota(ns, d, drift)))
+                    };
+                    if as_delta[i] {
+                        let (mut upserted, mut removed) = (Vec::new(), Vec::new());
+                        for (ns, (was, now)) in namespaces.iter().zip(handed.iter().zip(step.live)) {
+                            match (was, now) {
+                                (Some(was), None) => removed.push(view(ns, *was)),
+                                (was, Some(now)) if *was != Some(now) => upserted.push(view(ns, now)),
+                                _ => {}
+                            }
+                        }
+                        let delta = Delta::Changed { upserted: &upserted, removed: &removed };
+                        differ.update_owned(Kind::ResourceQuota, delta);
+                    } else {
+                        differ.update_live(
+                            Kind::ResourceQuota,
+                            live_quotas
+                                .iter()
+                                .map(|q| LiveObject::owned(Kind::ResourceQuota, q)),
+                        );
+                    }
+                    handed = step.live;
                 }
                 if previous.as_ref().is_none_or(|p| p.class_live != step.class_live) {
                     differ.update_live(

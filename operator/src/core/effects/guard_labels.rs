@@ -41,7 +41,14 @@ impl GuardLabels {
                 Some((n.info.name.clone(), value.clone()))
             })
             .collect();
-        let present: BTreeSet<&str> = namespaces.iter().map(|n| n.info.name.as_str()).collect();
+        if self.written.is_empty() {
+            return;
+        }
+        // Of the namespaces written, those that still exist (the few, not a set of all).
+        let present: BTreeSet<&str> = (namespaces.iter())
+            .map(|n| n.info.name.as_str())
+            .filter(|name| self.written.contains_key(*name))
+            .collect();
         let live = &self.live;
         self.written
             .retain(|ns, w| present.contains(ns.as_str()) && live.get(ns) == w.over.as_ref());

@@ -1,6 +1,7 @@
 //! What the engine takes in from the caches: plain data, given only when a cache's watch
-//! changed: the whole cache, or for slices and claims what changed since the last hand-over. Policies arrive as read (dynamic objects) and are read into
-//! their types here: one that does not fit is reported on its status, never fatal.
+//! changed: the whole cache, or for slices, claims and owned objects what changed since the
+//! last hand-over. Policies arrive as read (dynamic objects) and are read into their types
+//! here: one that does not fit is reported on its status, never fatal.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use kube::api::DynamicObject;
 
 use super::Engine;
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
-use crate::core::diff::{Kind, LiveObject};
+use crate::core::diff::{Kind, LiveObject, LiveView};
 use crate::core::effects::{Malformed, PodView, PolicyKind};
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects;
@@ -45,10 +46,10 @@ pub enum Input {
     /// DeviceTaintRules (`None` for those whose taint keeps no claim off).
     TaintRules(Vec<Arc<Option<TaintRuleView>>>),
     /// The objects of `kind` that carry teamgpu's managed-by label (DeviceClasses come with
-    /// [`Input::DeviceClasses`]).
+    /// [`Input::DeviceClasses`]): every one, or what changed.
     Owned {
         kind: Kind,
-        objects: Vec<LiveObject>,
+        objects: Taken<LiveView>,
     },
     /// teamgpu's CRDs that exist, as owners of the cluster-wide admission objects.
     CrdOwners(Vec<OwnerReference>),
@@ -231,7 +232,7 @@ impl Engine {
                 self.taint_rules = rules;
                 self.device_taints_changed();
             }
-            Input::Owned { kind, objects } => self.differ.update_live(kind, objects),
+            Input::Owned { kind, objects } => self.differ.update_owned(kind, objects.delta()),
             Input::CrdOwners(owners) => self.state.crd_owners = Some(owners),
             Input::SliceListAsked(reads) => self.slices_asked = Some(reads),
         }

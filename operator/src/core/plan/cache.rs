@@ -12,6 +12,14 @@ pub fn fingerprint(value: &impl Hash) -> u64 {
     hasher.finish()
 }
 
+/// What a value made with `owners` as its owner references depends on: who they are and which
+/// one controls it (the rest of a reference follows from its uid).
+pub fn owners_key(
+    owners: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+) -> Option<Vec<(&str, Option<bool>)>> {
+    owners.map(|o| o.iter().map(|r| (r.uid.as_str(), r.controller)).collect())
+}
+
 /// Values by key, each with the input it was computed from.
 ///
 /// A pass asks for the values it needs with [`Cache::get`]; [`Cache::sweep`] then forgets the

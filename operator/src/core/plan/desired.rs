@@ -11,7 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 
-use super::cache::{Cache, fingerprint};
+use super::cache::{Cache, fingerprint, owners_key};
 use super::identity::name_of;
 use super::membership::Membership;
 use super::objects::{
@@ -454,8 +454,7 @@ fn admission_objects(
     };
     // The non-team policy lists every team namespace (10,000 at the Kubernetes limit): built,
     // serialized and hashed again only when what it is made of changes, not at every claim.
-    let owned_by: Option<Vec<_>> =
-        owners.map(|o| o.iter().map(|r| (&r.uid, r.controller)).collect());
+    let owned_by = owners_key(owners);
     let made_of = fingerprint(&(&classes, operator, &inputs.membership.namespaces, owned_by));
     let non_team = kept.non_team.get((), made_of, |_| {
         let namespaces = inputs.membership.all_team_namespaces();

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::cache::{Cache, fingerprint};
+use super::cache::{Cache, fingerprint, owners_key};
 use super::objects::{IMPLICIT_EXTENDED_PREFIX, NamespacedQuota, content_hash, managed_labels};
 
 /// The quota of 0 in each namespace outside every team.
@@ -125,8 +125,7 @@ impl KeptGuard {
         (zero_hard, classes): (&[Arc<str>], impl Iterator<Item = &'a String> + Clone),
         owners: Option<&Vec<OwnerReference>>,
     ) -> Option<&Guard> {
-        let uids: Option<Vec<(&str, Option<bool>)>> =
-            owners.map(|o| o.iter().map(|r| (&*r.uid, r.controller)).collect());
+        let uids = owners_key(owners);
         let names: Vec<&String> = classes.clone().collect();
         let made_of = fingerprint(&(namespaces, zero_hard, names, uids));
         let guard = self.0.get((), made_of, |_| {
