@@ -275,12 +275,14 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
     });
     // The quota controller updated one quota's status (a claim was made): its watch hands the
     // differ that quota, as the operator does, or (before) every quota of the cache.
-    let quotas: Vec<Arc<LiveView>> = (live.owned.iter())
+    let quota_objects: Vec<&DynamicObject> = (live.owned.iter())
         .filter(|(kind, _)| *kind == Kind::ResourceQuota)
-        .map(|(kind, o)| Arc::new(LiveView::new(*kind, o)))
+        .map(|(_, o)| &**o)
         .collect();
-    let first = (live.owned.iter()).find(|(kind, _)| *kind == Kind::ResourceQuota);
-    let mut updated = (*first.expect("a quota").1).clone();
+    let quotas: Vec<Arc<LiveView>> = (quota_objects.iter())
+        .map(|o| Arc::new(LiveView::new(Kind::ResourceQuota, o)))
+        .collect();
+    let mut updated = quota_objects[0].clone();
     updated.metadata.resource_version = Some("2".into());
     let versions = [
         quotas[0].clone(),

@@ -431,6 +431,30 @@ mod differ {
         );
     }
 
+    /// The live quotas of `namespaces` that are new or changed, and those gone, from `handed`
+    /// to `now`, as the owned watches hand them over.
+    fn changed_since(
+        namespaces: [&str; 2],
+        handed: [Option<(u8, bool)>; 2],
+        now: [Option<(u8, bool)>; 2],
+    ) -> (Vec<Arc<LiveView>>, Vec<Arc<LiveView>>) {
+        let view = |ns: &str, (d, drift): (u8, bool)| {
+            Arc::new(LiveView::new(
+                Kind::ResourceQuota,
+                &live_quota(ns, d, drift),
+            ))
+        };
+        let (mut upserted, mut removed) = (Vec::new(), Vec::new());
+        for (ns, (was, now)) in namespaces.iter().zip(handed.into_iter().zip(now)) {
+            match (was, now) {
+                (Some(was), None) => removed.push(view(ns, was)),
+                (was, Some(now)) if was != Some(now) => upserted.push(view(ns, now)),
+                _ => {}
+            }
+        }
+        (upserted, removed)
+    }
+
     proptest! {
         #[test]
         fn the_kept_differ_agrees_with_the_full_comparison(
@@ -491,22 +515,15 @@ mod differ {
                     &full_live,
                 );
                 // As the operator does: a kind is passed again only when its watch saw an
-                // event (here: when it changed, or at random).
-                // Whole, or (as the owned watches hand them) what changed since the last time.
+                // event (here: when it changed, or at random), whole or (as the owned watches
+                // hand them) what changed since the last time.
                 if previous.as_ref().is_none_or(|p: &Step| p.live != step.live || step.retained) {
-                    let view = |ns: &str, (d, drift): (u8, bool)| {
-                        Arc::new(LiveView::new(Kind::ResourceQuota, &live_quota(ns, d, drift)))
-                    };
                     if as_delta[i] {
-                        let (mut upserted, mut removed) = (Vec::new(), Vec::new());
-                        for (ns, (was, now)) in namespaces.iter().zip(handed.iter().zip(step.live)) {
-                            match (was, now) {
-                                (Some(was), None) => removed.push(view(ns, *was)),
-                                (was, Some(now)) if *was != Some(now) => upserted.push(view(ns, now)),
-                                _ => {}
-                            }
-                        }
-                        let delta = Delta::Changed { upserted: &upserted, removed: &removed };
+                        let (upserted, removed) = changed_since(namespaces, handed, step.live);
+                        let delta = Delta::Changed {
+                            upserted: &upserted,
+                            removed: &removed,
+                        };
                         differ.update_owned(Kind::ResourceQuota, delta);
                     } else {
                         differ.update_live(
