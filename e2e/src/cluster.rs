@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -379,7 +382,90 @@ async fn install_crds(client: &kube::Client) -> Result<(), ClusterError> {
             .map_err(|_| ClusterError::Prepare(format!("CRD {name} not established in 30 s")))?
             .map_err(|e| ClusterError::Prepare(e.to_string()))?;
     }
-    Ok(())
+    admission_knows_the_team_kind(client).await
+}
+
+/// The API server's admission resolves an admission policy's `paramKind` through a discovery
+/// cache that kube-apiserver refreshes every 30 s, not when a CRD is created. Until it has, a
+/// policy whose `paramKind` is TeamGpuPolicy (`teamgpu-namespace-membership`) fails to
+/// configure and, with `failurePolicy: Fail`, refuses every namespace it matches: seen in CI
+/// when a test deleted a namespace right after another had reinstalled the CRDs. So this waits
+/// until a probe policy with that `paramKind` is configured: it then refuses a dry-run namespace
+/// for want of parameters, not for want of the kind.
+async fn admission_knows_the_team_kind(client: &kube::Client) -> Result<(), ClusterError> {
+    const PROBE: &str = "teamgpu-e2e-param-kind-probe";
+    const WAIT: Duration = Duration::from_secs(60);
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": PROBE},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "teamgpu.io/v1alpha1", "kind": "TeamGpuPolicy"},
+            "matchConstraints": {
+                "objectSelector": {"matchLabels": {PROBE: "true"}},
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                   "operations": ["CREATE"], "resources": ["namespaces"]}]
+            },
+            "validations": [{"expression": "false"}]
+        }
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": PROBE},
+        "spec": {
+            "policyName": PROBE,
+            "paramRef": {"selector": {}, "parameterNotFoundAction": "Deny"},
+            "validationActions": ["Deny"]
+        }
+    });
+    let discovery = kube::Discovery::new(client.clone()).run().await?;
+    apply(client, &discovery, &policy).await?;
+    apply(client, &discovery, &binding).await?;
+    let namespace: Namespace = serde_json::from_value(json!({
+        "metadata": {"generateName": "probe-", "labels": {PROBE: "true"}}
+    }))
+    .map_err(|e| ClusterError::Prepare(e.to_string()))?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let started = std::time::Instant::now();
+    let outcome = loop {
+        let message = match namespaces
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    field_manager: None,
+                },
+                &namespace,
+            )
+            .await
+        {
+            Ok(_) => "admitted".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        let configured = message.contains(PROBE)
+            && !message.contains("failed to configure policy")
+            && !message.contains("not yet synced");
+        if configured {
+            break Ok(());
+        }
+        if started.elapsed() > WAIT {
+            break Err(ClusterError::Prepare(format!(
+                "admission did not resolve paramKind TeamGpuPolicy in {WAIT:?}: {message}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .delete(PROBE, &Default::default())
+        .await?;
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .delete(PROBE, &Default::default())
+        .await?;
+    eprintln!(
+        "e2e: admission resolved paramKind TeamGpuPolicy after {:?}",
+        started.elapsed()
+    );
+    outcome
 }
 
 /// Server-side applies one manifest as the harness.
