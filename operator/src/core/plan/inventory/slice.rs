@@ -16,6 +16,11 @@ pub struct SliceValues {
     pub envs: DeviceEnvs,
     pub counters: CounterValues,
     rares: crate::intern::Interner<Rare>,
+    /// What the device at each place of the slice projected last had, compared first: nodes
+    /// of one model list the same devices in the same order.
+    placed_rares: Vec<Option<Arc<Rare>>>,
+    /// The draws of the device being projected, kept to be reused.
+    draws: Vec<Draw>,
 }
 
 impl SliceValues {
@@ -23,8 +28,63 @@ impl SliceValues {
     pub fn prune(&mut self) {
         self.envs.prune();
         // Before the counters: what a shared Rare holds keeps counter values alive.
+        self.placed_rares.clear();
         self.rares.prune();
         self.counters.prune();
+    }
+
+    /// What few devices have of `device`, the device at `place` of its slice: the same as the
+    /// device at that place of the slice projected before, most of the time.
+    fn rare(
+        &mut self,
+        place: usize,
+        device: &k8s_openapi::api::resource::v1::Device,
+        driver: &str,
+    ) -> Option<Arc<Rare>> {
+        let taint = (device.taints.iter().flatten())
+            .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+            .map(|t| Arc::from(t.key.as_str()));
+        let mut draws = std::mem::take(&mut self.draws);
+        draws.extend(
+            (device.consumes_counters.iter().flatten())
+                .map(|draw| Draw::project(draw, &mut self.counters)),
+        );
+        let shared = device.allow_multiple_allocations == Some(true);
+        let consumable: Box<[ConsumableCapacity]> = match shared {
+            true => (device.capacity.iter().flatten())
+                .map(|(name, c)| ConsumableCapacity::project(name, c))
+                .collect(),
+            false => Box::default(),
+        };
+        let uuid = shared.then(|| uuid_of(device, driver)).flatten();
+        let rare = if taint.is_none() && draws.is_empty() && consumable.is_empty() {
+            None
+        } else if let Some(Some(placed)) = self.placed_rares.get(place)
+            && (
+                &placed.taint,
+                &*placed.draws,
+                &placed.consumable,
+                &placed.uuid,
+            ) == (&taint, &draws[..], &consumable, &uuid)
+        {
+            Some(Arc::clone(placed))
+        } else {
+            let rare = self.rares.share(Rare {
+                taint,
+                draws: draws.as_slice().into(),
+                consumable,
+                uuid,
+            });
+            if self.placed_rares.len() <= place {
+                self.placed_rares.resize(place + 1, None);
+            }
+            self.placed_rares[place] = Some(Arc::clone(&rare));
+            Some(rare)
+        };
+        // Kept empty, so that it holds no counter value between devices.
+        draws.clear();
+        self.draws = draws;
+        rare
     }
 }
 
@@ -102,6 +162,7 @@ impl SliceView {
     pub fn project(slice: &ResourceSlice, reads: &DeviceReads, values: &mut SliceValues) -> Self {
         let spec = &slice.spec;
         values.counters.begin_slice();
+        super::counter_values::warm(spec);
         let published = spec.shared_counters.as_deref().unwrap_or_default();
         let counter_sets: Box<[CounterSetView]> = (published.iter())
             .map(|set| CounterSetView::project(set, &mut values.counters))
@@ -110,32 +171,11 @@ impl SliceView {
             .devices
             .iter()
             .flatten()
-            .map(|d| {
-                let rare_value = Rare {
-                    taint: (d.taints.iter().flatten())
-                        .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-                        .map(|t| Arc::from(t.key.as_str())),
-                    draws: (d.consumes_counters.iter().flatten())
-                        .map(|draw| Draw::project(draw, &mut values.counters))
-                        .collect(),
-                    consumable: match d.allow_multiple_allocations {
-                        Some(true) => (d.capacity.iter().flatten())
-                            .map(|(name, c)| ConsumableCapacity::project(name, c))
-                            .collect(),
-                        _ => Box::default(),
-                    },
-                    uuid: (d.allow_multiple_allocations == Some(true))
-                        .then(|| uuid_of(d, &spec.driver))
-                        .flatten(),
-                };
-                let rare = rare_value.taint.is_some()
-                    || !rare_value.draws.is_empty()
-                    || !rare_value.consumable.is_empty();
-                SliceDevice {
-                    name: Arc::from(d.name.as_str()),
-                    env: values.envs.project(&spec.driver, d, reads),
-                    rare: rare.then(|| values.rares.share(rare_value)),
-                }
+            .enumerate()
+            .map(|(place, d)| SliceDevice {
+                name: Arc::from(d.name.as_str()),
+                env: values.envs.project(&spec.driver, d, reads),
+                rare: values.rare(place, d, &spec.driver),
             })
             .collect();
         let mut view = SliceView {

@@ -277,3 +277,55 @@ fn which_nvidia_classes_are_governed() {
     ];
     assert_eq!(governed, expect.map(|(n, b)| (n.to_owned(), b)));
 }
+
+#[test]
+fn each_device_keeps_its_own_taint_and_draws_whatever_the_slice_before_held_at_its_place() {
+    use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let counters = |memory: &str| {
+        BTreeMap::from([(
+            "memory".to_owned(),
+            Counter {
+                value: Quantity(memory.to_owned()),
+            },
+        )])
+    };
+    // Device 0 draws `memory` of its GPU's set; `tainted` adds a NoExecute taint to it.
+    let slice = |memory: &str, tainted: bool| {
+        let mut s = node_slice();
+        s.spec.shared_counters = Some(vec![CounterSet {
+            name: "gpu-0".into(),
+            counters: counters("80Gi"),
+        }]);
+        let device = &mut s.spec.devices.as_mut().expect("devices")[0];
+        device.consumes_counters = Some(vec![DeviceCounterConsumption {
+            counter_set: "gpu-0".into(),
+            counters: counters(memory),
+        }]);
+        device.taints = tainted.then(|| {
+            vec![DeviceTaint {
+                key: "gpu.nvidia.com/xid".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }]
+        });
+        s
+    };
+    let mut values = SliceValues::default();
+    let reads = DeviceReads::everything();
+    let first = SliceView::project(&slice("80Gi", true), &reads, &mut values);
+    let second = SliceView::project(&slice("10Gi", false), &reads, &mut values);
+    let third = SliceView::project(&slice("80Gi", true), &reads, &mut values);
+    let drawn = |view: &SliceView| view.devices[0].draws()[0].counters[0].1;
+    let gi_nanos = (1i128 << 30) * 1_000_000_000;
+    assert_eq!(drawn(&first), 80 * gi_nanos);
+    assert_eq!(drawn(&second), 10 * gi_nanos);
+    assert!(first.devices[0].taint().is_some());
+    assert!(second.devices[0].taint().is_none());
+    // Equal devices share what they hold; the other devices draw nothing.
+    assert!(std::ptr::eq(
+        first.devices[0].draws(),
+        third.devices[0].draws()
+    ));
+    assert!(third.devices[1..].iter().all(|d| d.draws().is_empty()));
+}
