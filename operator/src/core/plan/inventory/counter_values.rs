@@ -137,7 +137,7 @@ fn is_text_of(text: &[u8], counters: &BTreeMap<String, Counter>) -> bool {
 /// these loads do not depend on each other, so the processor fetches them from memory together
 /// rather than one at a time as [`CounterValues::amounts`] compares them (a plan from objects
 /// with a counter set per GPU: about 3% faster).
-pub fn warm(spec: &k8s_openapi::api::resource::v1::ResourceSliceSpec) {
+fn warm(spec: &k8s_openapi::api::resource::v1::ResourceSliceSpec) {
     let mut first = 0u8;
     let sets = spec.shared_counters.iter().flatten().map(|s| &s.counters);
     let draws = (spec.devices.iter().flatten())
@@ -154,7 +154,8 @@ pub fn warm(spec: &k8s_openapi::api::resource::v1::ResourceSliceSpec) {
 
 impl CounterValues {
     /// Starts a slice: its counters are looked up in the order it lists them.
-    pub fn begin_slice(&mut self) {
+    pub fn begin_slice(&mut self, spec: &k8s_openapi::api::resource::v1::ResourceSliceSpec) {
+        warm(spec);
         self.place = 0;
     }
 

@@ -161,8 +161,7 @@ impl SliceView {
     /// `slice` reduced to what the inventory and expressions reading `reads` need.
     pub fn project(slice: &ResourceSlice, reads: &DeviceReads, values: &mut SliceValues) -> Self {
         let spec = &slice.spec;
-        values.counters.begin_slice();
-        super::counter_values::warm(spec);
+        values.counters.begin_slice(spec);
         let published = spec.shared_counters.as_deref().unwrap_or_default();
         let counter_sets: Box<[CounterSetView]> = (published.iter())
             .map(|set| CounterSetView::project(set, &mut values.counters))
