@@ -20,7 +20,7 @@ use super::claims::Claims;
 use super::conditions::{DesiredCondition, types};
 use super::inventory::{GroupMatches, Inventory, PoolKey};
 use super::placement::PoolRoom;
-use super::shared_counters::{Contested, SharedCounters};
+use super::shared_counters::{Contested, SharedCounters, share_micro};
 use crate::core::fairshare::PoolInput;
 use crate::dra_cel::CompiledExpressions;
 
@@ -89,6 +89,8 @@ pub fn shared_counters(
     let mut totals: Vec<(u32, u32)> = vec![(0, 0); names.len()];
     let mut free: Vec<Vec<(PoolKey, u32)>> = vec![Vec::new(); names.len()];
     let mut touched = vec![false; names.len()];
+    // Per set, the largest share of a GPU one of its devices is (noted once, not per pool).
+    let mut shares: Vec<Option<u64>> = vec![None; names.len()];
     // The kept fits and the allocations, in pool order like `pools`: walked side by side.
     let mut kept = std::mem::take(&mut fits.kept).into_iter().peekable();
     let mut allocations = claims.allocations().iter().peekable();
@@ -125,7 +127,8 @@ pub fn shared_counters(
             }
         }
         for &(set, part, whole) in found.shares.iter() {
-            out.note_share(names[usize::from(set)], part, whole);
+            let largest = &mut shares[usize::from(set)];
+            *largest = (*largest).max(share_micro(part, whole));
         }
         for (group_sets, more) in found.contested.iter() {
             out.contested.push(Contested {
@@ -137,6 +140,11 @@ pub fn shared_counters(
             });
         }
         out.approximate += found.approximate;
+    }
+    for (set, micro) in shares.into_iter().enumerate() {
+        if let Some(micro) = micro {
+            out.note_micro_share(names[set], micro);
+        }
     }
     for (set, ((matched, held), free)) in totals.into_iter().zip(free).enumerate() {
         if !touched[set] {
@@ -171,19 +179,21 @@ fn fit_pool(
     let mut approximate = 0;
     let mut allocated: Vec<bool> = Vec::new();
     let mut matching: Vec<u16> = Vec::new();
-    for (group, by_device) in counters.groups.iter().zip(by_group.iter()) {
+    let mut more: Vec<(u16, u32)> = Vec::new();
+    for (group, by_device) in counters.groups.iter().zip(by_group.groups()) {
         allocated.clear();
+        // A pool nothing is allocated in (most, in a quiet cluster) looks up no device.
         allocated.extend(group.device_places().map(|place| {
-            (pool.device_at(place)).is_some_and(|d| taken.is_some_and(|t| t.contains_key(d.name())))
+            taken.is_some_and(|t| (pool.device_at(place)).is_some_and(|d| t.contains_key(d.name())))
         }));
         // The sets that match a device of the group (most groups: one).
         matching.clear();
-        matching.extend(by_device.iter().flat_map(|d| d.iter().copied()));
+        matching.extend(by_device.iter().flatten().copied());
         matching.sort_unstable();
         matching.dedup();
-        let mut more: Vec<(u16, u32)> = Vec::new();
+        more.clear();
         for &set in &matching {
-            let candidate = |i: usize| by_device[i].contains(&set);
+            let candidate = |i: usize| by_device.sets(i).contains(&set);
             let matched = (0..by_device.len()).filter(|i| candidate(*i)).count();
             if matched == 0 {
                 continue;
@@ -208,7 +218,7 @@ fn fit_pool(
         match more.as_slice() {
             [] => {}
             [(set, n)] => per_set[usize::from(*set)].get_or_insert_default().2 += n,
-            _ => contested.push((group.sets.clone(), more.into_boxed_slice())),
+            _ => contested.push((group.sets.clone(), more.as_slice().into())),
         }
     }
     let index = |i: usize| u16::try_from(i).unwrap_or(u16::MAX);

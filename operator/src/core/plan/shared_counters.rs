@@ -38,12 +38,13 @@ pub struct SharedCounters {
 impl SharedCounters {
     /// Notes that a device of `policy` is `part` of `whole` of its GPU.
     pub(super) fn note_share(&mut self, policy: &str, part: i128, whole: i128) {
-        if whole <= 0 || part <= 0 {
-            return;
+        if let Some(micro) = share_micro(part, whole) {
+            self.note_micro_share(policy, micro);
         }
-        // Rounded up: a budget counted in these never lets more run than it says.
-        let micro = (part.saturating_mul(1_000_000) + whole - 1) / whole;
-        let micro = u64::try_from(micro).unwrap_or(u64::MAX);
+    }
+
+    /// Notes that a device of `policy` is `micro` millionths of its GPU ([`share_micro`]).
+    pub(super) fn note_micro_share(&mut self, policy: &str, micro: u64) {
         match self.shares.get_mut(policy) {
             Some(largest) => *largest = (*largest).max(micro),
             None => {
@@ -51,6 +52,16 @@ impl SharedCounters {
             }
         }
     }
+}
+
+/// `part` of `whole`, in millionths rounded up (a budget counted in these never lets more run
+/// than it says); `None` when either is not positive.
+pub(super) fn share_micro(part: i128, whole: i128) -> Option<u64> {
+    if whole <= 0 || part <= 0 {
+        return None;
+    }
+    let micro = (part.saturating_mul(1_000_000) + whole - 1) / whole;
+    Some(u64::try_from(micro).unwrap_or(u64::MAX))
 }
 
 /// A counter group whose free counters two or more policies' devices fit.

@@ -154,9 +154,11 @@ impl CounterGroup {
     pub fn fit(&self, allocated: &[bool], candidate: impl Fn(usize) -> bool) -> Fit {
         let mut left: std::borrow::Cow<[i128]> = std::borrow::Cow::Borrowed(&self.budget);
         let mut held = 0;
-        let mut free: Vec<&[(u16, i128)]> = Vec::new();
+        // The free candidates: how many, and the first one's draws.
+        let (mut free, mut first) = (0, None);
+        let is_allocated = |i: usize| allocated.get(i).copied().unwrap_or(false);
         for (i, (_, draws)) in self.devices.iter().enumerate() {
-            if allocated.get(i).copied().unwrap_or(false) {
+            if is_allocated(i) {
                 let left = left.to_mut();
                 for &(slot, amount) in draws.iter() {
                     let slot = &mut left[usize::from(slot)];
@@ -164,21 +166,29 @@ impl CounterGroup {
                 }
                 held += u32::from(candidate(i));
             } else if candidate(i) {
-                free.push(draws);
+                free += 1;
+                first.get_or_insert(&**draws);
             }
         }
-        let mut fit = match free.as_slice() {
-            // A GPU's full device, say: no search (most groups are one device of a policy).
-            [] => Fit {
-                exact: true,
-                ..Fit::default()
-            },
-            [one] => Fit {
+        let mut fit = match (free, first) {
+            // A GPU's full device, say: no search and nothing gathered (most groups are one
+            // device of a policy, and a plan from objects fits 40,000 groups).
+            (1, Some(one)) => Fit {
                 more: u32::from(fits_alone(&left, one)),
                 exact: true,
                 ..Fit::default()
             },
-            many => most_that_fit(&left, many),
+            (0, _) | (_, None) => Fit {
+                exact: true,
+                ..Fit::default()
+            },
+            _ => {
+                let many: Vec<&[(u16, i128)]> = (self.devices.iter().enumerate())
+                    .filter(|&(i, _)| !is_allocated(i) && candidate(i))
+                    .map(|(_, (_, draws))| &**draws)
+                    .collect();
+                most_that_fit(&left, &many)
+            }
         };
         fit.held = held;
         fit
@@ -417,6 +427,33 @@ mod tests {
 
     fn draw(set: &str, counters: &[(&str, i128)]) -> Draw {
         Draw::of(set, counters)
+    }
+
+    #[test]
+    fn a_group_fits_its_free_candidates_in_what_the_allocated_devices_leave() {
+        // A GPU of 7 compute units: three 1-unit slices and one 2-unit slice, the first slice
+        // allocated. The 1-unit policy holds one and fits two more; the 2-unit device is not
+        // its candidate, and the allocated slice is not counted again as room.
+        let sets = [set("gpu", &[("compute", 7)])];
+        let one = [draw("gpu", &[("compute", 1)])];
+        let two = [draw("gpu", &[("compute", 2)])];
+        let draws: [&[Draw]; 4] = [&one, &one, &one, &two];
+        let counters = PoolCounters::build(
+            &sets.iter().collect::<Vec<_>>(),
+            &draws,
+            &mut Default::default(),
+        )
+        .unwrap();
+        let g = &counters.groups[0];
+        let allocated = [true, false, false, false];
+        let fit = g.fit(&allocated, |i| i < 3);
+        assert_eq!((fit.held, fit.more, fit.exact), (1, 2, true));
+        // The 2-unit policy: nothing held, and one more fits in the 6 units left.
+        let fit = g.fit(&allocated, |i| i == 3);
+        assert_eq!((fit.held, fit.more), (0, 1));
+        // Nothing allocated: the three slices fit whole.
+        let fit = g.fit(&[false; 4], |i| i < 3);
+        assert_eq!((fit.held, fit.more), (0, 3));
     }
 
     #[test]

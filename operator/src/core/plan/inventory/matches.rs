@@ -3,8 +3,7 @@
 //! matching devices a taint keeps from claims.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{DeviceId, Pool};
 use crate::dra_cel::{CompiledExpressions, ExpressionError};
@@ -101,7 +100,52 @@ pub fn match_pool<S: Borrow<CompiledExpressions>>(
 /// Per counter group of a pool, per device of the group (in the group's order), the places of
 /// the expression sets that match it (counted devices only: a tainted device still draws on the
 /// counters when allocated, but no claim gets it anew).
-pub type GroupMatches = Box<[Box<[Arc<[u16]>]>]>;
+///
+/// Devices with equal CEL input (a node's GPUs of one model) match alike: a list per input, held
+/// once, and per device which. A pool is a handful of allocations, not one per group and device
+/// (a plan from objects builds this for 5,000 pools).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupMatches {
+    /// Lists of set places, one per CEL input; the first is empty.
+    lists: Box<[Box<[u16]>]>,
+    /// Per device of every group, groups one after the other: its place in `lists`.
+    devices: Box<[u32]>,
+    /// Where each group's devices end in `devices`.
+    ends: Box<[u32]>,
+}
+
+/// One group of [`GroupMatches`]: per device, the places of the sets that match it.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupDevices<'a> {
+    lists: &'a [Box<[u16]>],
+    devices: &'a [u32],
+}
+
+impl GroupMatches {
+    pub fn groups(&self) -> impl Iterator<Item = GroupDevices<'_>> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        (starts.zip(self.ends.iter().copied())).map(|(start, end)| GroupDevices {
+            lists: &self.lists,
+            devices: &self.devices[start as usize..end as usize],
+        })
+    }
+}
+
+impl<'a> GroupDevices<'a> {
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// The places of the sets that match device `i` of the group.
+    pub fn sets(&self, i: usize) -> &'a [u16] {
+        (self.devices.get(i)).map_or(&[], |&list| &self.lists[list as usize])
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u16]> + use<'a> {
+        let lists = self.lists;
+        (self.devices.iter()).map(move |&list| &*lists[list as usize])
+    }
+}
 
 /// [`match_pool`], and for a pool with counters, what its groups' devices match.
 pub fn match_pool_and_groups<S: Borrow<CompiledExpressions>>(
@@ -110,15 +154,34 @@ pub fn match_pool_and_groups<S: Borrow<CompiledExpressions>>(
 ) -> (MatchReport, Option<GroupMatches>) {
     let mut report = MatchReport::default();
     report_uncounted(pool, sets, &mut report);
-    // Devices of one model share their CEL input (a node's 8 GPUs): evaluated once per input.
-    let mut by_env: HashMap<*const crate::dra_cel::DeviceEnv, Vec<_>> = HashMap::new();
-    for device in pool.counted() {
+    let counters = pool.counters();
+    // Devices of one model share their CEL input (a node's 8 GPUs): evaluated once per input,
+    // and with counters, the places of the sets it matches listed once (see [`GroupMatches`]).
+    let mut by_env: rustc_hash::FxHashMap<*const crate::dra_cel::DeviceEnv, (Vec<_>, u32)> =
+        Default::default();
+    let mut lists: Vec<Box<[u16]>> = vec![Box::default()];
+    // Per place in the pool, the list of the device there (the empty one: not counted).
+    let mut list_at = vec![0; counters.map_or(0, |_| pool.order.len())];
+    for (place, device) in pool.counted_places() {
         let env = device.env();
-        let results = by_env.entry(std::ptr::from_ref(env)).or_insert_with(|| {
-            (sets.values())
+        let (results, list) = by_env.entry(std::ptr::from_ref(env)).or_insert_with(|| {
+            let results: Vec<_> = (sets.values())
                 .map(|set| set.borrow().matches(env))
-                .collect()
+                .collect();
+            if counters.is_none() {
+                return (results, 0);
+            }
+            lists.push(
+                (results.iter().enumerate())
+                    .filter(|(_, r)| matches!(r, Ok(true)))
+                    .map(|(i, _)| u16::try_from(i).unwrap_or(u16::MAX))
+                    .collect(),
+            );
+            (results, u32::try_from(lists.len() - 1).unwrap_or(u32::MAX))
         });
+        if let Some(at) = list_at.get_mut(place as usize) {
+            *at = *list;
+        }
         let mut names: Vec<&String> = Vec::new();
         for ((name, _), result) in sets.iter().zip(results.iter().cloned()) {
             match result {
@@ -155,9 +218,7 @@ pub fn match_pool_and_groups<S: Borrow<CompiledExpressions>>(
                 .push((device.id(), names.into_iter().cloned().collect()));
         }
     }
-    let groups = pool
-        .counters()
-        .map(|counters| group_matches(pool, counters, &by_env));
+    let groups = counters.map(|counters| group_matches(counters, lists, &list_at));
     (report, groups)
 }
 
@@ -202,40 +263,23 @@ fn report_uncounted<S: Borrow<CompiledExpressions>>(
 }
 
 /// Per group of `counters`, per device, the places of the sets that match it (see
-/// [`GroupMatches`]), from the results `by_env` holds per CEL input.
+/// [`GroupMatches`]), from the `lists` of the devices at each place of the pool (`list_at`).
 fn group_matches(
-    pool: &Pool,
     counters: &super::PoolCounters,
-    by_env: &HashMap<*const crate::dra_cel::DeviceEnv, Vec<Result<bool, ExpressionError>>>,
+    lists: Vec<Box<[u16]>>,
+    list_at: &[u32],
 ) -> GroupMatches {
-    let none: Arc<[u16]> = Arc::new([]);
-    let mut places: rustc_hash::FxHashMap<*const crate::dra_cel::DeviceEnv, Arc<[u16]>> =
-        Default::default();
-    let mut counted = vec![false; pool.order.len()];
-    for (place, _) in pool.counted_places() {
-        counted[place as usize] = true;
+    let mut devices = Vec::with_capacity(list_at.len());
+    let mut ends = Vec::with_capacity(counters.groups.len());
+    for group in counters.groups.iter() {
+        devices.extend(
+            (group.device_places()).map(|place| list_at.get(place as usize).copied().unwrap_or(0)),
+        );
+        ends.push(u32::try_from(devices.len()).unwrap_or(u32::MAX));
     }
-    (counters.groups.iter())
-        .map(|group| {
-            (group.device_places())
-                .map(|place| {
-                    let Some(device) = pool.device_at(place) else {
-                        return none.clone();
-                    };
-                    let env = std::ptr::from_ref(device.env());
-                    let results = match by_env.get(&env) {
-                        Some(results) if counted[place as usize] => results,
-                        _ => return none.clone(),
-                    };
-                    (places.entry(env).or_insert_with(|| {
-                        (results.iter().enumerate())
-                            .filter(|(_, r)| matches!(r, Ok(true)))
-                            .map(|(i, _)| u16::try_from(i).unwrap_or(u16::MAX))
-                            .collect()
-                    }))
-                    .clone()
-                })
-                .collect()
-        })
-        .collect()
+    GroupMatches {
+        lists: lists.into(),
+        devices: devices.into(),
+        ends: ends.into(),
+    }
 }
