@@ -95,6 +95,7 @@ pub fn shared_counters(
     let mut kept = std::mem::take(&mut fits.kept).into_iter().peekable();
     let mut allocations = claims.allocations().iter().peekable();
     let mut next = Vec::with_capacity(pools.len());
+    let mut scratch = Scratch::default();
     for (key, pool) in pools {
         while allocations.next_if(|(k, _)| *k < key).is_some() {}
         let taken = allocations.next_if(|(k, _)| *k == key).map(|(_, a)| a);
@@ -113,7 +114,12 @@ pub fn shared_counters(
             // Kept by the matching of the same pool and expressions, which ran this pass.
             let no_groups = GroupMatches::default();
             let by_group = matching.group_matches(&key).unwrap_or(&no_groups);
-            fit_pool(pool, by_group, taken.map(|t| &t.devices), names.len())
+            fit_pool(
+                pool,
+                by_group,
+                taken.map(|t| &t.devices),
+                (names.len(), &mut scratch),
+            )
         });
         next.push((key, input, found));
         let (key, _, found) = next.last().expect("just pushed");
@@ -161,25 +167,45 @@ pub fn shared_counters(
     out
 }
 
+/// What fitting a pool works in, kept from pool to pool (a plan from objects fits 5,000).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Per set: matched, held, more alone.
+    per_set: Vec<Option<(u32, u32, u32)>>,
+    /// Per set, its largest share.
+    shares: Vec<Option<(i128, i128)>>,
+    /// Per device of the group being fitted, whether it is allocated.
+    allocated: Vec<bool>,
+    /// The sets that match a device of the group.
+    matching: Vec<u16>,
+    /// Per set, what more fits in the group.
+    more: Vec<(u16, u32)>,
+}
+
 /// [`PoolFits`] of `pool`, its groups' devices matching the sets of `by_group`, the devices
 /// `taken` allocated.
 fn fit_pool(
     pool: &super::inventory::Pool,
     by_group: &GroupMatches,
     taken: Option<&BTreeMap<Arc<str>, u32>>,
-    sets: usize,
+    (sets, scratch): (usize, &mut Scratch),
 ) -> PoolFits {
     let Some(counters) = pool.counters() else {
         return PoolFits::default();
     };
-    // Per set: matched, held, more alone; and its largest share.
-    let mut per_set: Vec<Option<(u32, u32, u32)>> = vec![None; sets];
-    let mut shares: Vec<Option<(i128, i128)>> = vec![None; sets];
+    let Scratch {
+        per_set,
+        shares,
+        allocated,
+        matching,
+        more,
+    } = scratch;
+    per_set.clear();
+    per_set.resize(sets, None);
+    shares.clear();
+    shares.resize(sets, None);
     let mut contested = Vec::new();
     let mut approximate = 0;
-    let mut allocated: Vec<bool> = Vec::new();
-    let mut matching: Vec<u16> = Vec::new();
-    let mut more: Vec<(u16, u32)> = Vec::new();
     for (group, by_device) in counters.groups.iter().zip(by_group.groups()) {
         allocated.clear();
         // A pool nothing is allocated in (most, in a quiet cluster) looks up no device.
@@ -192,7 +218,7 @@ fn fit_pool(
         matching.sort_unstable();
         matching.dedup();
         more.clear();
-        for &set in &matching {
+        for &set in matching.iter() {
             let candidate = |i: usize| by_device.sets(i).contains(&set);
             let matched = (0..by_device.len()).filter(|i| candidate(*i)).count();
             if matched == 0 {
@@ -206,7 +232,7 @@ fn fit_pool(
                 let largest = shares[usize::from(set)].get_or_insert(share);
                 *largest = (*largest).max(share);
             }
-            let fit = group.fit(&allocated, candidate);
+            let fit = group.fit(allocated, candidate);
             approximate += u32::from(!fit.exact);
             let entry = per_set[usize::from(set)].get_or_insert_default();
             entry.0 += u32::try_from(matched).unwrap_or(u32::MAX);
@@ -223,14 +249,14 @@ fn fit_pool(
     }
     let index = |i: usize| u16::try_from(i).unwrap_or(u16::MAX);
     PoolFits {
-        sets: (per_set.into_iter().enumerate())
+        sets: (per_set.iter().enumerate())
             .filter_map(|(set, found)| {
-                let (matched, held, more) = found?;
+                let (matched, held, more) = (*found)?;
                 Some((index(set), matched, held, more))
             })
             .collect(),
-        shares: (shares.into_iter().enumerate())
-            .filter_map(|(set, share)| Some((index(set), share?.0, share?.1)))
+        shares: (shares.iter().enumerate())
+            .filter_map(|(set, share)| Some((index(set), share.as_ref()?.0, share.as_ref()?.1)))
             .collect(),
         contested: contested.into_boxed_slice(),
         approximate,

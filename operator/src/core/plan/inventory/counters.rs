@@ -152,22 +152,29 @@ impl CounterGroup {
     /// [`CounterGroup::device_places`]' order) fit at once beside those `allocated` marks, which
     /// draw first; and how many of the allocated devices `candidate` also names.
     pub fn fit(&self, allocated: &[bool], candidate: impl Fn(usize) -> bool) -> Fit {
-        let mut left: std::borrow::Cow<[i128]> = std::borrow::Cow::Borrowed(&self.budget);
         let mut held = 0;
         // The free candidates: how many, and the first one's draws.
         let (mut free, mut first) = (0, None);
         let is_allocated = |i: usize| allocated.get(i).copied().unwrap_or(false);
         for (i, (_, draws)) in self.devices.iter().enumerate() {
             if is_allocated(i) {
+                held += u32::from(candidate(i));
+            } else if candidate(i) {
+                free += 1;
+                first.get_or_insert(&**draws);
+            }
+        }
+        // What the allocated devices leave, worked out only when a free candidate needs it
+        // (an allocated whole GPU, the usual group, has none).
+        let mut left: std::borrow::Cow<[i128]> = std::borrow::Cow::Borrowed(&self.budget);
+        if free > 0 {
+            let taken = (self.devices.iter().enumerate()).filter(|&(i, _)| is_allocated(i));
+            for (_, (_, draws)) in taken {
                 let left = left.to_mut();
                 for &(slot, amount) in draws.iter() {
                     let slot = &mut left[usize::from(slot)];
                     *slot = slot.saturating_sub(amount);
                 }
-                held += u32::from(candidate(i));
-            } else if candidate(i) {
-                free += 1;
-                first.get_or_insert(&**draws);
             }
         }
         let mut fit = match (free, first) {
