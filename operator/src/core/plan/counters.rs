@@ -118,7 +118,8 @@ pub fn shared_counters(
                 pool,
                 by_group,
                 taken.map(|t| &t.devices),
-                (names.len(), &mut scratch),
+                names.len(),
+                &mut scratch,
             )
         });
         next.push((key, input, found));
@@ -188,7 +189,8 @@ fn fit_pool(
     pool: &super::inventory::Pool,
     by_group: &GroupMatches,
     taken: Option<&BTreeMap<Arc<str>, u32>>,
-    (sets, scratch): (usize, &mut Scratch),
+    sets: usize,
+    scratch: &mut Scratch,
 ) -> PoolFits {
     let Some(counters) = pool.counters() else {
         return PoolFits::default();
@@ -208,7 +210,7 @@ fn fit_pool(
     let mut approximate = 0;
     for (group, by_device) in counters.groups.iter().zip(by_group.groups()) {
         allocated.clear();
-        // A pool nothing is allocated in (most, in a quiet cluster) looks up no device.
+        // A pool nothing is allocated in looks up no device.
         allocated.extend(group.device_places().map(|place| {
             taken.is_some_and(|t| (pool.device_at(place)).is_some_and(|d| t.contains_key(d.name())))
         }));

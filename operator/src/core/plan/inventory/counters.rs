@@ -177,19 +177,19 @@ impl CounterGroup {
                 }
             }
         }
-        let mut fit = match (free, first) {
+        let mut fit = match first {
+            None => Fit {
+                exact: true,
+                ..Fit::default()
+            },
             // A GPU's full device, say: no search and nothing gathered (most groups are one
             // device of a policy, and a plan from objects fits 40,000 groups).
-            (1, Some(one)) => Fit {
+            Some(one) if free == 1 => Fit {
                 more: u32::from(fits_alone(&left, one)),
                 exact: true,
                 ..Fit::default()
             },
-            (0, _) | (_, None) => Fit {
-                exact: true,
-                ..Fit::default()
-            },
-            _ => {
+            Some(_) => {
                 let many: Vec<&[(u16, i128)]> = (self.devices.iter().enumerate())
                     .filter(|&(i, _)| !is_allocated(i) && candidate(i))
                     .map(|(_, (_, draws))| &**draws)
