@@ -72,6 +72,7 @@ pub struct TestCluster {
     config: kube::Config,
     client: kube::Client,
     kubeconfig: PathBuf,
+    plane: Option<&'static control_plane::ControlPlane>,
 }
 
 /// Where the cluster comes from, prepared once per process.
@@ -79,6 +80,8 @@ pub struct TestCluster {
 struct Prepared {
     config: kube::Config,
     kubeconfig: PathBuf,
+    /// The control plane this process started, if it did (not a cluster of a kubeconfig).
+    plane: Option<&'static control_plane::ControlPlane>,
 }
 
 impl TestCluster {
@@ -103,6 +106,7 @@ impl TestCluster {
             client: kube::Client::try_from(prepared.config.clone())?,
             config: prepared.config,
             kubeconfig: prepared.kubeconfig,
+            plane: prepared.plane,
         })
     }
 
@@ -115,6 +119,12 @@ impl TestCluster {
             Err(ClusterError::NotConfigured) => skip(),
             Err(error) => panic!("{error}"),
         }
+    }
+
+    /// The control plane this process started, when the cluster is that one (not a cluster of
+    /// `TEAMGPU_E2E_KUBECONFIG`): for scenarios that stop one of its components.
+    pub fn control_plane(&self) -> Option<&'static control_plane::ControlPlane> {
+        self.plane
     }
 
     /// An admin client (kube's defaults: kube 5 retries 429/503/504 itself).
@@ -325,6 +335,7 @@ fn prepare() -> Result<Prepared, ClusterError> {
         Prepared {
             config,
             kubeconfig: path,
+            plane: None,
         }
     } else if control_plane::assets_from_env().is_some() {
         let plane = control_plane::shared().map_err(ClusterError::ControlPlane)?;
@@ -332,6 +343,7 @@ fn prepare() -> Result<Prepared, ClusterError> {
         Prepared {
             config: plane.admin_config(),
             kubeconfig: plane.admin_kubeconfig().to_path_buf(),
+            plane: Some(plane),
         }
     } else {
         return Err(ClusterError::NotConfigured);

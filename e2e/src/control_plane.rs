@@ -432,6 +432,15 @@ impl ControlPlane {
         format!("last lines of {}:\n  {tail}", log.display())
     }
 
+    /// Stops `component` (say `kube-controller-manager`) with SIGSTOP until the [`Paused`] is
+    /// dropped: its connections stay open and it acts on nothing, as a component far behind or
+    /// hung does. `None` if this control plane has no such component.
+    pub fn pause(&self, component: &str) -> Option<Paused> {
+        let (_, child) = self.children.iter().find(|(name, _)| *name == component)?;
+        signal_process(child.id(), "STOP");
+        Some(Paused { pid: child.id() })
+    }
+
     /// The admin's kubeconfig file (`O=system:masters`), e.g. for `kubectl --kubeconfig`.
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.dir.join("admin.kubeconfig")
@@ -553,6 +562,35 @@ fn write_pki(dir: &Path, url: &str) -> Result<kube::Config, ControlPlaneError> {
     // A proxy from the environment (HTTPS_PROXY) must not apply to a local cluster.
     config.proxy_url = None;
     Ok(config)
+}
+
+/// A component of a [`ControlPlane`] stopped by [`ControlPlane::pause`]; dropping it (also on a
+/// test's panic) lets it go on.
+#[derive(Debug)]
+pub struct Paused {
+    pid: u32,
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        signal_process(self.pid, "CONT");
+    }
+}
+
+/// Sends `signal` to process `pid` and to its children (a wrapper script's program).
+fn signal_process(pid: u32, signal: &str) {
+    let _ = Command::new("sh")
+        .args([
+            "-c",
+            r#"kill -s "$1" "$2" 2>/dev/null; pkill "-$1" -P "$2" 2>/dev/null"#,
+            "sh",
+            signal,
+        ])
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Sends `signal` to process group `pgid` through `sh`'s `kill` (no `unsafe`, so no libc).

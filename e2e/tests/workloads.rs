@@ -164,6 +164,26 @@ impl World {
             .collect()
     }
 
+    /// The namespace's quota and claims as the server holds them, for a failure's message.
+    async fn quota_and_claims(&self, ns: &str) -> String {
+        let quota =
+            Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(self.client.clone(), ns)
+                .get_opt("teamgpu")
+                .await;
+        let claims = Api::<ResourceClaim>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await;
+        let claims: Vec<String> = (claims.map(|l| l.items).unwrap_or_default().iter())
+            .map(|c| {
+                let created = c.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                let allocated = c.status.as_ref().is_some_and(|s| s.allocation.is_some());
+                format!("{} created {created:?} allocated {allocated}", c.name_any())
+            })
+            .collect();
+        let quota = quota.map(|q| q.map(|q| (q.spec, q.status)));
+        format!("quota teamgpu (spec, status): {quota:?}; claims: {claims:?}")
+    }
+
     async fn create_pod(&self, ns: &str, pod: Pod) {
         Api::<Pod>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &pod)
@@ -437,16 +457,24 @@ async fn room_for_one_pod_goes_to_the_highest_priority_of_one_template() {
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), &team);
     let node = |p: Pod| p.spec.and_then(|s| s.node_name);
     for name in ["a-low", "b-high"] {
-        assert_eq!(node(pods.get(name).await.unwrap()), None, "{name} waits");
+        let bound = node(pods.get(name).await.unwrap());
+        if bound.is_some() {
+            panic!(
+                "{name} waits, but is bound to {bound:?}; {}",
+                world.quota_and_claims(&team).await
+            );
+        }
     }
     // Room for one.
     let bound = bound_after_deleting(&pods, "holder", "b-high").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        node(pods.get("a-low").await.unwrap()),
-        None,
-        "the low-priority Pod still waits"
-    );
+    let low = node(pods.get("a-low").await.unwrap());
+    if low.is_some() {
+        panic!(
+            "the low-priority Pod still waits, but is bound to {low:?}; {}",
+            world.quota_and_claims(&team).await
+        );
+    }
     assert!(
         bound < Duration::from_secs(10),
         "bound {bound:?} after room appeared"

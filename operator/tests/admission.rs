@@ -29,15 +29,21 @@ fn governed() -> GovernedClasses {
 }
 
 /// The params of the team policy: the namespace's teamgpu quota, shaped as the operator writes
-/// it for a team with quotas of a100-80gb and a100-shared.
+/// it for a team with quotas of a100-80gb and a100-shared, and in force: kube-controller-manager
+/// has copied its hard to the status and counted the namespace's claims.
 fn quota_params(team: &str, classes: &str) -> Value {
+    let hard = json!({"a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices": "8",
+                      "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices": "2",
+                      "h100.teamgpu.io.deviceclass.resource.k8s.io/devices": "0"});
     json!({
         "apiVersion": "v1", "kind": "ResourceQuota",
         "metadata": {"name": "teamgpu", "namespace": "ml-dev",
                      "annotations": {"teamgpu.io/team": team, "teamgpu.io/device-classes": classes}},
-        "spec": {"hard": {"a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices": "8",
-                          "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices": "2",
-                          "h100.teamgpu.io.deviceclass.resource.k8s.io/devices": "0"}}
+        "spec": {"hard": hard},
+        "status": {"hard": hard,
+                   "used": {"a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices": "3",
+                            "a100-shared.teamgpu.io.deviceclass.resource.k8s.io/devices": "0",
+                            "h100.teamgpu.io.deviceclass.resource.k8s.io/devices": "0"}}
     })
 }
 
@@ -212,6 +218,40 @@ fn opaque_config_on_a_teamgpu_class_is_denied() {
                      {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}],
         "config": [{"requests": ["nic"], "opaque": {"driver": "nic.example.com", "parameters": {}}}]
     })));
+}
+
+/// Quota admission judges by the quota's `status.hard`: until kube-controller-manager has
+/// counted a quota just written (a new team namespace) or changed, it limits nothing, or still
+/// the old hard. Claims of the team's classes wait for it; templates and other classes do not.
+#[test]
+fn claims_of_the_teams_classes_wait_until_the_quota_is_in_force() {
+    let says = "ResourceQuota teamgpu is not in force yet";
+    let a100 = exactly("a100-80gb.teamgpu.io");
+    let mut new = team_params();
+    new.as_object_mut().unwrap().remove("status");
+    let mut lowered = team_params();
+    lowered["spec"]["hard"]["a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices"] =
+        json!("4");
+    let mut added = team_params();
+    added["spec"]["hard"]["b200.teamgpu.io.deviceclass.resource.k8s.io/devices"] = json!("1");
+    for (case, params) in [("new", &new), ("lowered", &lowered), ("added", &added)] {
+        let denials = denials_with(&claim(a100.clone()), params);
+        assert!(
+            denials.len() == 1 && denials[0].contains(says),
+            "{case}: {denials:?}"
+        );
+        let first_available = claim(json!({"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "big", "deviceClassName": "a100-80gb.teamgpu.io"}]}]}));
+        assert_eq!(denials_with(&first_available, params).len(), 1, "{case}");
+        assert_eq!(
+            denials_with(&template(a100.clone()), params),
+            Vec::<String>::new(),
+            "{case}"
+        );
+        let nic = claim(exactly("nic.example.com"));
+        assert_eq!(denials_with(&nic, params), Vec::<String>::new(), "{case}");
+    }
+    assert_allowed(claim(a100));
 }
 
 #[test]

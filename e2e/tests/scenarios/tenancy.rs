@@ -848,3 +848,76 @@ async fn a_namespace_outside_teams_is_guarded_by_a_quota_until_it_joins_a_team()
     .await;
     world.quota_hard("web").await.expect("the team's quota");
 }
+
+/// Quota admission judges by a quota's `status.hard`, which kube-controller-manager fills in: a
+/// quota it has not counted yet limits nothing (upstream: kubernetes/kubernetes#73698). With the
+/// controller-manager stopped, as when it is down or far behind, a namespace that has just
+/// joined a team has the team's quota and templates, and its claims must still be refused,
+/// not admitted without limit; once the quota is counted, exactly its hard is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_team_quota_admits_no_claim_until_it_is_counted() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let Some(plane) = world.cluster().control_plane() else {
+        eprintln!("skipped: stopping kube-controller-manager needs the harness's control plane");
+        return;
+    };
+    let _operator = world.operator();
+    world.pcie_policy().await;
+    let paused = plane
+        .pause("kube-controller-manager")
+        .expect("a controller-manager");
+    let quota = json!({"sharingPolicy": "pcie", "guaranteed": 2, "limit": 2});
+    world.create_team("ml", json!({"quotas": [quota]})).await;
+    world.hard_is("ml", "pcie", "2").await;
+    let not_counted = "ResourceQuota teamgpu is not in force yet";
+    let probe = claim("probe", "pcie.teamgpu.io", 1);
+    admission_denies(&world, "ml", &probe, not_counted).await;
+    let claims = Api::<ResourceClaim>::namespaced(world.client.clone(), &world.ns("ml"));
+    for i in 0..3 {
+        let refused = outcome(
+            (claims.create(
+                &PostParams::default(),
+                &claim(&format!("c{i}"), "pcie.teamgpu.io", 1),
+            ))
+            .await,
+        );
+        assert!(
+            matches!(&refused, Err((403, message)) if message.contains(not_counted)),
+            "claim c{i} while the quota is not counted: {refused:?}"
+        );
+    }
+
+    drop(paused);
+    let mut admitted = 0;
+    for i in 0..3 {
+        let name = format!("c{i}");
+        let result = eventually(
+            &format!("claim {name} is judged by the quota"),
+            CONVERGE,
+            || {
+                let claims = claims.clone();
+                let claim = claim(&name, "pcie.teamgpu.io", 1);
+                async move {
+                    match outcome(claims.create(&PostParams::default(), &claim).await) {
+                        Err((_, message)) if message.contains(not_counted) => Err(message),
+                        judged => Ok(judged),
+                    }
+                }
+            },
+        )
+        .await;
+        match result {
+            Ok(()) => admitted += 1,
+            Err((_, message)) => assert!(
+                message.contains("exceeded quota: teamgpu"),
+                "claim {name}: {message}"
+            ),
+        }
+    }
+    assert_eq!(
+        admitted, 2,
+        "the quota's hard of 2 is admitted, and no more"
+    );
+}

@@ -7,7 +7,12 @@
 //!   that quota has no params, and the policy lets it be. It denies, in ResourceClaims and
 //!   ResourceClaimTemplates, a governed DeviceClass the team has no quota for (in `exactly` and in
 //!   every `firstAvailable` subrequest), opaque config for a teamgpu class (it would override the
-//!   sharing strategy), `adminAccess`, and `allocationMode: All` on a teamgpu class.
+//!   sharing strategy), `adminAccess`, and `allocationMode: All` on a teamgpu class. And it
+//!   denies a claim of the team's classes while the quota is not in force: quota admission
+//!   judges by `status.hard`, which kube-controller-manager fills in a moment after the quota is
+//!   written or changed (or much later, when it is down or behind), and until then a new quota
+//!   limits nothing (measured on 1.36.2 with the controller-manager paused: three claims of 1
+//!   device admitted under a hard of 1).
 //! - `teamgpu-non-team-requests`, in every namespace outside all teams (a match condition lists
 //!   the team namespaces) except those a cluster admin exempted (label `teamgpu.io/exempt:
 //!   "true"`): no governed class there at all, neither teamgpu's nor a foreign class that selects
@@ -264,6 +269,15 @@ fn team_variables(governed: &GovernedClasses) -> Vec<Variable> {
         name: "team".into(),
         expression: annotation(QUOTA_TEAM_ANNOTATION),
     });
+    // Quota admission judges by `status.hard`, which kube-controller-manager copies from the
+    // spec and counts: a quota it has not counted yet limits nothing, and one whose hard was just
+    // lowered still allows the old hard.
+    variables.push(Variable {
+        name: "quotaInForce".into(),
+        expression: "!has(params.spec.hard) || (has(params.status) && has(params.status.hard) && \
+             params.spec.hard.all(k, k in params.status.hard && params.status.hard[k] == params.spec.hard[k]))"
+            .into(),
+    });
     // Not a slice class: the claim the scheduler makes for an extended resource asks for no
     // memory, and takes the whole GPU or none of its memory.
     variables.push(Variable {
@@ -312,6 +326,15 @@ pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmi
             format!("!variables.requests.exists(r, {})", request_where(not_own_gpus)),
             &format!(
                 "'a request of a class whose teams get GPUs of their own must select the team\\'s GPUs exactly as its ResourceClaimTemplates do (a selector of the expression in annotation {OWN_GPUS_ANNOTATION_PREFIX}<class> of the namespace\\'s ResourceQuota teamgpu): use the templates' + {who}"
+            ),
+        ),
+        validation(
+            format!(
+                "variables.quotaInForce || object.kind != 'ResourceClaim' || !variables.requests.exists(r, {})",
+                request_uses("CLASS in variables.allowed")
+            ),
+            &format!(
+                "'the namespace\\'s ResourceQuota teamgpu is not in force yet (kube-controller-manager has not counted its current hard), so quota admission would not count this claim: try again in a moment' + {who}"
             ),
         ),
         validation(
