@@ -222,36 +222,63 @@ fn opaque_config_on_a_teamgpu_class_is_denied() {
 
 /// Quota admission judges by the quota's `status.hard`: until kube-controller-manager has
 /// counted a quota just written (a new team namespace) or changed, it limits nothing, or still
-/// the old hard. Claims of the team's classes wait for it; templates and other classes do not.
+/// the old hard. Claims of a class whose hard is not counted yet wait for it; templates, other
+/// classes and a raised hard (whose old one refuses what it refuses) do not.
 #[test]
-fn claims_of_the_teams_classes_wait_until_the_quota_is_in_force() {
+fn claims_of_a_class_wait_until_the_quota_is_in_force_for_it() {
     let says = "ResourceQuota teamgpu is not in force yet";
-    let a100 = exactly("a100-80gb.teamgpu.io");
-    let mut new = team_params();
-    new.as_object_mut().unwrap().remove("status");
-    let mut lowered = team_params();
-    lowered["spec"]["hard"]["a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices"] =
-        json!("4");
-    let mut added = team_params();
-    added["spec"]["hard"]["b200.teamgpu.io.deviceclass.resource.k8s.io/devices"] = json!("1");
-    for (case, params) in [("new", &new), ("lowered", &lowered), ("added", &added)] {
-        let denials = denials_with(&claim(a100.clone()), params);
-        assert!(
-            denials.len() == 1 && denials[0].contains(says),
-            "{case}: {denials:?}"
-        );
-        let first_available = claim(json!({"requests": [{"name": "gpu", "firstAvailable": [
-            {"name": "big", "deviceClassName": "a100-80gb.teamgpu.io"}]}]}));
-        assert_eq!(denials_with(&first_available, params).len(), 1, "{case}");
-        assert_eq!(
-            denials_with(&template(a100.clone()), params),
-            Vec::<String>::new(),
-            "{case}"
-        );
+    let a100 = "a100-80gb.teamgpu.io";
+    let shared = "a100-shared.teamgpu.io";
+    let key = |class: &str| format!("{class}.deviceclass.resource.k8s.io/devices");
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut params = team_params();
+        edit(&mut params);
+        params
+    };
+    let new = with(&|p| {
+        p.as_object_mut().unwrap().remove("status");
+    });
+    let lowered = with(&|p| p["spec"]["hard"][key(a100)] = json!("4"));
+    let raised = with(&|p| p["spec"]["hard"][key(a100)] = json!("12"));
+    let added = with(&|p| {
+        p["status"]["hard"]
+            .as_object_mut()
+            .unwrap()
+            .remove(&key(shared));
+    });
+    let first_available = |class: &str| {
+        claim(json!({"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "big", "deviceClassName": class}]}]}))
+    };
+    let cases = [
+        ("new", &new, vec![a100, shared], vec![]),
+        ("lowered", &lowered, vec![a100], vec![shared]),
+        ("raised", &raised, vec![], vec![a100, shared]),
+        ("added", &added, vec![shared], vec![a100]),
+    ];
+    for (case, params, waits, taken) in cases {
+        for class in waits {
+            for object in [claim(exactly(class)), first_available(class)] {
+                let denials = denials_with(&object, params);
+                assert!(
+                    denials.len() == 1 && denials[0].contains(says),
+                    "{case}, {class}: {denials:?}"
+                );
+            }
+            let template = template(exactly(class));
+            assert_eq!(
+                denials_with(&template, params),
+                Vec::<String>::new(),
+                "{case}"
+            );
+        }
+        for class in taken {
+            let denials = denials_with(&claim(exactly(class)), params);
+            assert_eq!(denials, Vec::<String>::new(), "{case}, {class}");
+        }
         let nic = claim(exactly("nic.example.com"));
         assert_eq!(denials_with(&nic, params), Vec::<String>::new(), "{case}");
     }
-    assert_allowed(claim(a100));
 }
 
 #[test]

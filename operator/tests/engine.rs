@@ -338,6 +338,36 @@ fn teamgpus_own_writes_coming_back_are_compared_with_the_kept_plan_not_planned_a
     assert!(!std::sync::Arc::ptr_eq(&converged, &raised), "not planned");
 }
 
+#[test]
+fn a_namespace_label_no_team_selects_by_plans_nothing_again() {
+    let (start, mut server, mut engine) = converged();
+    let converged = planned(&mut engine, &mut server, at(start, 1));
+    let mut labels = server.namespaces["web"].clone();
+    labels.insert("cost-center".into(), "4711".into());
+    server.label_namespace("web", labels.clone());
+    let relabelled = planned(&mut engine, &mut server, at(start, 2));
+    assert!(
+        std::sync::Arc::ptr_eq(&converged, &relabelled),
+        "planned again"
+    );
+    let quotas_in_web = |plan: &Plan| {
+        (plan.objects.outside_teams.as_ref())
+            .is_some_and(|o| o.namespaces.iter().any(|n| n == "web"))
+    };
+    assert!(quotas_in_web(&converged));
+    // Exempted by an admin: web, outside every team, no longer gets the quota of 0.
+    labels.insert("teamgpu.io/exempt".into(), "true".into());
+    server.label_namespace("web", labels.clone());
+    let exempt = planned(&mut engine, &mut server, at(start, 3));
+    assert!(!quotas_in_web(&exempt));
+    // The label the sample teams select by: web joins ml-research, and gets its quota.
+    labels.insert("teamgpu.io/team".into(), "ml-research".into());
+    server.label_namespace("web", labels);
+    let joined = planned(&mut engine, &mut server, at(start, 4));
+    let quotas = (joined.objects.resource_quotas.iter()).filter(|q| &*q.namespace == "web");
+    assert_eq!(quotas.count(), 1);
+}
+
 /// One change to the cluster, or a pass of the kept engine (effects performed and settled).
 #[derive(Clone, Debug)]
 enum Change {
@@ -353,6 +383,8 @@ enum Change {
     DropSlice(usize),
     AddNode(usize),
     Relabel(usize, Option<&'static str>),
+    /// A label no team selects by, or the exemption, set or taken off.
+    OtherLabel(usize, &'static str, Option<&'static str>),
     NewNamespace(Option<&'static str>),
     Guarantee(usize, u32),
     PendingPod(usize, usize),
@@ -383,6 +415,12 @@ fn change() -> impl proptest::strategy::Strategy<Value = Change> {
         1 => i.clone().prop_map(Change::DropSlice),
         1 => i.clone().prop_map(Change::AddNode),
         1 => (i.clone(), team()).prop_map(|(n, t)| Change::Relabel(n, t)),
+        1 => (
+            i.clone(),
+            proptest::sample::select(&["cost-center", "teamgpu.io/exempt"][..]),
+            proptest::sample::select(&[Some("true"), Some("a"), None][..]),
+        )
+            .prop_map(|(n, key, value)| Change::OtherLabel(n, key, value)),
         1 => team().prop_map(Change::NewNamespace),
         1 => (i.clone(), 0..20u32).prop_map(|(t, g)| Change::Guarantee(t, g)),
         1 => (i.clone(), i.clone()).prop_map(|(n, t)| Change::PendingPod(n, t)),
@@ -520,6 +558,14 @@ fn apply(server: &mut Server, change: &Change) {
                 let mut labels = server.namespaces[&name].clone();
                 labels.remove("teamgpu.io/team");
                 labels.extend(team.map(|t| ("teamgpu.io/team".to_owned(), t.to_owned())));
+                server.label_namespace(&name, labels);
+            }
+        }
+        Change::OtherLabel(n, key, value) => {
+            if let Some(name) = nth(&server.namespaces, *n) {
+                let mut labels = server.namespaces[&name].clone();
+                labels.remove(*key);
+                labels.extend(value.map(|v| ((*key).to_owned(), v.to_owned())));
                 server.label_namespace(&name, labels);
             }
         }

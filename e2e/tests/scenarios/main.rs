@@ -301,6 +301,18 @@ impl World {
             .unwrap();
     }
 
+    /// Merges `spec` into TeamGpuPolicy `name`'s spec (a list replaces the list).
+    async fn edit_team(&self, name: &str, spec: serde_json::Value) {
+        Api::<TeamGpuPolicy>::all(self.client.clone())
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": spec})),
+            )
+            .await
+            .unwrap();
+    }
+
     /// A GpuSharingPolicy `pcie` of the 16 PCIe GPUs, and per (name, quota, reclaim) a team
     /// owning a namespace of that name with that quota of `pcie`.
     async fn pcie_teams<const N: usize>(

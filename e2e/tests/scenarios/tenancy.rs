@@ -1,5 +1,7 @@
 //! Tenancy: what a team member can and cannot do, on the real API server, as that member.
 
+use teamgpu_e2e::control_plane::{ControlPlane, Paused};
+
 use super::*;
 
 fn as_user(world: &World, user: &str, groups: &[&str]) -> Client {
@@ -849,13 +851,39 @@ async fn a_namespace_outside_teams_is_guarded_by_a_quota_until_it_joins_a_team()
     world.quota_hard("web").await.expect("the team's quota");
 }
 
+/// The team policy's refusal of a claim whose class's hard is not counted yet.
+const NOT_COUNTED: &str = "ResourceQuota teamgpu is not in force yet";
+
+/// Stops kube-controller-manager while `change` has the operator write ml's quota of `hard`
+/// (of `pcie`), and waits until it is written (and, if `refused`, until admission refuses a
+/// claim for it). The controller-manager goes on when the result is dropped.
+async fn uncounted(
+    world: &World,
+    plane: &ControlPlane,
+    hard: u32,
+    change: impl std::future::Future<Output = ()>,
+    refused: bool,
+) -> Paused {
+    let paused = (plane.pause("kube-controller-manager")).expect("a controller-manager");
+    change.await;
+    world.hard_is("ml", "pcie", &hard.to_string()).await;
+    if refused {
+        let probe = claim("probe", "pcie.teamgpu.io", 1);
+        admission_denies(world, "ml", &probe, NOT_COUNTED).await;
+    }
+    paused
+}
+
 /// Quota admission judges by a quota's `status.hard`, which kube-controller-manager fills in: a
-/// quota it has not counted yet limits nothing (upstream: kubernetes/kubernetes#73698). With the
-/// controller-manager stopped, as when it is down or far behind, a namespace that has just
-/// joined a team has the team's quota and templates, and its claims must still be refused,
-/// not admitted without limit; once the quota is counted, exactly its hard is admitted.
+/// quota it has not counted yet limits nothing (upstream: kubernetes/kubernetes#73698), and a
+/// lowered one still allows the old hard. With the controller-manager stopped, as when it is
+/// down or far behind:
+/// - a namespace that has just joined a team has the team's quota and templates, and its claims
+///   are refused, not admitted without limit; once counted, exactly the hard is admitted;
+/// - a lowered hard refuses what the old one would have let in;
+/// - a raised hard is not held back by teamgpu: quota admission judges by the old one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_team_quota_admits_no_claim_until_it_is_counted() {
+async fn claims_wait_until_kube_controller_manager_has_counted_the_quota() {
     let Some(world) = World::new().await else {
         return;
     };
@@ -865,59 +893,60 @@ async fn a_new_team_quota_admits_no_claim_until_it_is_counted() {
     };
     let _operator = world.operator();
     world.pcie_policy().await;
-    let paused = plane
-        .pause("kube-controller-manager")
-        .expect("a controller-manager");
-    let quota = json!({"sharingPolicy": "pcie", "guaranteed": 2, "limit": 2});
-    world.create_team("ml", json!({"quotas": [quota]})).await;
-    world.hard_is("ml", "pcie", "2").await;
-    let not_counted = "ResourceQuota teamgpu is not in force yet";
-    let probe = claim("probe", "pcie.teamgpu.io", 1);
-    admission_denies(&world, "ml", &probe, not_counted).await;
+    let quota =
+        |n: u32| json!({"quotas": [{"sharingPolicy": "pcie", "guaranteed": n, "limit": n}]});
     let claims = Api::<ResourceClaim>::namespaced(world.client.clone(), &world.ns("ml"));
-    for i in 0..3 {
-        let refused = outcome(
-            (claims.create(
-                &PostParams::default(),
-                &claim(&format!("c{i}"), "pcie.teamgpu.io", 1),
-            ))
-            .await,
-        );
-        assert!(
-            matches!(&refused, Err((403, message)) if message.contains(not_counted)),
-            "claim c{i} while the quota is not counted: {refused:?}"
-        );
-    }
+    let create = |name: &str| {
+        let claims = claims.clone();
+        let claim = claim(name, "pcie.teamgpu.io", 1);
+        async move { outcome(claims.create(&PostParams::default(), &claim).await) }
+    };
+    let exceeded = "exceeded quota: teamgpu";
+    let refused_with = |outcome: &Outcome, says: &str| matches!(outcome, Err((403, message)) if message.contains(says));
 
+    // A new team namespace, its quota of 3 not counted: nothing is admitted.
+    let paused = uncounted(&world, plane, 3, world.create_team("ml", quota(3)), true).await;
+    for name in ["c0", "c1", "c2", "c3"] {
+        let refused = create(name).await;
+        assert!(refused_with(&refused, NOT_COUNTED), "{name}: {refused:?}");
+    }
     drop(paused);
-    let mut admitted = 0;
-    for i in 0..3 {
-        let name = format!("c{i}");
-        let result = eventually(
+    let judged = |name: &'static str| async move {
+        eventually(
             &format!("claim {name} is judged by the quota"),
             CONVERGE,
-            || {
-                let claims = claims.clone();
-                let claim = claim(&name, "pcie.teamgpu.io", 1);
-                async move {
-                    match outcome(claims.create(&PostParams::default(), &claim).await) {
-                        Err((_, message)) if message.contains(not_counted) => Err(message),
-                        judged => Ok(judged),
-                    }
+            || async {
+                match create(name).await {
+                    Err((_, message)) if message.contains(NOT_COUNTED) => Err(message),
+                    judged => Ok(judged),
                 }
             },
         )
-        .await;
-        match result {
-            Ok(()) => admitted += 1,
-            Err((_, message)) => assert!(
-                message.contains("exceeded quota: teamgpu"),
-                "claim {name}: {message}"
-            ),
+        .await
+    };
+    assert_eq!(judged("c0").await, Ok(()));
+    assert_eq!(judged("c1").await, Ok(()));
+
+    // Lowered to 2 while not counted: the old hard of 3 would admit a third claim.
+    let paused = uncounted(&world, plane, 2, world.edit_team("ml", quota(2)), true).await;
+    let refused = create("c2").await;
+    assert!(refused_with(&refused, NOT_COUNTED), "{refused:?}");
+    drop(paused);
+    let refused = judged("c2").await;
+    assert!(refused_with(&refused, exceeded), "{refused:?}");
+
+    // Raised to 3 again while not counted: teamgpu's policy holds nothing back (quota
+    // admission judges by the old hard, as it would without teamgpu); once counted, the third
+    // claim is admitted.
+    let paused = uncounted(&world, plane, 3, world.edit_team("ml", quota(3)), false).await;
+    let judged_now = create("c2").await;
+    assert!(!refused_with(&judged_now, NOT_COUNTED), "{judged_now:?}");
+    drop(paused);
+    eventually("c2 is admitted under the raised hard", CONVERGE, || async {
+        match create("c2").await {
+            Ok(()) | Err((409, _)) => Ok(()),
+            Err((_, message)) => Err(message),
         }
-    }
-    assert_eq!(
-        admitted, 2,
-        "the quota's hard of 2 is admitted, and no more"
-    );
+    })
+    .await;
 }

@@ -15,6 +15,7 @@ use teamgpu::core::plan::objects::{
     OWN_GPUS_ANNOTATION_PREFIX, QUOTA_CLASSES_ANNOTATION, QUOTA_TEAM_ANNOTATION,
     SLICE_ANNOTATION_PREFIX,
 };
+use teamgpu::core::plan::usage::DEVICES_PER_CLASS_SUFFIX;
 
 /// `expr` as kube-cel needs it, which escapes every key of the values it binds where
 /// Kubernetes 1.36 escapes only some schema property names:
@@ -39,6 +40,8 @@ fn escaped_for_kube_cel(expr: &str) -> String {
     let expr = [OWN_GPUS_ANNOTATION_PREFIX, SLICE_ANNOTATION_PREFIX]
         .iter()
         .fold(expr, |expr, prefix| escape_computed_keys(expr, prefix));
+    // The quota's hard of a class (`r.exactly.deviceClassName + '.deviceclass…/devices'`).
+    let expr = escape_computed_suffix(expr, DEVICES_PER_CLASS_SUFFIX);
     replace_identifier(&expr, ".namespace", ".__namespace__")
         .replace("request.__namespace__", "request.namespace")
 }
@@ -61,6 +64,25 @@ fn escape_computed_keys(mut expr: String, prefix: &str) -> String {
         let replaced =
             format!("{escaped_prefix}{operand}.replace('-', '__dash__').replace('.', '__dot__')");
         expr.replace_range(at..operand_at + operand_len, &replaced);
+    }
+    expr
+}
+
+/// `expr` with every `<operand> + '<suffix>'` escaped as kube-cel escapes map keys (the operand
+/// a class name: no `/`).
+fn escape_computed_suffix(mut expr: String, suffix: &str) -> String {
+    let escaped = |s: &str| {
+        s.replace('.', "__dot__")
+            .replace('-', "__dash__")
+            .replace('/', "__slash__")
+    };
+    let plain = format!(" + '{suffix}'");
+    let done = format!(
+        ".replace('-', '__dash__').replace('.', '__dot__') + '{}'",
+        escaped(suffix)
+    );
+    while let Some(at) = expr.find(&plain) {
+        expr.replace_range(at..at + plain.len(), &done);
     }
     expr
 }

@@ -3,7 +3,7 @@
 //! last hand-over. Policies arrive as read (dynamic objects) and are read into their types
 //! here: one that does not fit is reported on its status, never fatal.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -16,11 +16,12 @@ use super::Engine;
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveObject, LiveView};
 use crate::core::effects::{Malformed, PodView, PolicyKind};
+use crate::core::plan::admission::EXEMPT_LABEL;
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects;
 use crate::core::plan::taints::{self, TaintRuleView};
 use crate::core::plan::usage::ClaimView;
-use crate::core::state::{NamespaceView, Taken};
+use crate::core::state::{NamespaceInfo, NamespaceView, Taken};
 use crate::dra_cel::DeviceReads;
 
 /// One cache as the watches keep it: whole, or for slices and claims what changed since the
@@ -163,6 +164,35 @@ pub(super) fn parse_policies_reusing<K: Policy>(
     (parsed, malformed, same)
 }
 
+/// The namespace labels the planner reads: the keys of the teams' namespace selectors, and the
+/// exemption.
+fn planned_labels(teams: &[TeamGpuPolicy]) -> BTreeSet<&str> {
+    let selectors = teams
+        .iter()
+        .filter_map(|t| t.spec.namespace_selector.as_ref());
+    let keys = selectors.flat_map(|s| {
+        let labels = s.match_labels.iter().flatten().map(|(key, _)| key.as_str());
+        let expressions = s.match_expressions.iter().flatten();
+        labels.chain(expressions.map(|e| e.key.as_str()))
+    });
+    keys.chain([EXEMPT_LABEL]).collect()
+}
+
+/// Whether the planner reads the same of the namespaces `new` as of `old`: the same names in
+/// the same order, with the same values of the labels `read`. A label nothing selects by (a
+/// cost centre, Argo CD's tracking label) plans nothing again when it changes.
+fn same_as_planned(
+    old: &[Arc<NamespaceInfo>],
+    new: &[Arc<NamespaceInfo>],
+    read: &BTreeSet<&str>,
+) -> bool {
+    old.len() == new.len()
+        && old.iter().zip(new).all(|(a, b)| {
+            Arc::ptr_eq(a, b)
+                || (a.name == b.name && read.iter().all(|k| a.labels.get(*k) == b.labels.get(*k)))
+        })
+}
+
 impl Engine {
     /// Takes in one cache. Slices and claims go to the planner (one call each), owned objects
     /// to the differ; the rest is the planner's input. Whatever the planner reads that
@@ -176,6 +206,7 @@ impl Engine {
                 | Input::SliceListAsked(_)
                 | Input::SharingPolicies(_)
                 | Input::Teams(_)
+                | Input::Namespaces(_)
         );
         self.replan |= replan;
         match input {
@@ -196,10 +227,13 @@ impl Engine {
             Input::Namespaces(namespaces) => {
                 self.guard_labels.observe(&namespaces);
                 // A namespace being deleted is no team's: nothing is written into it.
-                self.state.namespaces = (namespaces.iter())
+                let namespaces: Vec<Arc<NamespaceInfo>> = (namespaces.iter())
                     .filter(|n| !n.terminating)
                     .map(|n| n.info.clone())
                     .collect();
+                let read = planned_labels(&self.state.teams);
+                self.replan |= !same_as_planned(&self.state.namespaces, &namespaces, &read);
+                self.state.namespaces = namespaces;
             }
             Input::DeviceClasses(classes) => {
                 self.state.device_classes = classes.iter().map(|c| (**c).clone()).collect();

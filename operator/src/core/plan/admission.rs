@@ -8,11 +8,11 @@
 //!   ResourceClaimTemplates, a governed DeviceClass the team has no quota for (in `exactly` and in
 //!   every `firstAvailable` subrequest), opaque config for a teamgpu class (it would override the
 //!   sharing strategy), `adminAccess`, and `allocationMode: All` on a teamgpu class. And it
-//!   denies a claim of the team's classes while the quota is not in force: quota admission
-//!   judges by `status.hard`, which kube-controller-manager fills in a moment after the quota is
-//!   written or changed (or much later, when it is down or behind), and until then a new quota
-//!   limits nothing (measured on 1.36.2 with the controller-manager paused: three claims of 1
-//!   device admitted under a hard of 1).
+//!   denies a claim of one of the team's classes while the quota is not in force for it
+//!   ([`quota_in_force`]): kube-controller-manager counts a quota a moment after it is written
+//!   or changed (much later when it is down or behind), and until then a new quota limits
+//!   nothing (measured on 1.36.2 with the controller-manager stopped: three claims of one device
+//!   admitted under a hard of 1).
 //! - `teamgpu-non-team-requests`, in every namespace outside all teams (a match condition lists
 //!   the team namespaces) except those a cluster admin exempted (label `teamgpu.io/exempt:
 //!   "true"`): no governed class there at all, neither teamgpu's nor a foreign class that selects
@@ -55,6 +55,7 @@ use super::objects::{
     SLICE_ANNOTATION_PREFIX, SLICE_CAPACITY, managed_labels,
 };
 use super::outside_teams::GUARD_LABEL;
+use super::usage::DEVICES_PER_CLASS_SUFFIX;
 
 pub const TEAM_POLICY_NAME: &str = "teamgpu-team-requests";
 /// The binding of the team policy.
@@ -249,6 +250,20 @@ pub(super) fn validation(expression: String, message_expression: &str) -> Valida
     }
 }
 
+/// Whether the namespace's quota (the params) is in force for the devices of `class`: quota
+/// admission judges by `status.hard`, which kube-controller-manager copies from the spec when it
+/// counts the namespace. Until it has, a new quota limits nothing and a lowered hard still
+/// allows the old one. A raised hard not yet counted refuses what the old one refuses, so it
+/// does not hold a claim back (it is when waiting Pods are woken).
+fn quota_in_force(class: &str) -> String {
+    let key = format!("({class} + '{DEVICES_PER_CLASS_SUFFIX}')");
+    format!(
+        "(!has(params.spec.hard) || !({key} in params.spec.hard) || (has(params.status) && \
+         has(params.status.hard) && {key} in params.status.hard && \
+         quantity(params.status.hard[{key}]).compareTo(quantity(params.spec.hard[{key}])) <= 0))"
+    )
+}
+
 /// The team policy's variables: [`governed_variables`], the team and its classes (from the
 /// namespace's quota), the memory-slice classes and those of GPUs of a team's own.
 fn team_variables(governed: &GovernedClasses) -> Vec<Variable> {
@@ -268,15 +283,6 @@ fn team_variables(governed: &GovernedClasses) -> Vec<Variable> {
     variables.push(Variable {
         name: "team".into(),
         expression: annotation(QUOTA_TEAM_ANNOTATION),
-    });
-    // Quota admission judges by `status.hard`, which kube-controller-manager copies from the
-    // spec and counts: a quota it has not counted yet limits nothing, and one whose hard was just
-    // lowered still allows the old hard.
-    variables.push(Variable {
-        name: "quotaInForce".into(),
-        expression: "!has(params.spec.hard) || (has(params.status) && has(params.status.hard) && \
-             params.spec.hard.all(k, k in params.status.hard && params.status.hard[k] == params.spec.hard[k]))"
-            .into(),
     });
     // Not a slice class: the claim the scheduler makes for an extended resource asks for no
     // memory, and takes the whole GPU or none of its memory.
@@ -330,8 +336,11 @@ pub fn team_policy(governed: &GovernedClasses, operator: &str) -> ValidatingAdmi
         ),
         validation(
             format!(
-                "variables.quotaInForce || object.kind != 'ResourceClaim' || !variables.requests.exists(r, {})",
-                request_uses("CLASS in variables.allowed")
+                "object.kind != 'ResourceClaim' || !variables.requests.exists(r, {})",
+                request_uses(&format!(
+                    "CLASS in variables.allowed && !{}",
+                    quota_in_force("CLASS")
+                ))
             ),
             &format!(
                 "'the namespace\\'s ResourceQuota teamgpu is not in force yet (kube-controller-manager has not counted its current hard), so quota admission would not count this claim: try again in a moment' + {who}"
