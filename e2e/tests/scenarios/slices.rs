@@ -139,16 +139,10 @@ async fn memory_slices_are_counted_allocated_and_held_to_the_quota_exactly() {
     .await;
     // Nobody else wants them: up to the limit, 50Gi = 5 slices.
     world.hard_is("notebooks", "h100-10g", "5").await;
-    // The template comes once kube-controller-manager has counted the namespace's quota.
-    let templates =
-        Api::<ResourceClaimTemplate>::namespaced(client.clone(), &world.ns("notebooks"));
-    let template = eventually("the template h100-10g", CONVERGE, || async {
-        match templates.get_opt("h100-10g").await {
-            Ok(Some(template)) => Ok(template),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let template = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &world.ns("notebooks"))
+        .get("h100-10g")
+        .await
+        .unwrap();
     let request = &template.spec.spec.devices.unwrap().requests.unwrap()[0];
     let capacity = request.exactly.as_ref().unwrap().capacity.clone().unwrap();
     assert_eq!(capacity.requests.unwrap()["memory"].0, "10Gi");
