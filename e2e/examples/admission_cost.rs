@@ -461,9 +461,8 @@ async fn zero_quota(cluster: &TestCluster, namespace: &str, label: bool) {
         let guard = guard();
         loop {
             let quota = api.get(outside_teams::QUOTA_NAME).await.unwrap();
-            let spec = serde_json::to_value(quota.spec.and_then(|s| s.hard)).unwrap();
             let hard = serde_json::to_value(quota.status.and_then(|s| s.hard)).unwrap();
-            if outside_teams::in_force(&spec, &hard).as_deref() == Some(&*guard.label) {
+            if outside_teams::in_force(&hard).as_deref() == Some(&*guard.label) {
                 break;
             }
             assert!(

@@ -76,8 +76,10 @@ impl World {
     }
 
     /// A team owning namespace `name` with `quota` of the policy and `reclaim` settings; returns
-    /// the namespace once its templates are in, and its quota counted (teamgpu creates the
-    /// templates only then: docs/tenancy.md, "The first milliseconds of a team namespace").
+    /// the namespace once its templates are in and its quota is counted. Claims made in the
+    /// first milliseconds of a team namespace, before the API server's admission sees its quota
+    /// and before kube-controller-manager has counted it, can go uncharged (docs/tenancy.md,
+    /// "What is not closed"); these scenarios are about what comes after.
     async fn team(&self, name: &str, quota: Value, reclaim: Value) -> String {
         let ns = self.sandbox.namespace(name, None).await.unwrap();
         let mut quota = quota;

@@ -65,25 +65,16 @@ fn pass_and_settle(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Ef
     effects
 }
 
-/// The first passes over the example's cluster: its objects but the templates at second 0,
-/// then at second 1, once the server's quota controller has counted the quotas, the team
-/// namespaces' templates and the guard label of "web", the one namespace outside every team;
-/// nothing to do at second 2. Returns the first pass's effects.
+/// The first passes over the example's cluster: its objects at second 0, then at second 1 the
+/// guard label of "web", the one namespace outside every team, once its quota of 0 is in force
+/// (the server's quota controller filled the quota's status); nothing to do at second 2.
+/// Returns the first pass's effects.
 fn converge(engine: &mut Engine, server: &mut Server, start: Instant) -> Vec<Effect> {
-    let is_template =
-        |e: &Effect| matches!(e, Effect::Object(w) if w.key().kind == Kind::ResourceClaimTemplate);
     let first = pass_and_settle(engine, server, at(start, 0));
-    assert_eq!(
-        count(&first, is_template),
-        0,
-        "a template before its quota is counted"
-    );
-    let second = pass_and_settle(engine, server, at(start, 1));
-    let (templates, rest): (Vec<_>, Vec<_>) = second.into_iter().partition(is_template);
-    assert!(!templates.is_empty());
+    let labels = pass_and_settle(engine, server, at(start, 1));
     assert!(
-        matches!(&rest[..], [Effect::Label(Label { namespace, value: Some(_) })] if namespace == "web"),
-        "{rest:#?}"
+        matches!(&labels[..], [Effect::Label(Label { namespace, value: Some(_) })] if namespace == "web"),
+        "{labels:#?}"
     );
     assert_eq!(pass_and_settle(engine, server, at(start, 2)), []);
     first
@@ -167,15 +158,11 @@ fn a_guard_label_left_from_an_earlier_install_comes_off_before_anything_is_writt
     );
     assert!(count(&first, |e| matches!(e, Effect::Object(_))) > 10);
     assert_eq!(count(&first, |e| matches!(e, Effect::Label(_))), 1);
-    // Once the new quota is in force, the label is set again, to the same value (beside the
-    // templates of the team namespaces, whose quotas are now counted too).
+    // Once the new quota is in force, the label is set again, to the same value.
     let second = pass_and_settle(&mut engine, &mut server, at(start, 1));
-    let labels: Vec<&Effect> = (second.iter())
-        .filter(|e| matches!(e, Effect::Label(_)))
-        .collect();
     assert_eq!(
-        labels,
-        [&Effect::Label(Label {
+        second,
+        [Effect::Label(Label {
             namespace: "web".into(),
             value: Some(label)
         })]

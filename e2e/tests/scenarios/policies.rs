@@ -78,23 +78,16 @@ async fn installing_the_samples_creates_device_classes_and_ready_policies() {
         .find(|q| q.sharing_policy == "a100-80gb")
         .unwrap();
     assert_eq!((q.guaranteed, q.limit, q.capacity), (8, 16, 32));
-    // The templates come once kube-controller-manager has counted the namespace's quota.
-    let want = [
-        "a100-80gb",
-        "a100-80gb-x2",
-        "a100-80gb-x4",
-        "a100-80gb-x8",
-        "a100-shared",
-    ];
-    eventually("ml-research-dev's templates", CONVERGE, || async {
-        let templates = world.templates("ml-research-dev").await;
-        if templates == want {
-            Ok(())
-        } else {
-            Err(format!("{templates:?}"))
-        }
-    })
-    .await;
+    assert_eq!(
+        world.templates("ml-research-dev").await,
+        [
+            "a100-80gb",
+            "a100-80gb-x2",
+            "a100-80gb-x4",
+            "a100-80gb-x8",
+            "a100-shared"
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -341,17 +341,6 @@ impl Differ {
                 None => None,
             };
             let desired_fingerprint = desired.as_ref().map(fingerprint);
-            // A template is created only once its namespace's quota is counted: until then
-            // quota admission limits nothing, and a Pod of the template could take any number
-            // of devices. The quota's status event wakes the pass that creates it.
-            let held = key.kind == Kind::ResourceClaimTemplate
-                && desired.is_some()
-                && !self.live.contains_key(&key)
-                && !self.quota_counted(key.namespace.as_deref());
-            if held {
-                self.dirty.insert(key);
-                continue;
-            }
             let live = self.live.get_mut(&key);
             let live_json = live.as_ref().and_then(|l| l.object.to_json());
             let live_side = match (&live, &live_json) {
@@ -440,18 +429,8 @@ impl Differ {
         }
     }
 
-    /// Whether the live teamgpu quota of `namespace` is counted (see [`LiveView::in_force`]).
-    fn quota_counted(&self, namespace: Option<&str>) -> bool {
-        let key = ObjectKey {
-            kind: Kind::ResourceQuota,
-            namespace: namespace.map(str::to_owned),
-            name: crate::core::plan::objects::QUOTA_NAME.to_owned(),
-        };
-        matches!(&self.live.get(&key).map(|l| &l.object), Some(LiveObject::Owned(view)) if view.in_force.is_some())
-    }
-
     /// The hash of the `status.hard` of the live quota of 0 in `namespace`, a namespace outside
-    /// teams, once the quota controller has counted it.
+    /// teams, once the quota controller has written it.
     pub fn outside_quota_in_force(&self, namespace: &str) -> Option<&str> {
         let key = ObjectKey {
             kind: Kind::ResourceQuota,

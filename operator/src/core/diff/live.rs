@@ -32,9 +32,8 @@ pub struct LiveView {
     /// For a ResourceClaimTemplate: what quota charges per DeviceClass for a claim made from
     /// it (for pending demand).
     pub template_charge: Option<Arc<BTreeMap<String, u64>>>,
-    /// For a quota (a team namespace's, or of 0 outside teams): the hash of its `status.hard`
-    /// once the quota controller has counted every resource of its spec (see
-    /// [`outside_teams::in_force`]). Quota admission limits nothing until then.
+    /// For a namespace's quota of 0 outside teams: the hash of its `status.hard`, once the
+    /// quota controller has written it (see [`outside_teams::in_force`]).
     pub in_force: Option<Box<str>>,
     /// The object as the API server stores it (managed fields left out) until compared, or
     /// what it is known to hold. Shared with [`OwnWrites`] while it is text nobody claimed.
@@ -214,15 +213,11 @@ impl LiveView {
             })
             .flatten()
             .map(|spec| share(crate::core::plan::usage::quota_charge(&spec)));
-        let in_force = (kind == Kind::ResourceQuota)
-            .then(|| {
-                outside_teams::in_force(
-                    &object.data["spec"]["hard"],
-                    &object.data["status"]["hard"],
-                )
-            })
-            .flatten()
-            .map(String::into_boxed_str);
+        let in_force = (kind == Kind::ResourceQuota
+            && meta.name.as_deref() == Some(outside_teams::QUOTA_NAME))
+        .then(|| outside_teams::in_force(&object.data["status"]["hard"]))
+        .flatten()
+        .map(String::into_boxed_str);
         LiveView {
             key: key_of_meta(kind, meta),
             resource_version: meta.resource_version.as_deref().map(Box::from),

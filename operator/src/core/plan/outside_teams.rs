@@ -150,13 +150,10 @@ impl KeptGuard {
 }
 
 /// The hash of a quota's `status.hard` (as the API server stores it), comparable with
-/// [`OutsideTeams::label`], once it has every resource of `spec_hard`: the quota controller
-/// counted the quota since those were written.
-pub fn in_force(spec_hard: &serde_json::Value, status_hard: &serde_json::Value) -> Option<String> {
+/// [`OutsideTeams::label`].
+pub fn in_force(status_hard: &serde_json::Value) -> Option<String> {
     let hard = status_hard.as_object()?;
-    let counted =
-        (spec_hard.as_object()).is_none_or(|spec| spec.keys().all(|k| hard.contains_key(k)));
-    (!hard.is_empty() && counted).then(|| content_hash(hard))
+    (!hard.is_empty()).then(|| content_hash(hard))
 }
 
 #[cfg(test)]
@@ -182,16 +179,14 @@ mod tests {
         let stale = serde_json::json!({
             "a100.teamgpu.io.deviceclass.resource.k8s.io/devices": "0",
         });
-        let spec = synced.clone();
-        let synced = in_force(&spec, &synced);
+        let synced = in_force(&synced);
         assert_eq!(
             outside.label_of("ci", synced.as_deref()),
             Some(&*outside.label)
         );
-        // Counted before a resource was added to the spec: not in force for it.
-        assert_eq!(in_force(&spec, &stale), None);
+        assert_eq!(outside.label_of("ci", in_force(&stale).as_deref()), None);
         // Not synced yet: an empty status.hard is ignored by quota admission.
-        assert_eq!(in_force(&spec, &serde_json::json!({})), None);
+        assert_eq!(in_force(&serde_json::json!({})), None);
         assert_eq!(outside.label_of("ci", None), None);
         // Not guarded: a team's namespace, or an exempt one.
         assert_eq!(outside.label_of("team-a", synced.as_deref()), None);
