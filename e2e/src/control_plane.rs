@@ -579,25 +579,24 @@ impl Drop for Paused {
 
 /// Sends `signal` to process `pid` and to its children (a wrapper script's program).
 fn signal_process(pid: u32, signal: &str) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            r#"kill -s "$1" "$2" 2>/dev/null; pkill "-$1" -P "$2" 2>/dev/null"#,
-            "sh",
-            signal,
-        ])
-        .arg(pid.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    shell_kill(
+        r#"kill -s "$1" "$2" 2>/dev/null; pkill "-$1" -P "$2" 2>/dev/null"#,
+        signal,
+        pid,
+    );
 }
 
-/// Sends `signal` to process group `pgid` through `sh`'s `kill` (no `unsafe`, so no libc).
+/// Sends `signal` to process group `pgid`.
 fn signal_group(pgid: u32, signal: &str) {
+    shell_kill(r#"kill -s "$1" -- "-$2" 2>/dev/null"#, signal, pgid);
+}
+
+/// Runs `script` with `$1` the signal and `$2` the id, through `sh`'s `kill` (no `unsafe`, so
+/// no libc).
+fn shell_kill(script: &str, signal: &str, id: u32) {
     let _ = Command::new("sh")
-        .args(["-c", r#"kill -s "$1" -- "-$2" 2>/dev/null"#, "sh", signal])
-        .arg(pgid.to_string())
+        .args(["-c", script, "sh", signal])
+        .arg(id.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

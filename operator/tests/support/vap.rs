@@ -29,11 +29,7 @@ fn escaped_for_kube_cel(expr: &str) -> String {
     let expr = [QUOTA_TEAM_ANNOTATION, QUOTA_CLASSES_ANNOTATION]
         .iter()
         .fold(expr.to_owned(), |expr, key| {
-            let escaped = key
-                .replace('.', "__dot__")
-                .replace('-', "__dash__")
-                .replace('/', "__slash__");
-            expr.replace(&format!("'{key}'"), &format!("'{escaped}'"))
+            expr.replace(&format!("'{key}'"), &format!("'{}'", escaped_key(key)))
         });
     // A key computed from a class (`'teamgpu.io/gpus-' + r.exactly.deviceClassName`): escaped
     // as kube-cel escaped the keys, by CEL string replacements.
@@ -46,14 +42,16 @@ fn escaped_for_kube_cel(expr: &str) -> String {
         .replace("request.__namespace__", "request.namespace")
 }
 
+/// A map key as kube-cel escapes it.
+fn escaped_key(key: &str) -> String {
+    key.replace('.', "__dot__")
+        .replace('-', "__dash__")
+        .replace('/', "__slash__")
+}
+
 /// `expr` with every `'<prefix>' + <operand>` escaped as kube-cel escapes map keys.
 fn escape_computed_keys(mut expr: String, prefix: &str) -> String {
-    let escape = |s: &str| {
-        s.replace('.', "__dot__")
-            .replace('-', "__dash__")
-            .replace('/', "__slash__")
-    };
-    let escaped_prefix = format!("'{}' + ", escape(prefix));
+    let escaped_prefix = format!("'{}' + ", escaped_key(prefix));
     let prefix = format!("'{prefix}' + ");
     while let Some(at) = expr.find(&prefix) {
         let operand_at = at + prefix.len();
@@ -71,15 +69,10 @@ fn escape_computed_keys(mut expr: String, prefix: &str) -> String {
 /// `expr` with every `<operand> + '<suffix>'` escaped as kube-cel escapes map keys (the operand
 /// a class name: no `/`).
 fn escape_computed_suffix(mut expr: String, suffix: &str) -> String {
-    let escaped = |s: &str| {
-        s.replace('.', "__dot__")
-            .replace('-', "__dash__")
-            .replace('/', "__slash__")
-    };
     let plain = format!(" + '{suffix}'");
     let done = format!(
         ".replace('-', '__dash__').replace('.', '__dot__') + '{}'",
-        escaped(suffix)
+        escaped_key(suffix)
     );
     while let Some(at) = expr.find(&plain) {
         expr.replace_range(at..at + plain.len(), &done);
