@@ -51,6 +51,40 @@ where
     }
 }
 
+/// For a failure message: the quota `quota` of `ns` (spec, status, and who wrote it when, from
+/// its managed fields) and the namespace's claims (created when, allocated or not).
+pub async fn quota_and_claims(client: &kube::Client, ns: &str, quota: &str) -> String {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    use kube::{Api, ResourceExt};
+    let quota = Api::<ResourceQuota>::namespaced(client.clone(), ns)
+        .get_opt(quota)
+        .await;
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await;
+    let claims: Vec<String> = (claims.map(|l| l.items).unwrap_or_default().iter())
+        .map(|c| {
+            let created = c.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let allocated = c.status.as_ref().is_some_and(|s| s.allocation.is_some());
+            format!("{} created {created:?} allocated {allocated}", c.name_any())
+        })
+        .collect();
+    let quota = quota.map(|q| {
+        q.map(|q| {
+            let writers: Vec<String> = (q.managed_fields().iter())
+                .map(|m| {
+                    let time = m.time.as_ref().map(|t| t.0);
+                    let (manager, subresource) = (&m.manager, &m.subresource);
+                    format!("{manager:?} {subresource:?} at {time:?}")
+                })
+                .collect();
+            (q.spec, q.status, writers)
+        })
+    });
+    format!("quota (spec, status, writers): {quota:?}; claims: {claims:?}")
+}
+
 // The Rust code of docs/fair-sharing.md runs as a doctest (here, not in the operator crate, whose
 // sources the image builds from without docs/), so the page cannot drift from the API.
 #[cfg(doctest)]

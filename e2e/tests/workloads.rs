@@ -185,25 +185,6 @@ impl World {
     }
 
     /// The namespace's quota and claims as the server holds them, for a failure's message.
-    async fn quota_and_claims(&self, ns: &str) -> String {
-        let quota =
-            Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(self.client.clone(), ns)
-                .get_opt("teamgpu")
-                .await;
-        let claims = Api::<ResourceClaim>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default())
-            .await;
-        let claims: Vec<String> = (claims.map(|l| l.items).unwrap_or_default().iter())
-            .map(|c| {
-                let created = c.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                let allocated = c.status.as_ref().is_some_and(|s| s.allocation.is_some());
-                format!("{} created {created:?} allocated {allocated}", c.name_any())
-            })
-            .collect();
-        let quota = quota.map(|q| q.map(|q| (q.spec, q.status)));
-        format!("quota teamgpu (spec, status): {quota:?}; claims: {claims:?}")
-    }
-
     async fn create_pod(&self, ns: &str, pod: Pod) {
         Api::<Pod>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &pod)
@@ -481,7 +462,7 @@ async fn room_for_one_pod_goes_to_the_highest_priority_of_one_template() {
         if bound.is_some() {
             panic!(
                 "{name} waits, but is bound to {bound:?}; {}",
-                world.quota_and_claims(&team).await
+                teamgpu_e2e::quota_and_claims(&world.client, &team, "teamgpu").await
             );
         }
     }
@@ -492,7 +473,7 @@ async fn room_for_one_pod_goes_to_the_highest_priority_of_one_template() {
     if low.is_some() {
         panic!(
             "the low-priority Pod still waits, but is bound to {low:?}; {}",
-            world.quota_and_claims(&team).await
+            teamgpu_e2e::quota_and_claims(&world.client, &team, "teamgpu").await
         );
     }
     assert!(

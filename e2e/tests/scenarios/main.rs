@@ -422,6 +422,53 @@ impl World {
         Ok(out)
     }
 
+    /// The namespaces the server lists that are in no sample team, not exempt and not being
+    /// deleted: each gets a quota of 0 and, once it is counted, the guard label.
+    async fn outside_sample_teams(&self) -> Vec<Namespace> {
+        let teams = [
+            "ml-research-dev",
+            "ml-research-train",
+            "inference-prod",
+            "inference-canary",
+            "data-science",
+        ]
+        .map(|ns| self.ns(ns));
+        let namespaces = Api::<Namespace>::all(self.client.clone())
+            .list(&Default::default())
+            .await
+            .unwrap();
+        (namespaces.items.into_iter())
+            .filter(|ns| {
+                let exempt =
+                    ns.labels().get("teamgpu.io/exempt").map(String::as_str) == Some("true");
+                !teams.contains(&ns.name_any())
+                    && !exempt
+                    && ns.metadata.deletion_timestamp.is_none()
+            })
+            .collect()
+    }
+
+    /// Waits until every namespace outside the sample teams carries the guard label: its quota
+    /// of 0 counted by kube-controller-manager, which can come well after the rest converged.
+    async fn all_guarded(&self) {
+        eventually(
+            "every namespace outside teams guarded",
+            CONVERGE,
+            || async {
+                let unguarded: Vec<String> = (self.outside_sample_teams().await.iter())
+                    .filter(|ns| !ns.labels().contains_key(GUARD_LABEL))
+                    .map(ResourceExt::name_any)
+                    .collect();
+                if unguarded.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("not guarded: {unguarded:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
     /// The objects the samples ask for on the example's cluster, as `owned_objects` names
     /// them: two DeviceClasses, four admission policies and their bindings, in every team
     /// namespace a quota and a template per offered count (a100-80gb offers 1, 2, 4 and 8
@@ -446,24 +493,11 @@ impl World {
             out.push(format!("validatingadmissionpolicybinding//{binding}"));
         }
         let big = ["a100-80gb", "a100-80gb-x2", "a100-80gb-x4", "a100-80gb-x8"];
-        let teams = [
-            "ml-research-dev",
-            "ml-research-train",
-            "inference-prod",
-            "inference-canary",
-            "data-science",
-        ]
-        .map(|ns| self.ns(ns));
-        let namespaces = Api::<Namespace>::all(self.client.clone())
-            .list(&Default::default())
-            .await
-            .unwrap();
-        for ns in namespaces.items {
-            let exempt = ns.labels().get("teamgpu.io/exempt").map(String::as_str) == Some("true");
-            let name = ns.name_any();
-            if !teams.contains(&name) && !exempt && ns.metadata.deletion_timestamp.is_none() {
-                out.push(format!("resourcequota/{name}/teamgpu-outside-teams"));
-            }
+        for ns in self.outside_sample_teams().await {
+            out.push(format!(
+                "resourcequota/{}/teamgpu-outside-teams",
+                ns.name_any()
+            ));
         }
         for (ns, shared) in [
             ("ml-research-dev", true),

@@ -54,6 +54,7 @@ async fn a_restart_converges_and_a_converged_restart_and_an_idle_minute_write_no
     drop(first);
     let second = world.operator();
     world.converged().await;
+    world.all_guarded().await;
     let expected = world.owned_objects().await.unwrap();
     assert_eq!(expected, world.expected_objects().await);
     second.stop().await;

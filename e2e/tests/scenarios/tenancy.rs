@@ -926,6 +926,10 @@ async fn claims_wait_until_kube_controller_manager_has_counted_the_quota() {
     };
     assert_eq!(judged("c0").await, Ok(()));
     assert_eq!(judged("c1").await, Ok(()));
+    // kube-controller-manager counts from its informers' cache, and the count it writes when it
+    // goes on replaces what admission charged: were c0 or c1 not in its cache at the stop, they
+    // would not be counted (a gap of quota itself). Its watch brings them in well under this.
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Lowered to 2 while not counted: the old hard of 3 would admit a third claim.
     let paused = uncounted(&world, plane, 2, world.edit_team("ml", quota(2)), true).await;
@@ -933,7 +937,11 @@ async fn claims_wait_until_kube_controller_manager_has_counted_the_quota() {
     assert!(refused_with(&refused, NOT_COUNTED), "{refused:?}");
     drop(paused);
     let refused = judged("c2").await;
-    assert!(refused_with(&refused, exceeded), "{refused:?}");
+    assert!(
+        refused_with(&refused, exceeded),
+        "{refused:?}; {}",
+        teamgpu_e2e::quota_and_claims(&world.client, &world.ns("ml"), "teamgpu").await
+    );
 
     // Raised to 3 again while not counted: teamgpu's policy holds nothing back (quota
     // admission judges by the old hard, as it would without teamgpu); once counted, the third
