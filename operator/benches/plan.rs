@@ -309,6 +309,7 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
             differ.update_owned(Kind::ResourceQuota, changed)
         })
     });
+    bench_pod_events(&mut events);
     events.bench_function("first pass of a started operator", |b| {
         b.iter_batched(
             || live.objects(),
@@ -317,6 +318,52 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
         )
     });
     events.finish();
+}
+
+/// What the engine pays for one Pod's event at 10,000 Pods not done yet (the Pod watch of
+/// every Pod reclaim may weigh): that Pod (what changed), or every Pod (how it was handed
+/// before).
+fn bench_pod_events(events: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>) {
+    use teamgpu::core::effects::{PodView, ReclaimDefaults};
+    use teamgpu::core::engine::{Engine, Input, Settings};
+    use teamgpu::core::state::Taken;
+    let mut names = Names::default();
+    let pods: Vec<Arc<PodView>> = (0..10_000)
+        .map(|i| {
+            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("job-{i}-0"), "namespace": format!("team-{}", i % 1_000),
+                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                 "name": format!("job-{i}"), "uid": format!("u{i}"), "controller": true}]},
+                "spec": {"containers": [{"name": "c"}], "priority": 100},
+                "status": {"phase": "Running", "startTime": "2026-12-05T10:00:00Z"}
+            }))
+            .unwrap();
+            Arc::new(PodView::project(&pod, &mut names))
+        })
+        .collect();
+    let mut engine = Engine::new(Settings {
+        operator_user: "system:serviceaccount:teamgpu-system:teamgpu".into(),
+        admin_groups: None,
+        enforcement: teamgpu::core::plan::admission::Enforcement::Deny,
+        reclaim: ReclaimDefaults {
+            enabled: false,
+            grace: std::time::Duration::from_secs(120),
+            min_runtime: std::time::Duration::ZERO,
+        },
+    });
+    engine.take_in(Input::Pods(Taken::All(pods.clone())));
+    events.bench_function("take in one Pod's change of 10,000 Pods", |b| {
+        b.iter(|| {
+            let changed = Taken::Changed {
+                upserted: vec![pods[4_321].clone()],
+                removed: Vec::new(),
+            };
+            engine.take_in(Input::Pods(black_box(changed)))
+        })
+    });
+    events.bench_function("take in 10,000 Pods whole (a resync)", |b| {
+        b.iter(|| engine.take_in(Input::Pods(Taken::All(black_box(pods.clone())))))
+    });
 }
 
 /// The changes the passes take in, each with the state after it and the cache it touched:

@@ -368,6 +368,58 @@ fn a_namespace_label_no_team_selects_by_plans_nothing_again() {
     assert_eq!(quotas.count(), 1);
 }
 
+#[test]
+fn a_pending_pods_event_that_changes_no_demand_plans_nothing_again() {
+    let (start, mut server, mut engine) = converged();
+    let converged = planned(&mut engine, &mut server, at(start, 1));
+    let pod = |conditions: serde_json::Value, claims: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "train-0", "namespace": "ml-research-dev",
+                         "creationTimestamp": "2026-06-01T00:00:00Z"},
+            "spec": {"containers": [], "resourceClaims": claims},
+            "status": {"phase": "Pending", "conditions": conditions}
+        }))
+        .unwrap()
+    };
+    let demand = |plan: &Plan| -> Vec<(String, String, u32)> {
+        (plan.teams.iter())
+            .flat_map(|t| {
+                t.quotas
+                    .iter()
+                    .map(move |q| (t.name.clone(), q.sharing_policy.clone(), q.pending))
+            })
+            .filter(|(_, _, pending)| *pending > 0)
+            .collect()
+    };
+    // A Pod without device claims waits for a node: no demand, the same plan.
+    let unschedulable =
+        json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
+    server.put_pending_pod(pod(json!([]), json!([])));
+    let waiting = planned(&mut engine, &mut server, at(start, 2));
+    assert!(
+        std::sync::Arc::ptr_eq(&converged, &waiting),
+        "planned again"
+    );
+    server.put_pending_pod(pod(unschedulable.clone(), json!([])));
+    let condition = planned(&mut engine, &mut server, at(start, 3));
+    assert!(
+        std::sync::Arc::ptr_eq(&converged, &condition),
+        "planned again"
+    );
+    // Its claim from a template quota refused: the team waits for 4 devices.
+    let template = json!([{"name": "gpus", "resourceClaimTemplateName": "a100-80gb-x4"}]);
+    server.put_pending_pod(pod(json!([]), template.clone()));
+    let wants = planned(&mut engine, &mut server, at(start, 4));
+    assert_eq!(
+        demand(&wants),
+        [("ml-research".to_owned(), "a100-80gb".to_owned(), 4)]
+    );
+    // The scheduler says why it waits: the same demand, the same plan.
+    server.put_pending_pod(pod(unschedulable, template));
+    let told = planned(&mut engine, &mut server, at(start, 5));
+    assert!(std::sync::Arc::ptr_eq(&wants, &told), "planned again");
+}
+
 /// One change to the cluster, or a pass of the kept engine (effects performed and settled).
 #[derive(Clone, Debug)]
 enum Change {

@@ -111,11 +111,12 @@ impl Stores {
             .send_modify(|count| *count = Some(count.unwrap_or(0) + 1));
     }
 
-    /// Makes the next take of the slices and the claims hand over every object (a resync
-    /// compares everything, not only what the watches said changed).
+    /// Makes the next take of the slices, the claims and the Pods hand over every object (a
+    /// resync compares everything, not only what the watches said changed).
     pub fn take_all_next(&self) {
         self.slices.take_all_next();
         self.claims.take_all_next();
+        self.pods.take_all_next();
     }
 
     /// The CRDs that exist, as owners (see [`ClusterState::crd_owners`]).

@@ -55,6 +55,7 @@ struct PodProjector {
 impl Projector<Pod> for PodProjector {
     type View = PodView;
     type Params = ();
+    const TRACKED: bool = true;
 
     fn project(&mut self, pod: &Pod, (): &()) -> PodView {
         PodView::project(pod, &mut self.names)

@@ -97,8 +97,10 @@ impl Reconciler {
         if changed.contains(Watch::PendingPods) {
             inputs.push(Input::PendingPods(stores.pending_pods.state()));
         }
-        if changed.contains(Watch::Pods) {
-            inputs.extend(all(stores.pods.state()).map(Input::Pods));
+        if changed.contains(Watch::Pods)
+            && let Some(((), pods)) = stores.pods.take()
+        {
+            inputs.push(Input::Pods(pods));
         }
         if changed.contains(Watch::TaintRules)
             && let Some(rules) = stores.taint_rules.as_ref().and_then(|r| all(r.state()))

@@ -62,14 +62,18 @@ impl Engine {
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.
-        if claims.is_empty() && !plan.reclaims.is_empty() {
-            claims = self.planner.claim_views();
+        let mut pods = Vec::new();
+        if !plan.reclaims.is_empty() {
+            if claims.is_empty() {
+                claims = self.planner.claim_views();
+            }
+            pods = self.pods.all();
         }
         let input = ReclaimInput {
             plan,
             teams,
             claims: &claims,
-            pods: &self.pods,
+            pods: &pods,
         };
         let defaults = self.settings.reclaim;
         let reclaimed = (self.reclaim).evictions(input, defaults, now.instant, now.wall);

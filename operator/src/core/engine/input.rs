@@ -1,5 +1,5 @@
 //! What the engine takes in from the caches: plain data, given only when a cache's watch
-//! changed: the whole cache, or for slices, claims and owned objects what changed since the
+//! changed: the whole cache, or for slices, claims, Pods and owned objects what changed since the
 //! last hand-over. Policies arrive as read (dynamic objects) and are read into their types
 //! here: one that does not fit is reported on its status, never fatal.
 
@@ -24,7 +24,7 @@ use crate::core::plan::usage::ClaimView;
 use crate::core::state::{NamespaceInfo, NamespaceView, Taken};
 use crate::dra_cel::DeviceReads;
 
-/// One cache as the watches keep it: whole, or for slices and claims what changed since the
+/// One cache as the watches keep it: whole, or for slices, claims and Pods what changed since the
 /// last hand-over.
 #[derive(Debug)]
 pub enum Input {
@@ -42,8 +42,8 @@ pub enum Input {
     Claims(Taken<ClaimView>),
     /// Pods in phase Pending, whole (their claims' statuses).
     PendingPods(Vec<Arc<Pod>>),
-    /// Pods not done yet, as reclaim weighs them.
-    Pods(Vec<Arc<PodView>>),
+    /// Pods not done yet, as reclaim weighs them: every one, or what changed.
+    Pods(Taken<PodView>),
     /// DeviceTaintRules (`None` for those whose taint keeps no claim off).
     TaintRules(Vec<Arc<Option<TaintRuleView>>>),
     /// The objects of `kind` that carry teamgpu's managed-by label (DeviceClasses come with
@@ -197,12 +197,14 @@ impl Engine {
     /// Takes in one cache. Slices and claims go to the planner (one call each), owned objects
     /// to the differ; the rest is the planner's input. Whatever the planner reads that
     /// changed has the next pass plan again; the rest (owned objects, running Pods, policies
-    /// whose status alone changed) is compared with the kept plan.
+    /// whose status alone changed, pending Pods whose demand is the same: see [`Engine::pass`])
+    /// is compared with the kept plan.
     pub fn take_in(&mut self, input: Input) {
         let replan = !matches!(
             input,
             Input::Owned { .. }
                 | Input::Pods(_)
+                | Input::PendingPods(_)
                 | Input::SliceListAsked(_)
                 | Input::SharingPolicies(_)
                 | Input::Teams(_)
@@ -259,8 +261,9 @@ impl Engine {
             }
             Input::PendingPods(pods) => self.pending_pods = pods,
             Input::Pods(pods) => {
-                self.pods = pods;
-                self.device_taints_changed();
+                if self.pods.take_in(pods.delta()) {
+                    self.device_taints_changed();
+                }
             }
             Input::TaintRules(rules) => {
                 self.taint_rules = rules;
@@ -276,7 +279,7 @@ impl Engine {
     /// unhealthy) into the planner's input; plans again when they changed.
     fn device_taints_changed(&mut self) {
         let rules = self.taint_rules.iter().filter_map(|r| r.as_ref().as_ref());
-        let unhealthy = self.pods.iter().flat_map(|p| p.unhealthy.iter());
+        let unhealthy = self.pods.unhealthy();
         let taints = taints::device_taints(rules, unhealthy);
         if taints != self.state.device_taints {
             self.state.device_taints = taints;

@@ -32,6 +32,7 @@
 
 mod effects;
 mod input;
+mod pods;
 #[cfg(test)]
 mod tests;
 
@@ -153,7 +154,7 @@ pub struct Engine {
     malformed: Vec<Malformed>,
     /// As the caches hold them, for pending demand and reclaim.
     pending_pods: Vec<Arc<Pod>>,
-    pods: Vec<Arc<crate::core::effects::PodView>>,
+    pods: pods::KeptPods,
     /// DeviceTaintRules, as the watch keeps them.
     taint_rules: Vec<Arc<Option<crate::core::plan::taints::TaintRuleView>>>,
     /// Pods waiting because quota refused their claims, as of the last pass.
@@ -188,7 +189,7 @@ impl Engine {
             state,
             malformed: Vec::new(),
             pending_pods: Vec::new(),
-            pods: Vec::new(),
+            pods: pods::KeptPods::default(),
             taint_rules: Vec::new(),
             waiting: Vec::new(),
             slices_asked: None,
@@ -210,7 +211,7 @@ impl Engine {
         } else {
             self.planner.claim_views()
         };
-        self.refresh_pending(&claims);
+        let pending_changed = self.refresh_pending(&claims);
         // Devices are kept only as far as expressions read them: one that reads more
         // (a new policy, a changed class) needs the slices listed again before counting.
         let reads = self.planner.device_reads(&self.state);
@@ -221,8 +222,10 @@ impl Engine {
             self.slices_asked = Some(reads.clone());
             return Pass::ListSlices(reads);
         }
-        // Pending demand is the planner's input, read from the Pods and claims just now.
-        let replan = self.replan || !self.pending_pods.is_empty();
+        // Pending demand is the planner's input, read from the Pods and claims just now: a
+        // Pod's event that changes no demand (a condition the scheduler sets, any Pod but
+        // those waiting for devices) plans nothing again.
+        let replan = self.replan || pending_changed;
         let plan = match self.plan.take() {
             Some(kept) if !replan => kept,
             _ => {
@@ -296,18 +299,23 @@ impl Engine {
     }
 
     /// Pending demand and the Pods waiting on quota, from the pending Pods, their claims and
-    /// the live templates' charges. Most passes have no pending Pod: then nothing is read.
-    fn refresh_pending(&mut self, claims: &[Arc<ClaimView>]) {
+    /// the live templates' charges; whether the demand changed. Most passes have no pending
+    /// Pod: then nothing is read.
+    fn refresh_pending(&mut self, claims: &[Arc<ClaimView>]) -> bool {
         if self.pending_pods.is_empty() {
-            self.state.pending.clear();
             self.waiting.clear();
-            return;
+            let changed = !self.state.pending.is_empty();
+            self.state.pending.clear();
+            return changed;
         }
         let pods: Vec<&Pod> = self.pending_pods.iter().map(|p| &**p).collect();
         let claims: Vec<&ClaimView> = claims.iter().map(|c| &**c).collect();
         let differ = &self.differ;
         let charge = |namespace: &str, name: &str| differ.template_charge(namespace, name).cloned();
-        self.state.pending = plan::pending::pending_demand(&pods, &claims, charge);
+        let pending = plan::pending::pending_demand(&pods, &claims, charge);
         self.waiting = plan::pending::waiting_on_quota(&pods, &claims, charge);
+        let changed = pending != self.state.pending;
+        self.state.pending = pending;
+        changed
     }
 }
