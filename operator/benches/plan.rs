@@ -20,7 +20,7 @@ use kube::core::DynamicObject;
 use teamgpu::core::diff::{Differ, Kind, LiveObject, LiveView};
 use teamgpu::core::plan::inventory::{Inventory, SliceView};
 use teamgpu::core::plan::usage::{ClaimView, Names};
-use teamgpu::core::plan::{Planner, cel, plan};
+use teamgpu::core::plan::{Planner, cel, pending, plan};
 use teamgpu::core::state::{ClusterState, Delta};
 use teamgpu::dra_cel::{CompiledExpressions, DeviceReads};
 use teamgpu_synthetic::{Scale, synthetic};
@@ -310,6 +310,31 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
         })
     });
     bench_pod_events(&mut events);
+    // Pending demand, read at every pass while a Pod is Pending anywhere: one Pod's claim
+    // found among the planner's, or (before) every claim copied and indexed by name first.
+    let (planner, _) = started(&state, &cached, live.objects());
+    let claim = &state.claims[0];
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "waits", "namespace": claim.metadata.namespace},
+        "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim.metadata.name}]},
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap();
+    let none = |_: &str, _: &str| None;
+    events.bench_function(
+        "pending demand of one Pending Pod, its claim looked up",
+        |b| b.iter(|| pending::pending_demand(&[&pod], |ns, n| planner.claim(ns, n), none)),
+    );
+    events.bench_function(
+        "pending demand of one Pending Pod, every claim indexed (before)",
+        |b| {
+            b.iter(|| {
+                let all = planner.claim_views();
+                let all: Vec<&ClaimView> = all.iter().map(|c| &**c).collect();
+                pending::pending_demand(&[&pod], pending::by_name(&all), none)
+            })
+        },
+    );
     events.bench_function("first pass of a started operator", |b| {
         b.iter_batched(
             || live.objects(),

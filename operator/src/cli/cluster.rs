@@ -314,7 +314,7 @@ async fn pending_demand(
     let charges = pending::template_charges(&templates);
     Ok(pending::pending_demand(
         &pods.iter().collect::<Vec<_>>(),
-        &claim_views.iter().collect::<Vec<_>>(),
+        pending::by_name(&claim_views.iter().collect::<Vec<_>>()),
         |ns, name| charges.get(&(ns.to_owned(), name.to_owned())).cloned(),
     ))
 }

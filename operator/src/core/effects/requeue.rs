@@ -18,7 +18,6 @@
 //! as many as its room fits.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
@@ -66,9 +65,9 @@ pub struct Requeuer {
 
 /// Room per (namespace, DeviceClass): the quota's hard in the plan less what the namespace's
 /// claims are charged; only for `namespaces`.
-pub fn room(
+pub fn room<'c>(
     plan: &Plan,
-    claims: &[Arc<ClaimView>],
+    claims: impl IntoIterator<Item = &'c ClaimView>,
     namespaces: &BTreeSet<&str>,
 ) -> BTreeMap<(String, String), u64> {
     let mut out = BTreeMap::new();
@@ -85,7 +84,10 @@ pub fn room(
             }
         }
     }
-    for claim in claims.iter().filter(|c| namespaces.contains(&*c.namespace)) {
+    for claim in claims
+        .into_iter()
+        .filter(|c| namespaces.contains(&*c.namespace))
+    {
         for (class, n) in &claim.charge {
             if let Some(room) = out.get_mut(&(claim.namespace.to_string(), class.to_string())) {
                 *room = room.saturating_sub(*n);

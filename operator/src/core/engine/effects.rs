@@ -3,12 +3,11 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
 
 use super::{Engine, Now};
 use crate::core::effects::{self, Effect, PolicyStatuses, ReclaimInput, RefusedByOwner};
 use crate::core::plan::Plan;
-use crate::core::plan::usage::ClaimView;
 
 impl Engine {
     /// The status of each policy as it is written (see [`effects::applied_statuses`]), with
@@ -23,7 +22,6 @@ impl Engine {
 
     /// What `plan` asks for, in the order it is done: objects (the differ's order), statuses,
     /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions.
-    /// `claims`: every claim if a Pod was pending at the start of the pass, else none.
     /// `seen`: the differ compared this plan's objects already (an earlier pass's plan).
     pub(super) fn effects(
         &mut self,
@@ -31,7 +29,6 @@ impl Engine {
         seen: bool,
         (statuses, refused): (&PolicyStatuses, &RefusedByOwner),
         now: Now,
-        mut claims: Vec<Arc<ClaimView>>,
     ) -> Vec<Effect> {
         let writes = if seen {
             self.differ.writes_again(&plan.objects)
@@ -62,13 +59,10 @@ impl Engine {
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.
-        let mut pods = Vec::new();
-        if !plan.reclaims.is_empty() {
-            if claims.is_empty() {
-                claims = self.planner.claim_views();
-            }
-            pods = self.pods.all();
-        }
+        let (claims, pods) = match plan.reclaims.is_empty() {
+            true => (Vec::new(), Vec::new()),
+            false => (self.planner.claim_views(), self.pods.all()),
+        };
         let input = ReclaimInput {
             plan,
             teams,
@@ -77,8 +71,10 @@ impl Engine {
         };
         let defaults = self.settings.reclaim;
         let reclaimed = (self.reclaim).evictions(input, defaults, now.instant, now.wall);
-        let namespaces = self.waiting.iter().map(|w| w.namespace.as_str()).collect();
-        let room = effects::room(plan, &claims, &namespaces);
+        let namespaces: BTreeSet<&str> =
+            self.waiting.iter().map(|w| w.namespace.as_str()).collect();
+        let in_waiting = namespaces.iter().flat_map(|ns| self.planner.claims_in(ns));
+        let room = effects::room(plan, in_waiting, &namespaces);
         let requeues = (self.requeuer).requeues(&self.waiting, &room, now.instant, now.wall);
         out.extend(requeues.into_iter().map(Effect::Requeue));
         let mut events = effects::event_transitions(plan, sharing, teams);

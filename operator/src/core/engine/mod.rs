@@ -47,7 +47,6 @@ use crate::core::effects::{
     Effect, EventKey, FailedWrite, GuardLabels, Label, Malformed, PolicyKind, PolicyStatuses,
     Published, ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
 };
-use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{self, Plan, admission::Enforcement};
 use crate::core::state::ClusterState;
 use crate::dra_cel::DeviceReads;
@@ -205,13 +204,7 @@ impl Engine {
         // again and again if the pass does not reach reclaim or requeue.
         self.reclaim.clear_due(now.instant);
         self.requeuer.clear_due(now.instant);
-        // Read from the planner once a pass, and only when a Pod waits: most passes need none.
-        let claims = if self.pending_pods.is_empty() {
-            Vec::new()
-        } else {
-            self.planner.claim_views()
-        };
-        let pending_changed = self.refresh_pending(&claims);
+        let pending_changed = self.refresh_pending();
         // Devices are kept only as far as expressions read them: one that reads more
         // (a new policy, a changed class) needs the slices listed again before counting.
         let reads = self.planner.device_reads(&self.state);
@@ -239,7 +232,7 @@ impl Engine {
         let effects = match role {
             Role::Leader => {
                 let seen = std::mem::replace(&mut self.differ_has_plan, true);
-                self.effects(&plan, seen, (&statuses, &refused), now, claims)
+                self.effects(&plan, seen, (&statuses, &refused), now)
             }
             Role::Follower => Vec::new(),
         };
@@ -298,10 +291,10 @@ impl Engine {
         .min()
     }
 
-    /// Pending demand and the Pods waiting on quota, from the pending Pods, their claims and
-    /// the live templates' charges; whether the demand changed. Most passes have no pending
-    /// Pod: then nothing is read.
-    fn refresh_pending(&mut self, claims: &[Arc<ClaimView>]) -> bool {
+    /// Pending demand and the Pods waiting on quota, from the pending Pods, their claims (each
+    /// found in the planner's, not a copy of all) and the live templates' charges; whether the
+    /// demand changed. Most passes have no pending Pod: then nothing is read.
+    fn refresh_pending(&mut self) -> bool {
         if self.pending_pods.is_empty() {
             self.waiting.clear();
             let changed = !self.state.pending.is_empty();
@@ -309,11 +302,11 @@ impl Engine {
             return changed;
         }
         let pods: Vec<&Pod> = self.pending_pods.iter().map(|p| &**p).collect();
-        let claims: Vec<&ClaimView> = claims.iter().map(|c| &**c).collect();
-        let differ = &self.differ;
+        let (differ, planner) = (&self.differ, &self.planner);
         let charge = |namespace: &str, name: &str| differ.template_charge(namespace, name).cloned();
-        let pending = plan::pending::pending_demand(&pods, &claims, charge);
-        self.waiting = plan::pending::waiting_on_quota(&pods, &claims, charge);
+        let claim = |namespace: &str, name: &str| planner.claim(namespace, name);
+        let pending = plan::pending::pending_demand(&pods, claim, charge);
+        self.waiting = plan::pending::waiting_on_quota(&pods, claim, charge);
         let changed = pending != self.state.pending;
         self.state.pending = pending;
         changed

@@ -288,10 +288,23 @@ impl Planner {
         &self.inventory
     }
 
-    /// Every claim of the last updates, shared with the caches (for pending demand, room and
-    /// reclaim, which read them only when a Pod waits or a reclaim is ordered).
+    /// Every claim of the last updates, shared with the caches (for reclaim, which reads them
+    /// only when a reclaim is ordered).
     pub fn claim_views(&self) -> Vec<Arc<usage::ClaimView>> {
         self.claims.all().cloned().collect()
+    }
+
+    /// The claim `name` of `namespace`, of the last updates.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<&usage::ClaimView> {
+        self.claims.of(namespace)?.get(name).map(|c| &**c)
+    }
+
+    /// The claims of `namespace`, of the last updates.
+    pub fn claims_in(&self, namespace: &str) -> impl Iterator<Item = &usage::ClaimView> {
+        self.claims
+            .of(namespace)
+            .into_iter()
+            .flat_map(|c| c.values().map(|c| &**c))
     }
 
     /// The plan for `state`, with the slices and claims of the last `update_slices` and

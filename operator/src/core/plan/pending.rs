@@ -1,7 +1,7 @@
 //! Pending demand: devices that Pods wait for because their claims could not be created (quota
 //! refused them) or are not allocated yet. Pure.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -42,15 +42,11 @@ pub fn generated_claim_names(pod: &Pod) -> BTreeMap<&str, Option<&str>> {
 /// For each claim of a pending Pod: an existing claim without allocation counts what quota charges
 /// for it; a claim from a template that does not exist yet (the resourceclaim controller could not
 /// create it, typically because quota refused) counts what the template would be charged.
-pub fn pending_demand(
+pub fn pending_demand<'c>(
     pods: &[&Pod],
-    claims: &[&ClaimView],
+    claim: impl Fn(&str, &str) -> Option<&'c ClaimView>,
     template_charge: impl Fn(&str, &str) -> Option<BTreeMap<String, u64>>,
 ) -> Vec<PendingDemand> {
-    let claim_by_name: BTreeMap<(&str, &str), &ClaimView> = claims
-        .iter()
-        .map(|c| ((&*c.namespace, &*c.name), *c))
-        .collect();
     // Per (namespace, class): devices, each claim's devices, the oldest Pod's creation.
     type Waiting = (u64, Vec<u32>, Option<Timestamp>);
     let mut demand: BTreeMap<(String, String), Waiting> = BTreeMap::new();
@@ -72,7 +68,7 @@ pub fn pending_demand(
                 .resource_claim_name
                 .as_deref()
                 .or_else(|| generated.get(pod_claim.name.as_str()).copied().flatten());
-            let charge = match claim_name.and_then(|n| claim_by_name.get(&(namespace, n))) {
+            let charge = match claim_name.and_then(|n| claim(namespace, n)) {
                 Some(claim) if claim.allocated => continue,
                 Some(claim) => claim
                     .charge
@@ -116,6 +112,15 @@ pub fn pending_demand(
         .collect()
 }
 
+/// Finds the claims of `claims` by namespace and name, for [`pending_demand`] and
+/// [`waiting_on_quota`] (the operator finds them in the claims its planner keeps).
+pub fn by_name<'c>(claims: &[&'c ClaimView]) -> impl Fn(&str, &str) -> Option<&'c ClaimView> {
+    let by_name: BTreeMap<(&'c str, &'c str), &'c ClaimView> = (claims.iter())
+        .map(|c| ((&*c.namespace, &*c.name), *c))
+        .collect();
+    move |namespace, name| by_name.get(&(namespace, name)).copied()
+}
+
 /// A Pod waiting for a claim from a template that quota refused (the claim does not exist).
 #[derive(Clone, Debug, PartialEq)]
 pub struct WaitingPod {
@@ -131,13 +136,11 @@ pub struct WaitingPod {
 /// being deleted, and a claim of it from a template whose claim does not exist. One entry per
 /// such claim; `template_charge` as for [`pending_demand`] (templates it does not know are left
 /// out: they are not teamgpu's to wake).
-pub fn waiting_on_quota(
+pub fn waiting_on_quota<'c>(
     pods: &[&Pod],
-    claims: &[&ClaimView],
+    claim_of: impl Fn(&str, &str) -> Option<&'c ClaimView>,
     template_charge: impl Fn(&str, &str) -> Option<BTreeMap<String, u64>>,
 ) -> Vec<WaitingPod> {
-    let existing: BTreeSet<(&str, &str)> =
-        claims.iter().map(|c| (&*c.namespace, &*c.name)).collect();
     let mut out = Vec::new();
     for pod in pods {
         let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
@@ -156,7 +159,7 @@ pub fn waiting_on_quota(
                 continue;
             };
             let claim = generated.get(pod_claim.name.as_str()).copied().flatten();
-            if claim.is_some_and(|c| existing.contains(&(namespace.as_str(), c))) {
+            if claim.is_some_and(|c| claim_of(namespace, c).is_some()) {
                 continue;
             }
             let Some(charge) = template_charge(namespace, template) else {
@@ -230,7 +233,7 @@ mod tests {
         );
         let demand = pending_demand(
             &[&refused, &unallocated, &allocated, &running],
-            &[&c1, &c2],
+            by_name(&[&c1, &c2]),
             |ns, name| {
                 template_charges(&[&t])
                     .get(&(ns.to_owned(), name.to_owned()))
@@ -269,7 +272,7 @@ mod tests {
         let c = ClaimView::project(&claim("created-gpus", false), &mut names);
         let waiting = waiting_on_quota(
             &[&refused, &leaving, &created, &named_but_gone, &running],
-            &[&c],
+            by_name(&[&c]),
             |ns, name| {
                 template_charges(&[&t])
                     .get(&(ns.to_owned(), name.to_owned()))
