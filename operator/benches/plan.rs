@@ -320,6 +320,7 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
         "status": {"phase": "Pending"}
     }))
     .unwrap();
+    let pod = pending::PendingPodView::project(&pod);
     let none = |_: &str, _: &str| None;
     events.bench_function(
         "pending demand of one Pending Pod, its claim looked up",

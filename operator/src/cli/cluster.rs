@@ -312,6 +312,8 @@ async fn pending_demand(
         .map(|c| crate::core::plan::usage::ClaimView::project(c, &mut names))
         .collect();
     let charges = pending::template_charges(&templates);
+    let pods: Vec<pending::PendingPodView> =
+        pods.iter().map(pending::PendingPodView::project).collect();
     Ok(pending::pending_demand(
         &pods.iter().collect::<Vec<_>>(),
         pending::by_name(&claim_views.iter().collect::<Vec<_>>()),

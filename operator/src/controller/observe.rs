@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -25,6 +25,7 @@ use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
 use crate::core::effects::PodView;
 use crate::core::plan::inventory::{SliceValues, SliceView};
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::core::plan::pending::PendingPodView;
 use crate::core::plan::taints::TaintRuleView;
 use crate::core::plan::usage::{ClaimView, Names};
 use crate::core::state::{ClusterState, NamespaceInfo};
@@ -48,7 +49,7 @@ pub struct Stores {
     pub slice_reads: Arc<watch::Sender<Option<Arc<DeviceReads>>>>,
     pub claims: Projected<ClaimView, ()>,
     /// Pending Pods only (field selector), for pending demand and waking waiting Pods.
-    pub pending_pods: Store<Pod>,
+    pub pending_pods: Projected<PendingPodView, ()>,
     /// Pods not done yet, as reclaim weighs them (priority, workload, start).
     pub pods: Projected<PodView, ()>,
     /// Each of teamgpu's CRDs, by name, as an owner reference (one watch per CRD, so that
@@ -82,7 +83,7 @@ impl Stores {
                 None => true,
             }
         };
-        let (a, b, d, f, namespaces, claims, pods, owned, crds, rules) = futures::join!(
+        let (a, b, d, pending, namespaces, claims, pods, owned, crds, rules) = futures::join!(
             self.sharing_policies.wait_until_ready(),
             self.teams.wait_until_ready(),
             self.device_classes.wait_until_ready(),
@@ -94,7 +95,8 @@ impl Stores {
             futures::future::join_all(self.crds.iter().map(Projected::wait_until_ready)),
             rules,
         );
-        [a, b, d, f].iter().all(Result::is_ok)
+        [a, b, d].iter().all(Result::is_ok)
+            && pending
             && namespaces
             && claims
             && pods
@@ -111,12 +113,13 @@ impl Stores {
             .send_modify(|count| *count = Some(count.unwrap_or(0) + 1));
     }
 
-    /// Makes the next take of the slices, the claims and the Pods hand over every object (a
-    /// resync compares everything, not only what the watches said changed).
+    /// Makes the next take of the slices, the claims and the Pods (pending or not) hand over
+    /// every object (a resync compares everything, not only what the watches said changed).
     pub fn take_all_next(&self) {
         self.slices.take_all_next();
         self.claims.take_all_next();
         self.pods.take_all_next();
+        self.pending_pods.take_all_next();
     }
 
     /// The CRDs that exist, as owners (see [`ClusterState::crd_owners`]).

@@ -1,8 +1,7 @@
-//! The Pod watches: the Pending Pods whole, and every Pod not done yet as reclaim weighs it.
-//! Needs a client.
+//! The Pod watches: the Pending Pods as pending demand reads them, and every Pod not done yet
+//! as reclaim weighs it. Needs a client.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -10,29 +9,25 @@ use tokio::task::JoinSet;
 
 use super::changes::{Wake, Watch};
 use super::projected::{self, Projected, Projector};
-use super::reflect::spawn;
 use crate::core::effects::PodView;
+use crate::core::plan::pending::PendingPodView;
 use crate::core::plan::usage::Names;
 
-/// The two Pod watches: the Pending Pods whole (their claims' statuses, for pending demand and
-/// waking waiting Pods), and every Pod not done yet as a [`PodView`] (for reclaim).
+/// The two Pod watches: the Pending Pods as [`PendingPodView`]s (their claims, for pending
+/// demand and waking waiting Pods), and every Pod not done yet as a [`PodView`] (for reclaim).
 pub(super) fn watch_pods(
     client: &Client,
     wake: &Wake,
     tasks: &mut JoinSet<()>,
-) -> (Store<Pod>, Projected<PodView, ()>) {
-    let (pending_pods, writer) = reflector::store();
-    let pending = watcher(
+) -> (Projected<PendingPodView, ()>, Projected<PodView, ()>) {
+    let pending_pods = projected::spawn(
+        tasks,
         Api::<Pod>::all(client.clone()),
         watcher::Config::default().fields("status.phase=Pending"),
-    );
-    spawn(
-        tasks,
-        writer,
-        pending,
+        watch::channel(Some(())).1,
+        PendingProjector,
         wake.clone(),
         Watch::PendingPods,
-        "pods",
     );
     let pods = projected::spawn(
         tasks,
@@ -44,6 +39,31 @@ pub(super) fn watch_pods(
         Watch::Pods,
     );
     (pending_pods, pods)
+}
+
+/// Pending Pods as [`PendingPodView`]s.
+#[derive(Debug, Default)]
+struct PendingProjector;
+
+impl Projector<Pod> for PendingProjector {
+    type View = PendingPodView;
+    type Params = ();
+    const TRACKED: bool = true;
+
+    fn project(&mut self, pod: &Pod, (): &()) -> PendingPodView {
+        PendingPodView::project(pod)
+    }
+
+    fn same(kept: &PendingPodView, new: &PendingPodView) -> bool {
+        kept == new
+    }
+
+    /// A Pod that asks for no claim (most Pending Pods of a cluster) counts for nothing, and
+    /// its events wake no pass.
+    fn wakes(kept: Option<&PendingPodView>, new: Option<&PendingPodView>) -> bool {
+        let claims = |pod: Option<&PendingPodView>| pod.is_some_and(|p| !p.claims.is_empty());
+        claims(kept) || claims(new)
+    }
 }
 
 /// Pods as [`PodView`]s, their namespaces and workload names shared.
@@ -78,5 +98,36 @@ impl Projector<Pod> for PodProjector {
 
     fn relisted(&mut self) {
         self.names.prune();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn only_pending_pods_that_ask_for_claims_wake_a_pass() {
+        let pending = |claims: serde_json::Value| -> PendingPodView {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ml"},
+                "spec": {"containers": [], "resourceClaims": claims},
+                "status": {"phase": "Pending"}
+            }))
+            .unwrap();
+            PendingPodView::project(&pod)
+        };
+        let (gpu, web) = (
+            pending(json!([{"name": "gpu", "resourceClaimTemplateName": "a100"}])),
+            pending(json!([])),
+        );
+        let wakes = <PendingProjector as Projector<Pod>>::wakes;
+        assert!(wakes(None, Some(&gpu)));
+        assert!(wakes(Some(&gpu), Some(&gpu)));
+        assert!(wakes(Some(&gpu), None));
+        assert!(!wakes(None, Some(&web)));
+        assert!(!wakes(Some(&web), Some(&web)));
+        assert!(!wakes(Some(&web), None));
     }
 }

@@ -94,8 +94,10 @@ impl Reconciler {
         {
             inputs.push(Input::Claims(claims));
         }
-        if changed.contains(Watch::PendingPods) {
-            inputs.push(Input::PendingPods(stores.pending_pods.state()));
+        if changed.contains(Watch::PendingPods)
+            && let Some(((), pods)) = stores.pending_pods.take()
+        {
+            inputs.push(Input::PendingPods(pods));
         }
         if changed.contains(Watch::Pods)
             && let Some(((), pods)) = stores.pods.take()

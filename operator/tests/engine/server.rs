@@ -16,6 +16,7 @@ use teamgpu::core::engine::{Done, Input};
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::objects::is_managed;
 use teamgpu::core::plan::outside_teams::GUARD_LABEL;
+use teamgpu::core::plan::pending::PendingPodView;
 use teamgpu::core::plan::usage::{ClaimView, Names};
 use teamgpu::core::state::{NamespaceInfo, NamespaceView, Taken};
 use teamgpu::dra_cel::DeviceReads;
@@ -266,9 +267,11 @@ impl Server {
                     .map(|c| Arc::new(ClaimView::project(c, &mut self.names)))
                     .collect(),
             )),
-            Watch::PendingPods => {
-                Input::PendingPods(self.pending_pods.values().cloned().map(Arc::new).collect())
-            }
+            Watch::PendingPods => Input::PendingPods(Taken::All(
+                (self.pending_pods.values())
+                    .map(|p| Arc::new(PendingPodView::project(p)))
+                    .collect(),
+            )),
             Watch::Owned(kind) => Input::Owned {
                 kind,
                 objects: self.owned_since_handed(kind, whole),

@@ -6,7 +6,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
@@ -19,6 +18,7 @@ use crate::core::effects::{Malformed, PodView, PolicyKind};
 use crate::core::plan::admission::EXEMPT_LABEL;
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects;
+use crate::core::plan::pending::PendingPodView;
 use crate::core::plan::taints::{self, TaintRuleView};
 use crate::core::plan::usage::ClaimView;
 use crate::core::state::{NamespaceInfo, NamespaceView, Taken};
@@ -40,8 +40,8 @@ pub enum Input {
     },
     /// The ResourceClaims: every one, or what changed.
     Claims(Taken<ClaimView>),
-    /// Pods in phase Pending, whole (their claims' statuses).
-    PendingPods(Vec<Arc<Pod>>),
+    /// Pods in phase Pending, as pending demand reads them: every one, or what changed.
+    PendingPods(Taken<PendingPodView>),
     /// Pods not done yet, as reclaim weighs them: every one, or what changed.
     Pods(Taken<PodView>),
     /// DeviceTaintRules (`None` for those whose taint keeps no claim off).
@@ -259,7 +259,7 @@ impl Engine {
                     "ResourceClaims changed"
                 );
             }
-            Input::PendingPods(pods) => self.pending_pods = pods,
+            Input::PendingPods(pods) => self.pending_pods.take_in(pods.delta()),
             Input::Pods(pods) => {
                 if self.pods.take_in(pods.delta()) {
                     self.device_taints_changed();

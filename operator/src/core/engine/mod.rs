@@ -39,7 +39,6 @@ mod tests;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::core::diff::{self, ObjectKey};
@@ -152,7 +151,7 @@ pub struct Engine {
     /// Custom resources that could not be read into their types.
     malformed: Vec<Malformed>,
     /// As the caches hold them, for pending demand and reclaim.
-    pending_pods: Vec<Arc<Pod>>,
+    pending_pods: pods::KeptPending,
     pods: pods::KeptPods,
     /// DeviceTaintRules, as the watch keeps them.
     taint_rules: Vec<Arc<Option<crate::core::plan::taints::TaintRuleView>>>,
@@ -187,7 +186,7 @@ impl Engine {
             guard_labels: GuardLabels::default(),
             state,
             malformed: Vec::new(),
-            pending_pods: Vec::new(),
+            pending_pods: pods::KeptPending::default(),
             pods: pods::KeptPods::default(),
             taint_rules: Vec::new(),
             waiting: Vec::new(),
@@ -301,7 +300,7 @@ impl Engine {
             self.state.pending.clear();
             return changed;
         }
-        let pods: Vec<&Pod> = self.pending_pods.iter().map(|p| &**p).collect();
+        let pods = self.pending_pods.views();
         let (differ, planner) = (&self.differ, &self.planner);
         let charge = |namespace: &str, name: &str| differ.template_charge(namespace, name).cloned();
         let claim = |namespace: &str, name: &str| planner.claim(namespace, name);

@@ -1,12 +1,13 @@
-//! The Pods not done yet, as reclaim weighs them, kept by namespace and name and updated by
-//! what their watch says changed: a Pod's event costs that Pod, not every Pod of the cluster.
-//! Pure.
+//! The Pods not done yet, as reclaim weighs them, and the Pending Pods that ask for claims,
+//! kept by namespace and name and updated by what their watches say changed: a Pod's event
+//! costs that Pod, not every Pod of the cluster. Pure.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::core::effects::PodView;
 use crate::core::plan::inventory::ExtraTaint;
+use crate::core::plan::pending::PendingPodView;
 use crate::core::state::Delta;
 
 /// A Pod's namespace and name.
@@ -66,6 +67,43 @@ impl KeptPods {
     }
 }
 
+/// The Pending Pods that ask for claims (the others count for nothing), by namespace and name.
+#[derive(Debug, Default)]
+pub(super) struct KeptPending(BTreeMap<(String, String), Arc<PendingPodView>>);
+
+impl KeptPending {
+    /// Takes in every Pending Pod, or what changed.
+    pub(super) fn take_in(&mut self, delta: Delta<'_, PendingPodView>) {
+        let key = |pod: &PendingPodView| (pod.namespace.clone(), pod.name.clone());
+        let (upserted, removed) = match delta {
+            Delta::All(all) => {
+                self.0.clear();
+                (all, &[][..])
+            }
+            Delta::Changed { upserted, removed } => (upserted, removed),
+        };
+        for pod in removed {
+            self.0.remove(&key(pod));
+        }
+        for pod in upserted {
+            if pod.claims.is_empty() {
+                self.0.remove(&key(pod));
+            } else {
+                self.0.insert(key(pod), Arc::clone(pod));
+            }
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The Pods, by namespace and name.
+    pub(super) fn views(&self) -> Vec<&PendingPodView> {
+        self.0.values().map(|p| &**p).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::Pod;
@@ -92,6 +130,43 @@ mod tests {
         }))
         .unwrap();
         Arc::new(PodView::project(&pod, &mut Names::default()))
+    }
+
+    #[test]
+    fn pending_pods_that_ask_for_no_claim_are_not_kept() {
+        let pending = |name: &str, claims: serde_json::Value| -> Arc<PendingPodView> {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"containers": [], "resourceClaims": claims},
+                "status": {"phase": "Pending"}
+            }))
+            .unwrap();
+            Arc::new(PendingPodView::project(&pod))
+        };
+        let template = json!([{"name": "gpu", "resourceClaimTemplateName": "a100"}]);
+        let names = |kept: &KeptPending| -> Vec<String> {
+            kept.views().iter().map(|p| p.name.clone()).collect()
+        };
+        let (train, web) = (
+            pending("train", template.clone()),
+            pending("web", json!([])),
+        );
+        let mut kept = KeptPending::default();
+        kept.take_in(Delta::All(&[train.clone(), web.clone()]));
+        assert_eq!(names(&kept), ["train"]);
+        let eval = pending("eval", template);
+        kept.take_in(Delta::Changed {
+            upserted: &[eval, pending("api", json!([]))],
+            removed: std::slice::from_ref(&web),
+        });
+        assert_eq!(names(&kept), ["eval", "train"]);
+        kept.take_in(Delta::Changed {
+            upserted: &[],
+            removed: &[train],
+        });
+        assert_eq!(names(&kept), ["eval"]);
+        kept.take_in(Delta::All(&[web]));
+        assert!(kept.is_empty());
     }
 
     fn devices(kept: &KeptPods) -> Vec<String> {

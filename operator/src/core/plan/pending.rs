@@ -35,6 +35,57 @@ pub fn generated_claim_names(pod: &Pod) -> BTreeMap<&str, Option<&str>> {
         .collect()
 }
 
+/// What pending demand reads of a Pending Pod. A Pod that is not Pending, or asks for no
+/// claim, has no claims here: it counts for nothing (the operator's watch keeps it so, and its
+/// events wake no pass).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingPodView {
+    pub namespace: String,
+    pub name: String,
+    /// `spec.priority`, resolved from the PriorityClass at admission (0 without one).
+    pub priority: i32,
+    pub created: Option<Timestamp>,
+    /// Being deleted: it waits for nothing.
+    pub deleting: bool,
+    /// Each entry of `spec.resourceClaims`.
+    pub claims: Box<[PodClaim]>,
+}
+
+/// One entry of a Pod's `spec.resourceClaims`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodClaim {
+    /// The claim it names, or the one the resourceclaim controller made for it from its
+    /// template (the Pod's status says which); `None` before that.
+    pub claim: Option<String>,
+    /// The template its claim is made from.
+    pub template: Option<String>,
+}
+
+impl PendingPodView {
+    pub fn project(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
+        let generated = generated_claim_names(pod);
+        let entries = (pod.spec.iter()).flat_map(|s| s.resource_claims.iter().flatten());
+        let claims = (entries.filter(|_| pending))
+            .map(|entry| PodClaim {
+                claim: (entry.resource_claim_name.as_deref())
+                    .or_else(|| generated.get(entry.name.as_str()).copied().flatten())
+                    .map(str::to_owned),
+                template: entry.resource_claim_template_name.clone(),
+            })
+            .collect();
+        PendingPodView {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            deleting: meta.deletion_timestamp.is_some(),
+            claims,
+        }
+    }
+}
+
 /// The devices pending Pods wait for, per namespace and DeviceClass. `template_charge` says what
 /// quota charges for a claim made from template `(namespace, name)`, if it exists
 /// ([`template_charges`]).
@@ -43,7 +94,7 @@ pub fn generated_claim_names(pod: &Pod) -> BTreeMap<&str, Option<&str>> {
 /// for it; a claim from a template that does not exist yet (the resourceclaim controller could not
 /// create it, typically because quota refused) counts what the template would be charged.
 pub fn pending_demand<'c>(
-    pods: &[&Pod],
+    pods: &[&PendingPodView],
     claim: impl Fn(&str, &str) -> Option<&'c ClaimView>,
     template_charge: impl Fn(&str, &str) -> Option<BTreeMap<String, u64>>,
 ) -> Vec<PendingDemand> {
@@ -51,31 +102,17 @@ pub fn pending_demand<'c>(
     type Waiting = (u64, Vec<u32>, Option<Timestamp>);
     let mut demand: BTreeMap<(String, String), Waiting> = BTreeMap::new();
     for pod in pods {
-        let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        let Some(namespace) = pod.metadata.namespace.as_deref() else {
-            continue;
-        };
-        if pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending") {
-            continue;
-        }
-        let generated = generated_claim_names(pod);
-        for pod_claim in pod
-            .spec
-            .iter()
-            .flat_map(|s| s.resource_claims.iter().flatten())
-        {
-            let claim_name = pod_claim
-                .resource_claim_name
-                .as_deref()
-                .or_else(|| generated.get(pod_claim.name.as_str()).copied().flatten());
-            let charge = match claim_name.and_then(|n| claim(namespace, n)) {
+        let (namespace, created) = (pod.namespace.as_str(), pod.created);
+        for pod_claim in &pod.claims {
+            let existing = (pod_claim.claim.as_deref()).and_then(|n| claim(namespace, n));
+            let charge = match existing {
                 Some(claim) if claim.allocated => continue,
                 Some(claim) => claim
                     .charge
                     .iter()
                     .map(|(class, n)| (class.to_string(), *n))
                     .collect(),
-                None => match pod_claim.resource_claim_template_name.as_deref() {
+                None => match pod_claim.template.as_deref() {
                     Some(t) => match template_charge(namespace, t) {
                         Some(charge) => charge,
                         None => continue,
@@ -137,39 +174,28 @@ pub struct WaitingPod {
 /// such claim; `template_charge` as for [`pending_demand`] (templates it does not know are left
 /// out: they are not teamgpu's to wake).
 pub fn waiting_on_quota<'c>(
-    pods: &[&Pod],
+    pods: &[&PendingPodView],
     claim_of: impl Fn(&str, &str) -> Option<&'c ClaimView>,
     template_charge: impl Fn(&str, &str) -> Option<BTreeMap<String, u64>>,
 ) -> Vec<WaitingPod> {
     let mut out = Vec::new();
-    for pod in pods {
-        let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
-            continue;
-        };
-        let status = pod.status.as_ref();
-        if status.and_then(|s| s.phase.as_deref()) != Some("Pending")
-            || pod.metadata.deletion_timestamp.is_some()
-        {
-            continue;
-        }
-        let generated = generated_claim_names(pod);
-        let spec = pod.spec.as_ref();
-        for pod_claim in spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
-            let Some(template) = pod_claim.resource_claim_template_name.as_deref() else {
+    for pod in pods.iter().filter(|p| !p.deleting) {
+        let namespace = pod.namespace.as_str();
+        for pod_claim in &pod.claims {
+            let Some(template) = pod_claim.template.as_deref() else {
                 continue;
             };
-            let claim = generated.get(pod_claim.name.as_str()).copied().flatten();
-            if claim.is_some_and(|c| claim_of(namespace, c).is_some()) {
+            if (pod_claim.claim.as_deref()).is_some_and(|c| claim_of(namespace, c).is_some()) {
                 continue;
             }
             let Some(charge) = template_charge(namespace, template) else {
                 continue;
             };
             out.push(WaitingPod {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                priority: spec.and_then(|s| s.priority).unwrap_or(0),
-                created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                priority: pod.priority,
+                created: pod.created,
                 charge,
             });
         }
@@ -199,6 +225,40 @@ mod tests {
             "status": {"phase": phase, "resourceClaimStatuses": generated.map(|c| vec![json!({"name": "gpus", "resourceClaimName": c})])}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_pending_pods_view_has_its_claims_and_a_pod_asking_for_none_has_none() {
+        let generated = pod("train", "Pending", Some("train-gpus-x7k2"));
+        let mut named = pod("named", "Pending", None);
+        named.spec.as_mut().unwrap().resource_claims = Some(vec![
+            serde_json::from_value(json!({"name": "shared", "resourceClaimName": "team-pool"}))
+                .unwrap(),
+        ]);
+        let mut plain = pod("web", "Pending", None);
+        plain.spec.as_mut().unwrap().resource_claims = None;
+        let running = pod("running", "Running", Some("running-gpus"));
+        let claims = |pod: &Pod| -> Vec<(Option<String>, Option<String>)> {
+            (PendingPodView::project(pod).claims.iter())
+                .map(|c| (c.claim.clone(), c.template.clone()))
+                .collect()
+        };
+        let some = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            claims(&generated),
+            [(some("train-gpus-x7k2"), some("a100-x2"))]
+        );
+        assert_eq!(claims(&named), [(some("team-pool"), None)]);
+        assert_eq!(
+            claims(&pod("new", "Pending", None)),
+            [(None, some("a100-x2"))]
+        );
+        assert_eq!(claims(&plain), []);
+        assert_eq!(claims(&running), []);
+    }
+
+    fn views(pods: &[&Pod]) -> Vec<PendingPodView> {
+        pods.iter().map(|p| PendingPodView::project(p)).collect()
     }
 
     fn claim(name: &str, allocated: bool) -> ResourceClaim {
@@ -231,8 +291,9 @@ mod tests {
             ClaimView::project(&c1, &mut names),
             ClaimView::project(&c2, &mut names),
         );
+        let pods = views(&[&refused, &unallocated, &allocated, &running]);
         let demand = pending_demand(
-            &[&refused, &unallocated, &allocated, &running],
+            &pods.iter().collect::<Vec<_>>(),
             by_name(&[&c1, &c2]),
             |ns, name| {
                 template_charges(&[&t])
@@ -270,8 +331,9 @@ mod tests {
         );
         let mut names = crate::core::plan::usage::Names::default();
         let c = ClaimView::project(&claim("created-gpus", false), &mut names);
+        let pods = views(&[&refused, &leaving, &created, &named_but_gone, &running]);
         let waiting = waiting_on_quota(
-            &[&refused, &leaving, &created, &named_but_gone, &running],
+            &pods.iter().collect::<Vec<_>>(),
             by_name(&[&c]),
             |ns, name| {
                 template_charges(&[&t])
