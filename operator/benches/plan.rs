@@ -309,7 +309,7 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
             differ.update_owned(Kind::ResourceQuota, changed)
         })
     });
-    bench_pod_events(&mut events);
+    bench_engine_take_in(&mut events);
     // Pending demand, read at every pass while a Pod is Pending anywhere: one Pod's claim
     // found among the planner's, or (before) every claim copied and indexed by name first.
     let (planner, _) = started(&state, &cached, live.objects());
@@ -347,9 +347,9 @@ fn bench_cluster(c: &mut Criterion, counter_sets: bool) {
 }
 
 /// What the engine pays for one Pod's event at 10,000 Pods not done yet (the Pod watch of
-/// every Pod reclaim may weigh): that Pod (what changed), or every Pod (how it was handed
-/// before).
-fn bench_pod_events(events: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>) {
+/// every Pod reclaim may weigh), and for one namespace's at 10,000 namespaces: that object
+/// (what changed), or every one (a resync; how they were handed before).
+fn bench_engine_take_in(events: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>) {
     use teamgpu::core::effects::{PodView, ReclaimDefaults};
     use teamgpu::core::engine::{Engine, Input, Settings};
     use teamgpu::core::state::Taken;
@@ -389,6 +389,38 @@ fn bench_pod_events(events: &mut criterion::BenchmarkGroup<criterion::measuremen
     });
     events.bench_function("take in 10,000 Pods whole (a resync)", |b| {
         b.iter(|| engine.take_in(Input::Pods(Taken::All(black_box(pods.clone())))))
+    });
+
+    use teamgpu::core::state::{NamespaceInfo, NamespaceView};
+    let namespace = |i: usize, cost_center: usize| {
+        let labels = [
+            ("teamgpu.io/team", format!("team-{}", i / 100)),
+            ("cost-center", cost_center.to_string()),
+        ];
+        Arc::new(NamespaceView {
+            info: Arc::new(NamespaceInfo {
+                name: format!("team-{}-ns-{i}", i / 100),
+                labels: labels.map(|(k, v)| (k.to_owned(), v)).into(),
+            }),
+            terminating: false,
+        })
+    };
+    let namespaces: Vec<Arc<NamespaceView>> = (0..10_000).map(|i| namespace(i, 0)).collect();
+    engine.take_in(Input::Namespaces(Taken::All(namespaces.clone())));
+    let relabelled = [namespace(4_321, 1), namespace(4_321, 2)];
+    let mut flip = 0;
+    events.bench_function("take in one namespace's change of 10,000 namespaces", |b| {
+        b.iter(|| {
+            flip ^= 1;
+            let changed = Taken::Changed {
+                upserted: vec![relabelled[flip].clone()],
+                removed: Vec::new(),
+            };
+            engine.take_in(Input::Namespaces(black_box(changed)))
+        })
+    });
+    events.bench_function("take in 10,000 namespaces whole (a resync)", |b| {
+        b.iter(|| engine.take_in(Input::Namespaces(Taken::All(black_box(namespaces.clone())))))
     });
 }
 

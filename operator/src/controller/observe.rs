@@ -113,13 +113,15 @@ impl Stores {
             .send_modify(|count| *count = Some(count.unwrap_or(0) + 1));
     }
 
-    /// Makes the next take of the slices, the claims and the Pods (pending or not) hand over
-    /// every object (a resync compares everything, not only what the watches said changed).
+    /// Makes the next take of the slices, the claims, the Pods (pending or not) and the
+    /// namespaces hand over every object (a resync compares everything, not only what the
+    /// watches said changed).
     pub fn take_all_next(&self) {
         self.slices.take_all_next();
         self.claims.take_all_next();
         self.pods.take_all_next();
         self.pending_pods.take_all_next();
+        self.namespaces.take_all_next();
     }
 
     /// The CRDs that exist, as owners (see [`ClusterState::crd_owners`]).
@@ -366,6 +368,7 @@ struct NamespaceProjector;
 impl Projector<PartialObjectMeta<Namespace>> for NamespaceProjector {
     type View = NamespaceView;
     type Params = ();
+    const TRACKED: bool = true;
 
     fn project(&mut self, namespace: &PartialObjectMeta<Namespace>, (): &()) -> NamespaceView {
         NamespaceView {

@@ -73,10 +73,10 @@ impl Reconciler {
         if changed.contains(Watch::Teams) {
             inputs.push(Input::Teams(stores.teams.state()));
         }
-        if changed.contains(Watch::Namespaces) {
-            inputs.push(Input::Namespaces(
-                all(stores.namespaces.state()).unwrap_or_default(),
-            ));
+        if changed.contains(Watch::Namespaces)
+            && let Some(((), namespaces)) = stores.namespaces.take()
+        {
+            inputs.push(Input::Namespaces(namespaces));
         }
         if changed.contains(Watch::DeviceClasses) {
             inputs.push(Input::DeviceClasses(stores.device_classes.state()));

@@ -49,6 +49,8 @@ pub struct Server {
     /// The owned objects as the engine last took them in: their watches hand over what
     /// changed since, as the operator's do.
     handed: BTreeMap<ObjectKey, DynamicObject>,
+    /// The namespaces as the engine last took them in (their watch hands over what changed).
+    handed_namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// What the slices are projected to, as the operator's slice watch does.
     slice_reads: DeviceReads,
     envs: teamgpu::core::plan::inventory::SliceValues,
@@ -236,20 +238,7 @@ impl Server {
         match watch {
             Watch::SharingPolicies => Input::SharingPolicies(arcs(&self.sharing)),
             Watch::Teams => Input::Teams(arcs(&self.teams)),
-            Watch::Namespaces => Input::Namespaces(
-                (self.namespaces.iter())
-                    .map(|(name, labels)| {
-                        let info = NamespaceInfo {
-                            name: name.clone(),
-                            labels: labels.clone(),
-                        };
-                        Arc::new(NamespaceView {
-                            info: Arc::new(info),
-                            terminating: false,
-                        })
-                    })
-                    .collect(),
-            ),
+            Watch::Namespaces => Input::Namespaces(self.namespaces_since_handed(whole)),
             Watch::DeviceClasses => {
                 Input::DeviceClasses(self.classes.values().cloned().map(Arc::new).collect())
             }
@@ -277,6 +266,36 @@ impl Server {
                 objects: self.owned_since_handed(kind, whole),
             },
         }
+    }
+
+    /// The namespaces: every one (`whole`), or those new, relabelled or gone since the engine
+    /// last took them in.
+    fn namespaces_since_handed(&mut self, whole: bool) -> Taken<NamespaceView> {
+        let view = |name: &String, labels: &BTreeMap<String, String>| {
+            let info = NamespaceInfo {
+                name: name.clone(),
+                labels: labels.clone(),
+            };
+            Arc::new(NamespaceView {
+                info: Arc::new(info),
+                terminating: false,
+            })
+        };
+        let taken = if whole {
+            Taken::All(self.namespaces.iter().map(|(n, l)| view(n, l)).collect())
+        } else {
+            let upserted = (self.namespaces.iter())
+                .filter(|(n, l)| self.handed_namespaces.get(*n) != Some(*l))
+                .map(|(n, l)| view(n, l))
+                .collect();
+            let removed = (self.handed_namespaces.iter())
+                .filter(|(n, _)| !self.namespaces.contains_key(*n))
+                .map(|(n, l)| view(n, l))
+                .collect();
+            Taken::Changed { upserted, removed }
+        };
+        self.handed_namespaces = self.namespaces.clone();
+        taken
     }
 
     /// The owned objects of `kind`: every one (`whole`), or those new, changed or gone since

@@ -2,10 +2,9 @@
 //! once a namespace's quota of 0 is in force, taken off where it is not. Pure.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 use crate::core::plan::outside_teams::{GUARD_LABEL, OutsideTeams};
-use crate::core::state::NamespaceView;
+use crate::core::state::{Delta, NamespaceView};
 
 /// Set (`Some`) or take off (`None`) the guard label of a namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,26 +31,38 @@ struct Written {
 }
 
 impl GuardLabels {
-    /// Takes in the namespaces as the watch has them. A namespace being deleted is left alone.
-    pub fn observe(&mut self, namespaces: &[Arc<NamespaceView>]) {
-        self.live = (namespaces.iter())
-            .filter(|n| !n.terminating)
-            .filter_map(|n| {
-                let value = n.info.labels.get(GUARD_LABEL)?;
-                Some((n.info.name.clone(), value.clone()))
-            })
-            .collect();
-        if self.written.is_empty() {
-            return;
+    /// Takes in the namespaces as the watch has them: every one, or what changed. A namespace
+    /// being deleted is left alone.
+    pub fn observe(&mut self, namespaces: Delta<'_, NamespaceView>) {
+        let (upserted, removed) = match namespaces {
+            Delta::All(all) => {
+                self.live.clear();
+                let present: BTreeSet<&str> = all.iter().map(|n| n.info.name.as_str()).collect();
+                self.written.retain(|ns, _| present.contains(ns.as_str()));
+                (all, &[][..])
+            }
+            Delta::Changed { upserted, removed } => (upserted, removed),
+        };
+        for n in removed {
+            self.live.remove(&n.info.name);
+            self.written.remove(&n.info.name);
         }
-        // Of the namespaces written, those that still exist (the few, not a set of all).
-        let present: BTreeSet<&str> = (namespaces.iter())
-            .map(|n| n.info.name.as_str())
-            .filter(|name| self.written.contains_key(*name))
-            .collect();
+        for n in upserted {
+            let label = (n.info.labels.get(GUARD_LABEL)).filter(|_| !n.terminating);
+            match label {
+                Some(value) => self.live.insert(n.info.name.clone(), value.clone()),
+                None => self.live.remove(&n.info.name),
+            };
+        }
+        // A label written stays written until the watch shows another value than it was
+        // written over (only the namespaces just seen can show one).
         let live = &self.live;
-        self.written
-            .retain(|ns, w| present.contains(ns.as_str()) && live.get(ns) == w.over.as_ref());
+        for n in upserted {
+            let name = &n.info.name;
+            if (self.written.get(name)).is_some_and(|w| live.get(name) != w.over.as_ref()) {
+                self.written.remove(name);
+            }
+        }
     }
 
     /// The labels to write so that each namespace carries what `outside` asks of it, given the
@@ -91,6 +102,8 @@ impl GuardLabels {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::core::state::NamespaceInfo;
 
@@ -122,7 +135,7 @@ mod tests {
     #[test]
     fn a_namespace_is_labelled_once_its_quota_is_in_force_and_unlabelled_when_it_joins_a_team() {
         let mut labels = GuardLabels::default();
-        labels.observe(&[ns("ci", None), ns("team-a", Some("l"))]);
+        labels.observe(Delta::All(&[ns("ci", None), ns("team-a", Some("l"))]));
         let guard = outside(&["ci"]);
         // The quota of "ci" is not in force yet; "team-a" joined a team and keeps a label.
         let none = |_: &str| None;
@@ -136,23 +149,23 @@ mod tests {
         }
         assert_eq!(labels.writes(Some(&guard), in_force), []);
         // The watch shows both: nothing to do, and nothing remembered.
-        labels.observe(&[ns("ci", Some("l")), ns("team-a", None)]);
+        labels.observe(Delta::All(&[ns("ci", Some("l")), ns("team-a", None)]));
         assert!(labels.written.is_empty());
         assert_eq!(labels.writes(Some(&guard), in_force), []);
         // Someone took the label off: it is set again. The bindings stop denying: all go.
-        labels.observe(&[ns("ci", None), ns("team-a", None)]);
+        labels.observe(Delta::All(&[ns("ci", None), ns("team-a", None)]));
         assert_eq!(
             labels.writes(Some(&guard), in_force),
             [label("ci", Some("l"))]
         );
-        labels.observe(&[ns("ci", Some("l")), ns("team-a", None)]);
+        labels.observe(Delta::All(&[ns("ci", Some("l")), ns("team-a", None)]));
         assert_eq!(labels.writes(None, in_force), [label("ci", None)]);
     }
 
     #[test]
     fn a_change_that_comes_with_the_written_labels_event_is_seen() {
         let mut labels = GuardLabels::default();
-        labels.observe(&[ns("ci", None)]);
+        labels.observe(Delta::All(&[ns("ci", None)]));
         let guard = outside(&["ci"]);
         let in_force = |_: &str| Some("l");
         for write in labels.writes(Some(&guard), in_force) {
@@ -160,7 +173,7 @@ mod tests {
         }
         // Before the operator takes the watch in, someone sets another value: the one event
         // shows only that. It is put right.
-        labels.observe(&[ns("ci", Some("other"))]);
+        labels.observe(Delta::All(&[ns("ci", Some("other"))]));
         assert_eq!(
             labels.writes(Some(&guard), in_force),
             [label("ci", Some("l"))]
@@ -168,9 +181,39 @@ mod tests {
     }
 
     #[test]
+    fn what_changed_is_taken_in_as_the_whole_would_be() {
+        let changed = |upserted: &[Arc<NamespaceView>], removed: &[Arc<NamespaceView>]| {
+            let mut labels = GuardLabels::default();
+            labels.observe(Delta::All(&[ns("ci", None), ns("docs", None)]));
+            let guard = outside(&["ci", "docs"]);
+            let in_force = |_: &str| Some("l");
+            for write in labels.writes(Some(&guard), in_force) {
+                labels.settle(write);
+            }
+            labels.observe(Delta::Changed { upserted, removed });
+            labels.writes(Some(&guard), in_force)
+        };
+        // Another namespace's event: both writes are still on their way.
+        assert_eq!(changed(&[ns("web", None)], &[]), []);
+        // ci's echo comes, docs' not yet: nothing to write.
+        assert_eq!(changed(&[ns("ci", Some("l"))], &[]), []);
+        // Someone set another value on ci: it is put right.
+        assert_eq!(
+            changed(&[ns("ci", Some("x"))], &[]),
+            [label("ci", Some("l"))]
+        );
+        // docs is gone (the guard still names it, as a plan before the deletion would): its
+        // write is forgotten, and asked for again.
+        assert_eq!(
+            changed(&[], &[ns("docs", None)]),
+            [label("docs", Some("l"))]
+        );
+    }
+
+    #[test]
     fn a_write_that_did_not_happen_is_asked_for_again() {
         let mut labels = GuardLabels::default();
-        labels.observe(&[ns("ci", None)]);
+        labels.observe(Delta::All(&[ns("ci", None)]));
         let guard = outside(&["ci"]);
         let in_force = |_: &str| Some("l");
         assert_eq!(labels.writes(Some(&guard), in_force).len(), 1);

@@ -3,7 +3,7 @@
 //! last hand-over. Policies arrive as read (dynamic objects) and are read into their types
 //! here: one that does not fit is reported on its status, never fatal.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::DeviceClass;
@@ -11,17 +11,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 
-use super::Engine;
+use super::{Engine, namespaces};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveObject, LiveView};
 use crate::core::effects::{Malformed, PodView, PolicyKind};
-use crate::core::plan::admission::EXEMPT_LABEL;
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects;
 use crate::core::plan::pending::PendingPodView;
 use crate::core::plan::taints::{self, TaintRuleView};
 use crate::core::plan::usage::ClaimView;
-use crate::core::state::{NamespaceInfo, NamespaceView, Taken};
+use crate::core::state::{NamespaceView, Taken};
 use crate::dra_cel::DeviceReads;
 
 /// One cache as the watches keep it: whole, or for slices, claims and Pods what changed since the
@@ -30,7 +29,8 @@ use crate::dra_cel::DeviceReads;
 pub enum Input {
     SharingPolicies(Vec<Arc<DynamicObject>>),
     Teams(Vec<Arc<DynamicObject>>),
-    Namespaces(Vec<Arc<NamespaceView>>),
+    /// The namespaces: every one, or what changed.
+    Namespaces(Taken<NamespaceView>),
     /// All DeviceClasses: foreign ones decide what is governed, teamgpu's are its own.
     DeviceClasses(Vec<Arc<DeviceClass>>),
     /// The ResourceSlices, projected to `reads`: every one, or what changed.
@@ -164,35 +164,6 @@ pub(super) fn parse_policies_reusing<K: Policy>(
     (parsed, malformed, same)
 }
 
-/// The namespace labels the planner reads: the keys of the teams' namespace selectors, and the
-/// exemption.
-fn planned_labels(teams: &[TeamGpuPolicy]) -> BTreeSet<&str> {
-    let selectors = teams
-        .iter()
-        .filter_map(|t| t.spec.namespace_selector.as_ref());
-    let keys = selectors.flat_map(|s| {
-        let labels = s.match_labels.iter().flatten().map(|(key, _)| key.as_str());
-        let expressions = s.match_expressions.iter().flatten();
-        labels.chain(expressions.map(|e| e.key.as_str()))
-    });
-    keys.chain([EXEMPT_LABEL]).collect()
-}
-
-/// Whether the planner reads the same of the namespaces `new` as of `old`: the same names in
-/// the same order, with the same values of the labels `read`. A label nothing selects by (a
-/// cost centre, Argo CD's tracking label) plans nothing again when it changes.
-fn same_as_planned(
-    old: &[Arc<NamespaceInfo>],
-    new: &[Arc<NamespaceInfo>],
-    read: &BTreeSet<&str>,
-) -> bool {
-    old.len() == new.len()
-        && old.iter().zip(new).all(|(a, b)| {
-            Arc::ptr_eq(a, b)
-                || (a.name == b.name && read.iter().all(|k| a.labels.get(*k) == b.labels.get(*k)))
-        })
-}
-
 impl Engine {
     /// Takes in one cache. Slices and claims go to the planner (one call each), owned objects
     /// to the differ; the rest is the planner's input. Whatever the planner reads that
@@ -227,15 +198,9 @@ impl Engine {
                 self.state.unreadable_teams = unreadable;
             }
             Input::Namespaces(namespaces) => {
-                self.guard_labels.observe(&namespaces);
-                // A namespace being deleted is no team's: nothing is written into it.
-                let namespaces: Vec<Arc<NamespaceInfo>> = (namespaces.iter())
-                    .filter(|n| !n.terminating)
-                    .map(|n| n.info.clone())
-                    .collect();
-                let read = planned_labels(&self.state.teams);
-                self.replan |= !same_as_planned(&self.state.namespaces, &namespaces, &read);
-                self.state.namespaces = namespaces;
+                self.guard_labels.observe(namespaces.delta());
+                let read = namespaces::planned_labels(&self.state.teams);
+                self.replan |= self.namespaces.take_in(namespaces.delta(), &read);
             }
             Input::DeviceClasses(classes) => {
                 self.state.device_classes = classes.iter().map(|c| (**c).clone()).collect();

@@ -32,6 +32,7 @@
 
 mod effects;
 mod input;
+mod namespaces;
 mod pods;
 #[cfg(test)]
 mod tests;
@@ -150,6 +151,8 @@ pub struct Engine {
     state: ClusterState,
     /// Custom resources that could not be read into their types.
     malformed: Vec<Malformed>,
+    /// The namespaces, whose planned list is `state.namespaces`.
+    namespaces: namespaces::KeptNamespaces,
     /// As the caches hold them, for pending demand and reclaim.
     pending_pods: pods::KeptPending,
     pods: pods::KeptPods,
@@ -186,6 +189,7 @@ impl Engine {
             guard_labels: GuardLabels::default(),
             state,
             malformed: Vec::new(),
+            namespaces: namespaces::KeptNamespaces::default(),
             pending_pods: pods::KeptPending::default(),
             pods: pods::KeptPods::default(),
             taint_rules: Vec::new(),
@@ -222,6 +226,9 @@ impl Engine {
             Some(kept) if !replan => kept,
             _ => {
                 self.differ_has_plan = false;
+                if let Some(namespaces) = self.namespaces.planned() {
+                    self.state.namespaces = namespaces;
+                }
                 Arc::new(self.planner.plan(&self.state))
             }
         };
