@@ -123,6 +123,18 @@ pub enum Delta<'a, V> {
     },
 }
 
+impl<'a, V> Delta<'a, V> {
+    /// The objects new or changed, and those removed. For [`Delta::All`] every object counts
+    /// as new or changed: what the taker holds and is not among them is gone, for it to drop
+    /// first.
+    pub fn parts(self) -> (&'a [Arc<V>], &'a [Arc<V>]) {
+        match self {
+            Delta::All(all) => (all, &[]),
+            Delta::Changed { upserted, removed } => (upserted, removed),
+        }
+    }
+}
+
 impl<V> Clone for Delta<'_, V> {
     fn clone(&self) -> Self {
         *self

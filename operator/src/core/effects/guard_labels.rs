@@ -34,15 +34,12 @@ impl GuardLabels {
     /// Takes in the namespaces as the watch has them: every one, or what changed. A namespace
     /// being deleted is left alone.
     pub fn observe(&mut self, namespaces: Delta<'_, NamespaceView>) {
-        let (upserted, removed) = match namespaces {
-            Delta::All(all) => {
-                self.live.clear();
-                let present: BTreeSet<&str> = all.iter().map(|n| n.info.name.as_str()).collect();
-                self.written.retain(|ns, _| present.contains(ns.as_str()));
-                (all, &[][..])
-            }
-            Delta::Changed { upserted, removed } => (upserted, removed),
-        };
+        if let Delta::All(all) = namespaces {
+            self.live.clear();
+            let present: BTreeSet<&str> = all.iter().map(|n| n.info.name.as_str()).collect();
+            self.written.retain(|ns, _| present.contains(ns.as_str()));
+        }
+        let (upserted, removed) = namespaces.parts();
         for n in removed {
             self.live.remove(&n.info.name);
             self.written.remove(&n.info.name);

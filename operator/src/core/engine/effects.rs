@@ -59,9 +59,10 @@ impl Engine {
         ));
         // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
         // in the namespaces where a Pod waits: most passes read neither.
-        let (claims, pods) = match plan.reclaims.is_empty() {
-            true => (Vec::new(), Vec::new()),
-            false => (self.planner.claim_views(), self.pods.all()),
+        let (claims, pods) = if plan.reclaims.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            (self.planner.claim_views(), self.pods.all())
         };
         let input = ReclaimInput {
             plan,

@@ -1,6 +1,6 @@
 //! What the engine takes in from the caches: plain data, given only when a cache's watch
-//! changed: the whole cache, or for slices, claims, Pods and owned objects what changed since the
-//! last hand-over. Policies arrive as read (dynamic objects) and are read into their types
+//! changed: the whole cache, or for slices, claims, namespaces, Pods (pending or not) and owned
+//! objects what changed since the last hand-over. Policies arrive as read (dynamic objects) and are read into their types
 //! here: one that does not fit is reported on its status, never fatal.
 
 use std::collections::HashMap;
@@ -23,8 +23,8 @@ use crate::core::plan::usage::ClaimView;
 use crate::core::state::{NamespaceView, Taken};
 use crate::dra_cel::DeviceReads;
 
-/// One cache as the watches keep it: whole, or for slices, claims and Pods what changed since the
-/// last hand-over.
+/// One cache as the watches keep it: whole, or (where it says so) what changed since the last
+/// hand-over.
 #[derive(Debug)]
 pub enum Input {
     SharingPolicies(Vec<Arc<DynamicObject>>),

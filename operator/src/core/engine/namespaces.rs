@@ -62,28 +62,22 @@ impl KeptNamespaces {
         read: &BTreeSet<&str>,
     ) -> bool {
         let mut replan = false;
-        let (upserted, removed) = match delta {
-            Delta::All(all) => {
-                let before = std::mem::take(&mut self.by_name);
-                for n in all {
-                    self.by_name.insert(n.info.name.clone(), Arc::clone(n));
-                }
-                let names = before.keys().chain(self.by_name.keys());
-                replan = !(names.collect::<BTreeSet<_>>().into_iter()).all(|name| {
-                    same_as_planned(
-                        before.get(name).map(|n| &**n),
-                        self.by_name.get(name).map(|n| &**n),
-                        read,
-                    )
-                });
-                (&[][..], &[][..])
-            }
-            Delta::Changed { upserted, removed } => (upserted, removed),
-        };
-        for n in removed {
-            let old = self.by_name.remove(&n.info.name);
+        let mut remove = |by_name: &mut BTreeMap<String, Arc<NamespaceView>>, name: &str| {
+            let old = by_name.remove(name);
             replan |= !same_as_planned(old.as_deref(), None, read);
+        };
+        if let Delta::All(all) = delta {
+            let present: BTreeSet<&str> = all.iter().map(|n| n.info.name.as_str()).collect();
+            let gone: Vec<String> = (self.by_name.keys())
+                .filter(|name| !present.contains(name.as_str()))
+                .cloned()
+                .collect();
+            gone.iter().for_each(|name| remove(&mut self.by_name, name));
         }
+        let (upserted, removed) = delta.parts();
+        removed
+            .iter()
+            .for_each(|n| remove(&mut self.by_name, &n.info.name));
         for n in upserted {
             let old = self.by_name.insert(n.info.name.clone(), Arc::clone(n));
             replan |= !same_as_planned(old.as_deref(), Some(n), read);

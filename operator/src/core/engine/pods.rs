@@ -31,14 +31,11 @@ impl KeptPods {
     pub(super) fn take_in(&mut self, delta: Delta<'_, PodView>) -> bool {
         // Almost always empty: nothing is copied.
         let before: Vec<ExtraTaint> = self.unhealthy().cloned().collect();
-        let (upserted, removed) = match delta {
-            Delta::All(all) => {
-                self.pods.clear();
-                self.unhealthy.clear();
-                (all, &[][..])
-            }
-            Delta::Changed { upserted, removed } => (upserted, removed),
-        };
+        if let Delta::All(_) = delta {
+            self.pods.clear();
+            self.unhealthy.clear();
+        }
+        let (upserted, removed) = delta.parts();
         for pod in removed {
             let key = key(pod);
             self.pods.remove(&key);
@@ -75,13 +72,10 @@ impl KeptPending {
     /// Takes in every Pending Pod, or what changed.
     pub(super) fn take_in(&mut self, delta: Delta<'_, PendingPodView>) {
         let key = |pod: &PendingPodView| (pod.namespace.clone(), pod.name.clone());
-        let (upserted, removed) = match delta {
-            Delta::All(all) => {
-                self.0.clear();
-                (all, &[][..])
-            }
-            Delta::Changed { upserted, removed } => (upserted, removed),
-        };
+        if let Delta::All(_) = delta {
+            self.0.clear();
+        }
+        let (upserted, removed) = delta.parts();
         for pod in removed {
             self.0.remove(&key(pod));
         }
