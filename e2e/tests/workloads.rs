@@ -648,3 +648,84 @@ async fn an_eight_gpu_claim_gets_a_whole_node_back_when_free_devices_are_scatter
     .await;
     eprintln!("owner's 8-GPU Pod bound {restored:?} after asking (3 s grace)");
 }
+
+/// An owner 2 devices below its guarantee whose next Pod asks for 4, while a borrower holds 2
+/// devices of the guarantees beyond its own: 4 devices are idle (the guarantee of a team that
+/// uses none), 4 of them on one node. Lending nothing while an owner waits kept the owner's
+/// quota at its guarantee, so quota refused its 4-GPU claim for as long as the borrower
+/// borrowed, beside the idle devices. It borrows the 2 beyond its guarantee that its Pod
+/// needs, and the Pod is bound; nothing is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_next_pod_is_larger_than_what_it_lacks_borrows_the_rest_from_idle_devices() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let owner = (world.team(
+        "owner",
+        json!({"guaranteed": 8, "limit": 12, "weight": 1}),
+        json!({"enabled": true, "gracePeriodSeconds": 3}),
+    ))
+    .await;
+    // The borrower's weight takes every idle device lent by weight while nobody waits.
+    let borrower = (world.team(
+        "borrower",
+        json!({"guaranteed": 4, "limit": 12, "weight": 1000}),
+        json!({}),
+    ))
+    .await;
+    world
+        .team("idle", json!({"guaranteed": 4, "limit": 4}), json!({}))
+        .await;
+    let slices = Api::<ResourceSlice>::all(world.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let pinned = |name: &str, template: &str, pool: &str| {
+        let node = (slices.items.iter())
+            .find(|s| s.spec.pool.name == pool)
+            .and_then(|s| s.spec.node_name.clone())
+            .unwrap_or_else(|| panic!("no slice of pool {pool}"));
+        let mut p = pod(name, template, None);
+        p.spec.as_mut().unwrap().node_selector =
+            Some([("kubernetes.io/hostname".to_owned(), node)].into());
+        p
+    };
+    let x2 = format!("{POLICY}-x2");
+    // The owner's 6 and 2 of the borrower's fill gpu-b-01; the borrower's other 4 are on
+    // gpu-b-02, which has 4 free.
+    for i in 0..3 {
+        let p = pinned(&format!("serve-{i}"), &x2, "gpu-b-01");
+        world.create_pod(&owner, p).await;
+    }
+    world.holds(&owner, 6, CONVERGE).await;
+    for (i, pool) in ["gpu-b-01", "gpu-b-02", "gpu-b-02"].iter().enumerate() {
+        let p = pinned(&format!("job-{i}"), &x2, pool);
+        world.create_pod(&borrower, p).await;
+    }
+    world.holds(&borrower, 6, CONVERGE).await;
+
+    let asked = Instant::now();
+    let x4 = format!("{POLICY}-x4");
+    world.create_pod(&owner, pod("train", &x4, None)).await;
+    world.holds(&owner, 10, Duration::from_secs(30)).await;
+    let served = asked.elapsed();
+    let quotas =
+        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(world.client.clone(), &owner);
+    let hard = quotas
+        .get("teamgpu")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .hard
+        .unwrap();
+    assert_eq!(
+        hard.get("pcie.teamgpu.io.deviceclass.resource.k8s.io/devices")
+            .map(|q| q.0.as_str()),
+        Some("10"),
+        "{hard:?}"
+    );
+    assert_eq!(world.pods(&borrower).await.len(), 3, "nothing evicted");
+    world.holds(&borrower, 6, CONVERGE).await;
+    eprintln!("owner's 4-GPU Pod holds its devices {served:?} after asking");
+}

@@ -222,3 +222,50 @@ fn teams_whose_pods_wait_borrow_the_idle_devices_first() {
     let out = compute_pool(&pool(0));
     assert_eq!(entitlements(&out), [("alpha", 20), ("beta", 12)]);
 }
+
+#[test]
+fn an_owner_whose_next_claim_is_larger_than_what_it_lacks_borrows_the_rest_of_it() {
+    // vision is guaranteed 32 and holds 28; its next Pod asks for 8. research borrows 4 beyond
+    // its guarantee, so the pool is over-lent, and serving's 16 sit idle. Lending nothing while
+    // an owner waits would hold vision's quota at 32: its 8-GPU claim (28 + 8) refused, for as
+    // long as research borrows, with 16 devices idle. vision may borrow the 4 beyond its
+    // guarantee that its Pod needs; research, not waiting below its guarantee, gets nothing.
+    let pool = |serving_waits: u32| PoolInput {
+        departments: Vec::new(),
+        capacity: 56,
+        teams: vec![
+            team("vision", 32, 64, 3, vec![ns("vision", 28, 28, 8)]),
+            team("research", 8, 40, 1, vec![ns("research", 12, 12, 2)]),
+            team(
+                "serving",
+                16,
+                16,
+                1,
+                vec![ns("serving", 0, 0, serving_waits)],
+            ),
+        ],
+    };
+    let out = compute_pool(&pool(0));
+    assert_eq!(out.idle, 16);
+    assert_eq!(
+        entitlements(&out),
+        [("research", 12), ("serving", 16), ("vision", 36)]
+    );
+    assert_eq!(
+        share(&out, "vision").explanation.to_string(),
+        "32 guaranteed + 4 borrowed of 12 lendable idle at weight 3/3, first: its Pods wait"
+    );
+    assert_eq!(
+        share(&out, "research").explanation.to_string(),
+        "8 guaranteed + 4 borrowed, in use; nothing lent: the 16 idle devices are owed to owners below their guarantee"
+    );
+    // The free devices cover what vision lacks of its guarantee: nobody is reclaimed from.
+    assert!(out.reclaims.is_empty());
+    // serving's Pods now wait for 12 of its 16: the idle devices are serving's and vision's
+    // unused 4, and vision borrows none.
+    let out = compute_pool(&pool(12));
+    assert_eq!(
+        entitlements(&out),
+        [("research", 12), ("serving", 16), ("vision", 32)]
+    );
+}

@@ -312,30 +312,40 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     let lendable = idle.saturating_sub(reserved_sum);
     assert_eq!(u64::from(out.lendable), lendable);
     let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, lendable).0).sum();
-    let owner_waits = out
-        .teams
-        .iter()
-        .any(|t| t.pending > 0 && t.allocated < t.effective_guarantee);
-    let over_lent = owner_waits && base_sum > capacity;
+    let waiting_owner = |t: &TeamShare| t.pending > 0 && t.allocated < t.effective_guarantee;
+    let over_lent = out.teams.iter().any(waiting_owner) && base_sum > capacity;
+    // While over-lent, only owners waiting below their guarantee borrow, for their own waiting
+    // Pods, from the idle devices beyond every such owner's lendable unused guarantee.
+    let pool = match over_lent {
+        true => lendable.saturating_sub(
+            out.teams
+                .iter()
+                .filter(|t| waiting_owner(t))
+                .map(lendable_of)
+                .sum(),
+        ),
+        false => lendable,
+    };
     let mut lent_sum = 0;
     let mut lent = Vec::new();
     // What each team's waiting Pods need beyond what it holds, within its cap.
     let mut wanted = Vec::new();
     for t in &out.teams {
         let (base, cap) = base_and_cap(t, lendable);
-        let cap = if over_lent { 0 } else { cap };
+        let waits_for = (u64::from(t.allocated) + u64::from(t.pending)).saturating_sub(base);
+        let cap = match (over_lent, waiting_owner(t)) {
+            (false, _) => cap,
+            (true, true) => cap.min(waits_for),
+            (true, false) => 0,
+        };
         let b = u64::from(t.entitlement) - base;
         assert!(b <= cap, "{} borrows {b} beyond its cap {cap}", t.team);
         lent_sum += b;
         lent.push((b, cap, u64::from(t.weight)));
-        let waits_for = (u64::from(t.allocated) + u64::from(t.pending)).saturating_sub(base);
         wanted.push(waits_for.min(cap));
     }
     // Never lent twice, and never a device a lending limit keeps.
-    assert!(
-        lent_sum <= lendable,
-        "lent {lent_sum} of {lendable} lendable idle"
-    );
+    assert!(lent_sum <= pool, "lent {lent_sum} of {pool} lendable idle");
     // What is lent comes from the owners' lendable unused guarantees and from the capacity
     // nobody is guaranteed.
     let lendable_guarantees: u64 = out.teams.iter().map(lendable_of).sum();
@@ -344,7 +354,7 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
         "lent {lent_sum}: more than {lendable_guarantees} lendable guaranteed and {} unguaranteed",
         capacity - eg_sum
     );
-    if lent_sum < lendable {
+    if lent_sum < pool {
         assert!(
             lent.iter().all(|&(b, cap, _)| b == cap),
             "lendable idle left while a team may borrow"
@@ -355,7 +365,7 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     // each team already borrowed: a team given more than it waits for sits no higher than the
     // next device of any team below its cap.
     let wanted_sum: u64 = wanted.iter().sum();
-    let rounds: Vec<(u64, u64, u64, u64)> = if wanted_sum >= lendable {
+    let rounds: Vec<(u64, u64, u64, u64)> = if wanted_sum >= pool {
         lent.iter()
             .zip(&wanted)
             .map(|(&(b, _, w), &want)| (b, want, w, 0))

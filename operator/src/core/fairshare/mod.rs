@@ -18,11 +18,13 @@
 
 mod apportion;
 mod explain;
+mod lending;
 mod reclaim;
 mod tree;
 
-use apportion::{dhondt, water_fill, water_fill_above};
+use apportion::{dhondt, water_fill};
 pub use explain::Explanation;
+use lending::{Lending, lend};
 use reclaim::reclaims;
 pub use tree::DepartmentInput;
 
@@ -255,6 +257,7 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
         idle,
         lendable,
         over_lent,
+        pool,
         lent,
         borrower_weight,
         to_waiting,
@@ -293,7 +296,7 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
             lent: to_u32(lent[i]),
             entitlement: to_u32(entitlement[i]),
             idle: to_u32(idle),
-            lendable: to_u32(lendable),
+            lendable: to_u32(pool),
             unused: to_u32(base[i] - used[i]),
             reserved: to_u32(by_limit),
             // Only a lending limit that keeps devices shows in the line.
@@ -325,114 +328,6 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
             entitlement[i],
             &mut share.namespaces,
         );
-    }
-}
-
-/// How one pool's idle devices are lent (rules 2 and 3), per team in the order of `teams`.
-struct Lending {
-    /// Devices charged to the team's claims.
-    used: Vec<u64>,
-    /// What the team holds without borrowing: max(effective guarantee, use).
-    base: Vec<u64>,
-    /// Unused guaranteed devices kept out of the idle pool (by a lending limit, or for a
-    /// department's waiting members).
-    reserved: Vec<u64>,
-    /// Of `reserved`, what a department keeps for its waiting members.
-    kept: Vec<u64>,
-    idle: u64,
-    lendable: u64,
-    over_lent: bool,
-    lent: Vec<u64>,
-    borrower_weight: u64,
-    /// Devices lent to teams for their waiting Pods, before the rest is lent by weight.
-    to_waiting: u64,
-    /// Per team: how many of the devices it was lent its waiting Pods need.
-    wants: Vec<u64>,
-}
-
-fn lend(teams: &[Team<'_>], capacity: u64, effective: &[u64], level: &LevelRules<'_>) -> Lending {
-    let n = teams.len();
-    // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
-    // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
-    // While borrowers hold devices some owner is guaranteed (the pool is over-lent) *and* such an
-    // owner waits for devices (pending demand below its guarantee), every idle device is owed to
-    // that owner and nothing more is lent. While no owner waits, lending stays as it was: a
-    // borrower's quota must not shrink merely because it used what it was lent.
-    let used: Vec<u64> = teams
-        .iter()
-        .map(|t| t.requested.min(u64::from(u32::MAX)))
-        .collect();
-    let used_sum: u64 = used.iter().sum();
-    let capacity = capacity.saturating_sub(level.withheld);
-    let idle = capacity.saturating_sub(used_sum);
-    let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
-    // A department keeps as much of its unused guarantee (base - used) as its members wait for.
-    let kept: Vec<u64> = (0..n)
-        .map(|i| match level.departments.contains(teams[i].name) {
-            true => (base[i] - used[i]).min(teams[i].pending),
-            false => 0,
-        })
-        .collect();
-    // Lending limits: of the rest, only `lending_limit` devices enter the pool others borrow
-    // from; the rest stays reserved for the team.
-    let reserved: Vec<u64> = (0..n)
-        .map(|i| {
-            let lendable = base[i] - used[i] - kept[i];
-            let by_limit = teams[i]
-                .lending_limit
-                .map_or(0, |limit| lendable.saturating_sub(u64::from(limit)));
-            kept[i] + by_limit
-        })
-        .collect();
-    let reserved_sum: u64 = reserved.iter().sum();
-    let lendable = idle.saturating_sub(reserved_sum);
-    let owner_waits = teams
-        .iter()
-        .zip(effective)
-        .any(|(t, &eg)| t.pending > 0 && t.allocated < eg);
-    let over_lent = owner_waits && base.iter().sum::<u64>() > capacity;
-    let caps: Vec<(u64, u32)> = (0..n)
-        .map(|i| {
-            let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
-            // Equals the lendable idle devices minus the team's own lendable unused guarantee.
-            let by_idle = (used[i] + reserved[i] + lendable).saturating_sub(base[i]);
-            let cap = if over_lent { 0 } else { by_limit.min(by_idle) };
-            (cap, teams[i].weight)
-        })
-        .collect();
-    // Teams whose Pods wait borrow first, up to what those Pods need beyond what the team holds
-    // (its allocated devices plus what it waits for, beyond `base`); the rest is lent by weight
-    // to every team with room, so a team creating claims fast still finds some headroom.
-    let wants: Vec<(u64, u32)> = (0..n)
-        .map(|i| {
-            let waits_for = (teams[i].allocated + teams[i].pending).saturating_sub(base[i]);
-            (caps[i].0.min(waits_for), caps[i].1)
-        })
-        .collect();
-    let mut lent = water_fill(lendable, &wants);
-    let to_waiting: u64 = lent.iter().sum();
-    let waiting_take_all = to_waiting == lendable && to_waiting > 0;
-    if !waiting_take_all {
-        lent = water_fill_above(lendable, &caps, &lent);
-    }
-    let weighed = if waiting_take_all { &wants } else { &caps };
-    let borrower_weight: u64 = weighed
-        .iter()
-        .filter(|c| c.0 > 0)
-        .map(|c| u64::from(c.1))
-        .sum();
-    Lending {
-        used,
-        base,
-        reserved,
-        kept,
-        idle,
-        lendable,
-        over_lent,
-        lent,
-        borrower_weight,
-        to_waiting,
-        wants: wants.iter().map(|w| w.0).collect(),
     }
 }
 

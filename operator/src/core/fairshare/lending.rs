@@ -1,0 +1,152 @@
+//! Rules 2 and 3 of one pool: which idle devices are lent, and to whom.
+
+use super::apportion::{water_fill, water_fill_above};
+use super::{LevelRules, Team};
+
+/// How one pool's idle devices are lent (rules 2 and 3), per team in the order of `teams`.
+pub(super) struct Lending {
+    /// Devices charged to the team's claims.
+    pub(super) used: Vec<u64>,
+    /// What the team holds without borrowing: max(effective guarantee, use).
+    pub(super) base: Vec<u64>,
+    /// Unused guaranteed devices kept out of the idle pool (by a lending limit, or for a
+    /// department's waiting members).
+    pub(super) reserved: Vec<u64>,
+    /// Of `reserved`, what a department keeps for its waiting members.
+    pub(super) kept: Vec<u64>,
+    pub(super) idle: u64,
+    pub(super) lendable: u64,
+    pub(super) over_lent: bool,
+    /// What is lent: `lendable`, or while over-lent what the waiting owners are not owed.
+    pub(super) pool: u64,
+    pub(super) lent: Vec<u64>,
+    pub(super) borrower_weight: u64,
+    /// Devices lent to teams for their waiting Pods, before the rest is lent by weight.
+    pub(super) to_waiting: u64,
+    /// Per team: how many of the devices it was lent its waiting Pods need.
+    pub(super) wants: Vec<u64>,
+}
+
+pub(super) fn lend(
+    teams: &[Team<'_>],
+    capacity: u64,
+    effective: &[u64],
+    level: &LevelRules<'_>,
+) -> Lending {
+    let n = teams.len();
+    // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
+    // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
+    // While borrowers hold devices some owner is guaranteed (the pool is over-lent) *and* such an
+    // owner waits for devices (pending demand below its guarantee), every idle device is owed to
+    // the waiting owners and lent to nobody else. While no owner waits, lending stays as it was:
+    // a borrower's quota must not shrink merely because it used what it was lent.
+    let used: Vec<u64> = teams
+        .iter()
+        .map(|t| t.requested.min(u64::from(u32::MAX)))
+        .collect();
+    let used_sum: u64 = used.iter().sum();
+    let capacity = capacity.saturating_sub(level.withheld);
+    let idle = capacity.saturating_sub(used_sum);
+    let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
+    let (kept, reserved) = unlent(teams, &base, &used, level);
+    let reserved_sum: u64 = reserved.iter().sum();
+    let lendable = idle.saturating_sub(reserved_sum);
+    // Owners below their guarantee whose Pods wait.
+    let waiting_owner: Vec<bool> = (0..n)
+        .map(|i| teams[i].pending > 0 && teams[i].allocated < effective[i])
+        .collect();
+    let over_lent = waiting_owner.contains(&true) && base.iter().sum::<u64>() > capacity;
+    // While over-lent, the idle devices are the waiting owners': only they borrow, and only for
+    // their own waiting Pods (a claim larger than what an owner lacks of its guarantee needs
+    // devices beyond it, else it waits with the devices idle), from what is idle beyond every
+    // waiting owner's lendable unused guarantee.
+    let pool = match over_lent {
+        true => lendable.saturating_sub(
+            (0..n)
+                .filter(|&i| waiting_owner[i])
+                .map(|i| base[i] - used[i] - reserved[i])
+                .sum(),
+        ),
+        false => lendable,
+    };
+    // What each team's waiting Pods need beyond what it holds (its allocated devices plus what
+    // it waits for, beyond `base`).
+    let waits_for: Vec<u64> = (0..n)
+        .map(|i| (teams[i].allocated + teams[i].pending).saturating_sub(base[i]))
+        .collect();
+    let caps: Vec<(u64, u32)> = (0..n)
+        .map(|i| {
+            let by_limit = u64::from(teams[i].limit).saturating_sub(base[i]);
+            // Equals the lendable idle devices minus the team's own lendable unused guarantee.
+            let by_idle = (used[i] + reserved[i] + lendable).saturating_sub(base[i]);
+            let cap = match (over_lent, waiting_owner[i]) {
+                (false, _) => by_limit.min(by_idle),
+                (true, true) => by_limit.min(by_idle).min(waits_for[i]),
+                (true, false) => 0,
+            };
+            (cap, teams[i].weight)
+        })
+        .collect();
+    // Teams whose Pods wait borrow first, up to what those Pods need beyond what the team
+    // holds; the rest is lent by weight to every team with room, so a team creating claims fast
+    // still finds some headroom.
+    let wants: Vec<(u64, u32)> = (0..n)
+        .map(|i| (caps[i].0.min(waits_for[i]), caps[i].1))
+        .collect();
+    let mut lent = water_fill(pool, &wants);
+    let to_waiting: u64 = lent.iter().sum();
+    let waiting_take_all = to_waiting == pool && to_waiting > 0;
+    if !waiting_take_all {
+        lent = water_fill_above(pool, &caps, &lent);
+    }
+    let weighed = if waiting_take_all { &wants } else { &caps };
+    let borrower_weight: u64 = weighed
+        .iter()
+        .filter(|c| c.0 > 0)
+        .map(|c| u64::from(c.1))
+        .sum();
+    Lending {
+        used,
+        base,
+        reserved,
+        kept,
+        idle,
+        lendable,
+        over_lent,
+        pool,
+        lent,
+        borrower_weight,
+        to_waiting,
+        wants: wants.iter().map(|w| w.0).collect(),
+    }
+}
+
+/// Per team, of its unused guarantee (`base - used`): what a department keeps for its waiting
+/// members, and everything kept out of the idle devices others borrow (that, plus what the
+/// lending limit keeps).
+fn unlent(
+    teams: &[Team<'_>],
+    base: &[u64],
+    used: &[u64],
+    level: &LevelRules<'_>,
+) -> (Vec<u64>, Vec<u64>) {
+    // A department keeps as much of its unused guarantee as its members wait for.
+    let kept: Vec<u64> = (0..teams.len())
+        .map(|i| match level.departments.contains(teams[i].name) {
+            true => (base[i] - used[i]).min(teams[i].pending),
+            false => 0,
+        })
+        .collect();
+    // Lending limits: of the rest, only `lending_limit` devices enter the pool others borrow
+    // from; the rest stays reserved for the team.
+    let reserved = (0..teams.len())
+        .map(|i| {
+            let lendable = base[i] - used[i] - kept[i];
+            let by_limit = teams[i]
+                .lending_limit
+                .map_or(0, |limit| lendable.saturating_sub(u64::from(limit)));
+            kept[i] + by_limit
+        })
+        .collect();
+    (kept, reserved)
+}
