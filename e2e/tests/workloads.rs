@@ -192,6 +192,24 @@ impl World {
             .unwrap();
     }
 
+    /// Makes Pods pinned to the node of a ResourceSlice pool: `pinned(name, template, pool)`.
+    async fn pinned(&self) -> impl Fn(&str, &str, &str) -> Pod + use<> {
+        let slices = Api::<ResourceSlice>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        move |name: &str, template: &str, pool: &str| {
+            let node = (slices.items.iter())
+                .find(|s| s.spec.pool.name == pool)
+                .and_then(|s| s.spec.node_name.clone())
+                .unwrap_or_else(|| panic!("no slice of pool {pool}"));
+            let mut p = pod(name, template, None);
+            p.spec.as_mut().unwrap().node_selector =
+                Some([("kubernetes.io/hostname".to_owned(), node)].into());
+            p
+        }
+    }
+
     async fn create_job(&self, ns: &str, job: Job) {
         Api::<Job>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &job)
@@ -676,20 +694,7 @@ async fn an_owner_whose_next_pod_is_larger_than_what_it_lacks_borrows_the_rest_f
     world
         .team("idle", json!({"guaranteed": 4, "limit": 4}), json!({}))
         .await;
-    let slices = Api::<ResourceSlice>::all(world.client.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let pinned = |name: &str, template: &str, pool: &str| {
-        let node = (slices.items.iter())
-            .find(|s| s.spec.pool.name == pool)
-            .and_then(|s| s.spec.node_name.clone())
-            .unwrap_or_else(|| panic!("no slice of pool {pool}"));
-        let mut p = pod(name, template, None);
-        p.spec.as_mut().unwrap().node_selector =
-            Some([("kubernetes.io/hostname".to_owned(), node)].into());
-        p
-    };
+    let pinned = world.pinned().await;
     let x2 = format!("{POLICY}-x2");
     // The owner's 6 and 2 of the borrower's fill gpu-b-01; the borrower's other 4 are on
     // gpu-b-02, which has 4 free.
@@ -728,4 +733,52 @@ async fn an_owner_whose_next_pod_is_larger_than_what_it_lacks_borrows_the_rest_f
     assert_eq!(world.pods(&borrower).await.len(), 3, "nothing evicted");
     world.holds(&borrower, 6, CONVERGE).await;
     eprintln!("owner's 4-GPU Pod holds its devices {served:?} after asking");
+}
+
+/// The same owner, 2 devices below its guarantee with a Pod of 4 waiting, but nothing idle:
+/// the borrower holds 4 devices beyond its guarantee in Pods of 2. Counting, reclaim owed the
+/// owner 2 and evicted one Pod, whose 2 devices the owner could not use, and the owner stayed
+/// at 6 for as long as the borrower borrowed. Room is made for its claim: two of the
+/// borrower's Pods on one node go, and the owner's Pod is bound there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_next_pod_is_larger_than_what_it_lacks_gets_room_for_it_back() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let owner = (world.team(
+        "owner",
+        json!({"guaranteed": 8, "limit": 12}),
+        json!({"enabled": true, "gracePeriodSeconds": 3, "minRuntimeSeconds": 0}),
+    ))
+    .await;
+    let borrower = (world.team("borrower", json!({"guaranteed": 4, "limit": 12}), json!({}))).await;
+    let idle = (world.team("idle", json!({"guaranteed": 4, "limit": 4}), json!({}))).await;
+    let pinned = world.pinned().await;
+    let x2 = format!("{POLICY}-x2");
+    // gpu-b-01: the owner's 6 and 2 of the third team's; gpu-b-02: the borrower's 8.
+    for i in 0..3 {
+        let p = pinned(&format!("serve-{i}"), &x2, "gpu-b-01");
+        world.create_pod(&owner, p).await;
+    }
+    world
+        .create_pod(&idle, pinned("etl", &x2, "gpu-b-01"))
+        .await;
+    world.holds(&owner, 6, CONVERGE).await;
+    world.holds(&idle, 2, CONVERGE).await;
+    for i in 0..4 {
+        let p = pinned(&format!("job-{i}"), &x2, "gpu-b-02");
+        world.create_pod(&borrower, p).await;
+    }
+    world.holds(&borrower, 8, CONVERGE).await;
+
+    let asked = Instant::now();
+    let x4 = format!("{POLICY}-x4");
+    world.create_pod(&owner, pod("train", &x4, None)).await;
+    world.holds(&owner, 10, Duration::from_secs(40)).await;
+    let served = asked.elapsed();
+    // Two of the borrower's Pods went (4 devices on gpu-b-02), never below its guarantee.
+    assert_eq!(world.pods(&borrower).await.len(), 2);
+    world.holds(&borrower, 4, CONVERGE).await;
+    world.holds(&idle, 2, CONVERGE).await;
+    eprintln!("owner's 4-GPU Pod holds its devices {served:?} after asking (3 s grace)");
 }

@@ -3,10 +3,11 @@
 //! The fair-share engine counts devices per pool: a team 8 short with 8 free devices in the pool
 //! needs nothing back. But a claim's devices must all be on the node its Pod runs on, and with
 //! borrowers' 1-device claims spread so that every node has one free device, an 8-device claim
-//! fits nowhere. This step places the waiting claims (within the guarantee, largest first, each
-//! on the node with the fewest free devices that still hold it) on the free devices per node,
-//! and names those that fit nowhere: reclaim must make room for them even when the pool's count
-//! says there is room ([`Placement`], and the orders of [`orders`]).
+//! fits nowhere. This step places the waiting claims on the free devices per node (within the
+//! guarantee, largest first, each on the node with the fewest free devices that still hold it;
+//! and for a team still below its guarantee, the smallest claim larger than what it lacks,
+//! within its limit) and names those that fit nowhere: reclaim must make room for them even
+//! when the pool's count says there is room ([`Placement`], and the orders of [`orders`]).
 //!
 //! It sits beside the engine, not in it, on purpose: the engine's rules are about counts and
 //! are proven by property tests against a slow oracle; where devices are is a fact of the
@@ -48,12 +49,24 @@ pub fn place(
     // Claims within each waiting team's guarantee: largest first, those that still fit it.
     let mut waiting: Vec<(u32, &str)> = Vec::new();
     for t in shares.teams.iter().filter(|t| t.pending > 0) {
-        let mut room = t.effective_guarantee.saturating_sub(t.allocated);
-        for size in claims_of(&t.team) {
+        let lacks = t.effective_guarantee.saturating_sub(t.allocated);
+        let mut room = lacks;
+        let claims = claims_of(&t.team);
+        for &size in &claims {
             if size > 0 && size <= room {
                 room -= size;
                 waiting.push((size, &t.team));
             }
+        }
+        // A team still below its guarantee whose next claim is larger than what it lacks: that
+        // claim needs devices beyond the guarantee, and without them the team waits below it
+        // for as long as anyone borrows. Within its limit, the smallest such claim is placed too.
+        let held = t.allocated + (lacks - room);
+        let beyond = (claims.iter().copied())
+            .filter(|&size| size > room && held.saturating_add(size) <= t.limit)
+            .min();
+        if let Some(size) = beyond.filter(|_| room > 0) {
+            waiting.push((size, &t.team));
         }
     }
     if waiting.is_empty() {

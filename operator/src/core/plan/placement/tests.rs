@@ -118,3 +118,44 @@ fn placement_adds_to_what_the_engine_orders_and_never_below_a_guarantee() {
         .collect();
     assert_eq!(found, [("a".into(), 10), ("b".into(), 6)]);
 }
+
+#[test]
+fn a_team_below_its_guarantee_whose_next_claim_is_larger_than_what_it_lacks_gets_room_for_it() {
+    // Guarantee 8, limit 12, 6 allocated: it lacks 2, and its next Pod asks for 4. Nothing is
+    // free. Counting, the engine orders its 2 back, which it cannot use: its claim needs 4
+    // devices on one node. Placement asks for the claim's 4.
+    let owner = TeamShare {
+        limit: 12,
+        ..share("owner", 8, 6, 4)
+    };
+    let mut pool = shares(vec![share("borrower", 4, 8, 0), owner.clone()]);
+    pool.reclaims = vec![Reclaim {
+        borrower: "borrower".into(),
+        devices: 2,
+        for_team: "owner".into(),
+    }];
+    let claims = |t: &str| if t == "owner" { vec![4] } else { vec![] };
+    let placement = place("p", &pool, &pools(&[0, 0]), claims).expect("no node has 4 free");
+    assert_eq!(placement.unplaced["owner"], [4]);
+    let found: Vec<(String, u32)> = orders("p", &pool, Some(&placement))
+        .into_iter()
+        .map(|o| (o.borrower, o.devices))
+        .collect();
+    assert_eq!(found, [("borrower".into(), 4)]);
+    // With 4 free on one node it fits: nothing more is asked than the engine's count.
+    assert_eq!(place("p", &pool, &pools(&[4, 0]), claims), None);
+    // Its limit leaves no room beyond the guarantee: the claim is not counted.
+    let capped = TeamShare { limit: 8, ..owner };
+    let pool = shares(vec![share("borrower", 4, 8, 0), capped]);
+    assert_eq!(place("p", &pool, &pools(&[0, 0]), claims), None);
+    // Of claims larger than what it lacks, the smallest.
+    let pool = shares(vec![
+        share("borrower", 4, 8, 0),
+        TeamShare {
+            limit: 16,
+            ..share("owner", 8, 6, 12)
+        },
+    ]);
+    let placement = place("p", &pool, &pools(&[1, 1]), |_| vec![8, 4]).expect("fits nowhere");
+    assert_eq!(placement.unplaced["owner"], [4]);
+}
