@@ -16,7 +16,7 @@ use serde_json::json;
 use server::{Server, Watch};
 use teamgpu::core::diff::Kind;
 use teamgpu::core::effects::{Effect, Label, ReclaimDefaults};
-use teamgpu::core::engine::{Engine, Now, Pass, Role, Settings};
+use teamgpu::core::engine::{Engine, Input, Now, Pass, Role, Settings};
 use teamgpu::core::plan::Plan;
 use teamgpu::core::plan::admission::Enforcement;
 use teamgpu::core::plan::outside_teams::GUARD_LABEL;
@@ -43,15 +43,27 @@ fn at(start: Instant, seconds: u64) -> Now {
 }
 
 /// One pass of `engine` over what changed on `server`, listing the slices again when it asks.
+/// Where the engine says that what it took in needs no pass (and no wake-up is due), the
+/// operator runs none: the pass must then have no effect.
 fn pass(engine: &mut Engine, server: &mut Server, now: Now) -> Vec<Effect> {
+    let (mut taken, mut due) = (false, false);
     for _ in 0..3 {
         for input in server.changes() {
-            engine.take_in(input);
+            taken = true;
+            due |= engine.take_in(input);
         }
+        due |= engine.next_wake().is_some_and(|at| at <= now.instant);
         match engine.pass(now, Role::Leader) {
             Pass::ListSlices(reads) => server.list_slices(reads),
             Pass::AwaitSlices => panic!("the list asked for was brought: nothing to wait for"),
-            Pass::Planned(planned) => return planned.effects,
+            Pass::Planned(planned) => {
+                assert!(
+                    !taken || due || planned.effects.is_empty(),
+                    "a pass the operator skips has effects: {:#?}",
+                    planned.effects
+                );
+                return planned.effects;
+            }
         }
     }
     panic!("the slices were listed with what the engine asked, and it asked again");
@@ -345,6 +357,13 @@ fn a_namespace_label_no_team_selects_by_plans_nothing_again() {
     let mut labels = server.namespaces["web"].clone();
     labels.insert("cost-center".into(), "4711".into());
     server.label_namespace("web", labels.clone());
+    // No pass is needed for it: the operator runs none.
+    let mut changes = server.changes();
+    assert!(
+        matches!(&changes[..], [Input::Namespaces(_)]),
+        "{changes:?}"
+    );
+    assert!(!engine.take_in(changes.remove(0)));
     let relabelled = planned(&mut engine, &mut server, at(start, 2));
     assert!(
         std::sync::Arc::ptr_eq(&converged, &relabelled),
@@ -691,4 +710,18 @@ proptest::proptest! {
         let from_fresh = writes(pass(&mut fresh, &mut server, now));
         proptest::prop_assert_eq!(from_kept, from_fresh);
     }
+}
+
+#[test]
+fn a_guard_label_someone_took_off_needs_a_pass_that_sets_it_again() {
+    let (start, mut server, mut engine) = converged();
+    let mut labels = server.namespaces["web"].clone();
+    assert!(labels.remove(GUARD_LABEL).is_some(), "{labels:?}");
+    server.label_namespace("web", labels);
+    // `pass` also checks that the engine asks for this pass (it has an effect).
+    let effects = pass_and_settle(&mut engine, &mut server, at(start, 3));
+    assert!(
+        matches!(&effects[..], [Effect::Label(Label { namespace, value: Some(_) })] if namespace == "web"),
+        "{effects:#?}"
+    );
 }

@@ -62,8 +62,10 @@ impl Reconciler {
         }
     }
 
-    /// Hands the engine every cache whose watch saw an event since the last pass.
-    fn take_in_changes(&mut self) {
+    /// Hands the engine every cache whose watch saw an event since the last pass; whether a
+    /// pass has anything to do for them (always, when there were none: a timer, a retry, the
+    /// leader's lease woke the loop).
+    fn take_in_changes(&mut self) -> bool {
         let changed = self.changes.take();
         let stores = &self.stores;
         let mut inputs = Vec::new();
@@ -122,9 +124,11 @@ impl Reconciler {
                 });
             }
         }
+        let mut due = inputs.is_empty();
         for input in inputs {
-            self.engine.take_in(input);
+            due |= self.engine.take_in(input);
         }
+        due
     }
 
     /// Compares everything at the next pass, not only what the watches said changed, so that
@@ -141,12 +145,15 @@ impl Reconciler {
     /// One pass; returns how long it spent reading the caches and planning, without the writes.
     pub(super) async fn reconcile(&mut self) -> std::time::Duration {
         let started = Instant::now();
+        if !self.take_in_changes() {
+            tracing::debug!("only namespace labels that nothing reads changed: no pass");
+            return started.elapsed();
+        }
+        let taken_in = started.elapsed();
         let labels = metrics::ControllerLabels {
             controller: "teamgpu",
         };
         self.metrics.reconciles.get_or_create(&labels).inc();
-        self.take_in_changes();
-        let taken_in = started.elapsed();
         let now = Now {
             instant: Instant::now(),
             wall: Timestamp::now(),

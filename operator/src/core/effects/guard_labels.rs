@@ -32,8 +32,10 @@ struct Written {
 
 impl GuardLabels {
     /// Takes in the namespaces as the watch has them: every one, or what changed. A namespace
-    /// being deleted is left alone.
-    pub fn observe(&mut self, namespaces: Delta<'_, NamespaceView>) {
+    /// being deleted is left alone. Whether a guard label it keeps changed (always, for every
+    /// namespace).
+    pub fn observe(&mut self, namespaces: Delta<'_, NamespaceView>) -> bool {
+        let mut changed = matches!(namespaces, Delta::All(_));
         if let Delta::All(all) = namespaces {
             self.live.clear();
             let present: BTreeSet<&str> = all.iter().map(|n| n.info.name.as_str()).collect();
@@ -41,15 +43,16 @@ impl GuardLabels {
         }
         let (upserted, removed) = namespaces.parts();
         for n in removed {
-            self.live.remove(&n.info.name);
-            self.written.remove(&n.info.name);
+            changed |= self.live.remove(&n.info.name).is_some();
+            changed |= self.written.remove(&n.info.name).is_some();
         }
         for n in upserted {
             let label = (n.info.labels.get(GUARD_LABEL)).filter(|_| !n.terminating);
-            match label {
+            let before = match label {
                 Some(value) => self.live.insert(n.info.name.clone(), value.clone()),
                 None => self.live.remove(&n.info.name),
             };
+            changed |= before.as_ref() != label;
         }
         // A label written stays written until the watch shows another value than it was
         // written over (only the namespaces just seen can show one).
@@ -58,8 +61,10 @@ impl GuardLabels {
             let name = &n.info.name;
             if (self.written.get(name)).is_some_and(|w| live.get(name) != w.over.as_ref()) {
                 self.written.remove(name);
+                changed = true;
             }
         }
+        changed
     }
 
     /// The labels to write so that each namespace carries what `outside` asks of it, given the

@@ -170,7 +170,11 @@ impl Engine {
     /// changed has the next pass plan again; the rest (owned objects, running Pods, policies
     /// whose status alone changed, pending Pods whose demand is the same: see [`Engine::pass`])
     /// is compared with the kept plan.
-    pub fn take_in(&mut self, input: Input) {
+    ///
+    /// Returns whether a pass has anything to do for it: `false` only for namespace changes
+    /// that neither the planner nor the guard labels read (a label nothing selects by, such as
+    /// a cost centre or Argo CD's tracking label), which the caller need not run a pass for.
+    pub fn take_in(&mut self, input: Input) -> bool {
         let replan = !matches!(
             input,
             Input::Owned { .. }
@@ -198,9 +202,11 @@ impl Engine {
                 self.state.unreadable_teams = unreadable;
             }
             Input::Namespaces(namespaces) => {
-                self.guard_labels.observe(namespaces.delta());
+                let guarded = self.guard_labels.observe(namespaces.delta());
                 let read = namespaces::planned_labels(&self.state.teams);
-                self.replan |= self.namespaces.take_in(namespaces.delta(), &read);
+                let replan = self.namespaces.take_in(namespaces.delta(), &read);
+                self.replan |= replan;
+                return replan || guarded;
             }
             Input::DeviceClasses(classes) => {
                 self.state.device_classes = classes.iter().map(|c| (**c).clone()).collect();
@@ -238,6 +244,7 @@ impl Engine {
             Input::CrdOwners(owners) => self.state.crd_owners = Some(owners),
             Input::SliceListAsked(reads) => self.slices_asked = Some(reads),
         }
+        true
     }
 
     /// Takes the taints on devices from outside their slices (rules, devices Pods report
