@@ -32,8 +32,8 @@ struct Written {
 
 impl GuardLabels {
     /// Takes in the namespaces as the watch has them: every one, or what changed. A namespace
-    /// being deleted is left alone. Whether a guard label it keeps changed (always, for every
-    /// namespace).
+    /// being deleted is left alone. Returns whether what it keeps changed (always, when handed
+    /// every namespace): a guard label, or a write whose watch event came.
     pub fn observe(&mut self, namespaces: Delta<'_, NamespaceView>) -> bool {
         let mut changed = matches!(namespaces, Delta::All(_));
         if let Delta::All(all) = namespaces {

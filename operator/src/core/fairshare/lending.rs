@@ -27,6 +27,8 @@ pub(super) struct Lending {
     pub(super) wants: Vec<u64>,
 }
 
+/// Lends the idle devices of one pool (or one level of a tree) to `teams`, whose effective
+/// guarantees are `effective`.
 pub(super) fn lend(
     teams: &[Team<'_>],
     capacity: u64,
