@@ -555,7 +555,17 @@ fn headroom_to_bound(timeline: &Timeline) -> Vec<f64> {
             continue;
         };
         if let Some(room) = room_since(quota, pod.gpus, pod.created, claimed) {
-            out.push((bound - room).max(0.0));
+            let waited = (bound - room).max(0.0);
+            // Where the tail goes: the claim made late (the wake-up), or bound late after it
+            // (a node with room).
+            if waited > 2.0 {
+                eprintln!(
+                    "replay: headroom -> bound {waited:.1} s: {}/{} ({} GPUs), room at {room:.1} s, \
+                     claim created at {claimed:.1} s, bound at {bound:.1} s",
+                    pod.namespace, pod.job, pod.gpus
+                );
+            }
+            out.push(waited);
         }
     }
     out
