@@ -1,30 +1,72 @@
 //! Rules 2 and 3 of one pool: which idle devices are lent, and to whom.
 
 use super::apportion::{water_fill, water_fill_above};
-use super::{LevelRules, Team};
+use super::{Explanation, LevelRules, Team, to_u32};
 
 /// How one pool's idle devices are lent (rules 2 and 3), per team in the order of `teams`.
 pub(super) struct Lending {
     /// Devices charged to the team's claims.
-    pub(super) used: Vec<u64>,
+    used: Vec<u64>,
     /// What the team holds without borrowing: max(effective guarantee, use).
-    pub(super) base: Vec<u64>,
+    base: Vec<u64>,
     /// Unused guaranteed devices kept out of the idle pool (by a lending limit, or for a
     /// department's waiting members).
     pub(super) reserved: Vec<u64>,
     /// Of `reserved`, what a department keeps for its waiting members.
-    pub(super) kept: Vec<u64>,
+    kept: Vec<u64>,
     pub(super) idle: u64,
     pub(super) lendable: u64,
-    pub(super) over_lent: bool,
+    over_lent: bool,
     /// What is lent: `lendable`, or while over-lent what the waiting owners are not owed.
-    pub(super) pool: u64,
-    pub(super) lent: Vec<u64>,
-    pub(super) borrower_weight: u64,
+    pool: u64,
+    lent: Vec<u64>,
+    borrower_weight: u64,
     /// Devices lent to teams for their waiting Pods, before the rest is lent by weight.
-    pub(super) to_waiting: u64,
+    to_waiting: u64,
     /// Per team: how many of the devices it was lent its waiting Pods need.
-    pub(super) wants: Vec<u64>,
+    wants: Vec<u64>,
+}
+
+impl Lending {
+    /// What team `i` may claim: what it holds without borrowing, plus what it is lent.
+    pub(super) fn entitlement(&self, i: usize) -> u64 {
+        self.base[i] + self.lent[i]
+    }
+
+    /// The numbers behind team `i`'s share (`team`, its effective guarantee `effective`, the
+    /// pool's guarantees `over_by` its capacity), for its one-line explanation.
+    pub(super) fn explanation(
+        &self,
+        i: usize,
+        team: &Team<'_>,
+        effective: u64,
+        over_by: u64,
+    ) -> Explanation {
+        // What a lending limit keeps, beside what a department keeps for its members.
+        let by_limit = self.reserved[i] - self.kept[i];
+        Explanation {
+            guaranteed: team.guaranteed,
+            effective: to_u32(effective),
+            limit: team.limit,
+            weight: team.weight,
+            requested: to_u32(self.used[i]),
+            lent: to_u32(self.lent[i]),
+            entitlement: to_u32(self.entitlement(i)),
+            idle: to_u32(self.idle),
+            lendable: to_u32(self.pool),
+            unused: to_u32(self.base[i] - self.used[i]),
+            reserved: to_u32(by_limit),
+            // Only a lending limit that keeps devices shows in the line.
+            lending_limit: team.lending_limit.filter(|_| by_limit > 0).unwrap_or(0),
+            borrower_weight: self.borrower_weight,
+            over_by,
+            can_borrow: u64::from(team.limit) > self.base[i],
+            over_lent: self.over_lent,
+            kept_for_members: to_u32(self.kept[i]),
+            to_waiting: to_u32(self.to_waiting),
+            waits: self.wants[i] > 0,
+        }
+    }
 }
 
 /// Lends the idle devices of one pool (or one level of a tree) to `teams`, whose effective

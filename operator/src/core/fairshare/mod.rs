@@ -24,7 +24,7 @@ mod tree;
 
 use apportion::{dhondt, water_fill};
 pub use explain::Explanation;
-use lending::{Lending, lend};
+use lending::lend;
 use reclaim::reclaims;
 pub use tree::DepartmentInput;
 
@@ -249,22 +249,8 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
     let guaranteed_sum: u64 = guaranteed.iter().sum();
     let effective = dhondt(capacity, &guaranteed);
 
-    let Lending {
-        used,
-        base,
-        reserved,
-        kept,
-        idle,
-        lendable,
-        over_lent,
-        pool,
-        lent,
-        borrower_weight,
-        to_waiting,
-        wants,
-    } = lend(&teams, capacity, &effective, level);
-
-    let entitlement: Vec<u64> = (0..n).map(|i| base[i] + lent[i]).collect();
+    let lending = lend(&teams, capacity, &effective, level);
+    let entitlement: Vec<u64> = (0..n).map(|i| lending.entitlement(i)).collect();
     let reclaims = reclaims(&teams, capacity, &effective);
 
     let overcommit = (guaranteed_sum > capacity).then(|| Overcommit {
@@ -278,37 +264,15 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
     });
 
     out.capacity = input.capacity;
-    out.idle = to_u32(idle);
-    out.lendable = to_u32(lendable);
+    out.idle = to_u32(lending.idle);
+    out.lendable = to_u32(lending.lendable);
     out.reclaims = reclaims;
     out.overcommit = overcommit;
     out.teams.truncate(n);
     out.teams.resize_with(n, TeamShare::default);
     for (i, (team, share)) in teams.iter().zip(&mut out.teams).enumerate() {
-        // What a lending limit keeps, beside what a department keeps for its members.
-        let by_limit = reserved[i] - kept[i];
-        share.explanation = Explanation {
-            guaranteed: team.guaranteed,
-            effective: to_u32(effective[i]),
-            limit: team.limit,
-            weight: team.weight,
-            requested: to_u32(used[i]),
-            lent: to_u32(lent[i]),
-            entitlement: to_u32(entitlement[i]),
-            idle: to_u32(idle),
-            lendable: to_u32(pool),
-            unused: to_u32(base[i] - used[i]),
-            reserved: to_u32(by_limit),
-            // Only a lending limit that keeps devices shows in the line.
-            lending_limit: team.lending_limit.filter(|_| by_limit > 0).unwrap_or(0),
-            borrower_weight,
-            over_by: guaranteed_sum.saturating_sub(capacity),
-            can_borrow: u64::from(team.limit) > base[i],
-            over_lent,
-            kept_for_members: to_u32(kept[i]),
-            to_waiting: to_u32(to_waiting),
-            waits: wants[i] > 0,
-        };
+        let over_by = guaranteed_sum.saturating_sub(capacity);
+        share.explanation = lending.explanation(i, team, effective[i], over_by);
         set_str(&mut share.team, team.name);
         share.parent = None;
         share.guaranteed = team.guaranteed;
@@ -316,7 +280,7 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
         share.limit = team.limit;
         share.weight = team.weight;
         share.lending_limit = team.lending_limit;
-        share.reserved = to_u32(reserved[i]);
+        share.reserved = to_u32(lending.reserved[i]);
         share.entitlement = to_u32(entitlement[i]);
         share.borrowed = to_u32(entitlement[i] - effective[i]);
         share.requested = to_u32(team.requested);
