@@ -782,3 +782,69 @@ async fn an_owner_whose_next_pod_is_larger_than_what_it_lacks_gets_room_for_it_b
     world.holds(&idle, 2, CONVERGE).await;
     eprintln!("owner's 4-GPU Pod holds its devices {served:?} after asking (3 s grace)");
 }
+
+/// An owner below its guarantee whose 4-GPU claim fits no node: its quota admitted the claim,
+/// but the 4 free devices are 2 on each node, and nobody borrows (the other team holds its own
+/// guarantee), so no reclaim can make room. Counted by charge nothing was idle: the claim held
+/// the owner's quota at its guarantee, and quota refused the owner's next 2-GPU Pod for as
+/// long as the claim waited, beside the free devices. The devices of a claim that fits no node
+/// count as idle, so the owner borrows and its 2-GPU Pod is bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let owner = (world.team("owner", json!({"guaranteed": 8, "limit": 12}), json!({}))).await;
+    let other = (world.team("other", json!({"guaranteed": 8, "limit": 8}), json!({}))).await;
+    let pinned = world.pinned().await;
+    let x2 = format!("{POLICY}-x2");
+    // Each node: 2 of the owner's and 4 of the other team's, 2 free.
+    for node in ["gpu-b-01", "gpu-b-02"] {
+        world
+            .create_pod(&owner, pinned(&format!("serve-{node}"), &x2, node))
+            .await;
+        for i in 0..2 {
+            let p = pinned(&format!("etl-{node}-{i}"), &x2, node);
+            world.create_pod(&other, p).await;
+        }
+    }
+    world.holds(&owner, 4, CONVERGE).await;
+    world.holds(&other, 8, CONVERGE).await;
+    let x4 = format!("{POLICY}-x4");
+    world.create_pod(&owner, pod("train", &x4, None)).await;
+    let claims = Api::<ResourceClaim>::namespaced(world.client.clone(), &owner);
+    eventually("the 4-GPU claim is made", CONVERGE, || async {
+        let list = claims.list(&ListParams::default()).await;
+        let n = list.map_err(|e| e.to_string())?.items.len();
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} claims"))
+        }
+    })
+    .await;
+
+    let asked = Instant::now();
+    world.create_pod(&owner, pod("eval", &x2, None)).await;
+    world.holds(&owner, 6, Duration::from_secs(30)).await;
+    let served = asked.elapsed();
+    let quotas =
+        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(world.client.clone(), &owner);
+    let quota = quotas.get("teamgpu").await.unwrap();
+    let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    let read = |map: Option<&std::collections::BTreeMap<String, _>>| {
+        map.and_then(|m| m.get(key))
+            .map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
+    };
+    // What it holds (6) and what its waiting claim is charged (4): 2 beyond its guarantee,
+    // borrowed from the free devices while that claim fits no node.
+    let hard = read(quota.spec.as_ref().and_then(|s| s.hard.as_ref()));
+    assert_eq!(hard.as_deref(), Some("10"));
+    // The 4-GPU claim still waits, charged: 4 + 2 allocated, 4 waiting.
+    assert_eq!(
+        read(quota.status.as_ref().and_then(|s| s.used.as_ref())).as_deref(),
+        Some("10")
+    );
+    world.holds(&other, 8, CONVERGE).await;
+    eprintln!("owner's 2-GPU Pod holds its devices {served:?} after asking");
+}

@@ -47,6 +47,7 @@ fn pool(seed: u64, member: impl Fn(usize) -> bool) -> PoolInput {
                         requested,
                         allocated: requested - rng.below(requested + 1) / 2,
                         pending: rng.below(4),
+                        unplaceable: 0,
                     }
                 })
                 .collect();

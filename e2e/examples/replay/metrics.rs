@@ -154,7 +154,8 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         .map(|i| f64::from(total_at(&demand, i).min(CAPACITY)))
         .sum::<f64>()
         / window;
-    let room = room_series(setting, timeline, samples);
+    let most_free = most_free_series(timeline, samples);
+    let room = room_series(setting, timeline, &most_free);
     let mut teams = team_figures(setting, &held, &demand, &room);
     let evictions = evictions(setting, timeline, &held, &demand);
     for (team, _) in &evictions {
@@ -171,7 +172,7 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         guaranteed_device_seconds: (setting.teams.iter())
             .map(|t| f64::from(t.guaranteed) * setting.end)
             .sum(),
-        headroom_to_bound: headroom_to_bound(timeline),
+        headroom_to_bound: headroom_to_bound(timeline, &most_free),
         jobs_submitted: setting.submitted.len(),
         job_wait,
         job_completion,
@@ -331,42 +332,80 @@ fn idle_while_wanted(
     out
 }
 
-/// Per team and sample, whether one of the team's waiting Pods (created, not yet bound, not
-/// ended) fitted the free devices of some node, from the Pods' bindings as the watch saw them.
-fn room_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<Vec<bool>> {
-    let ended = |pod: &PodTrace| {
-        [pod.succeeded, pod.deleting, pod.disrupted]
-            .into_iter()
-            .flatten()
-            .fold(f64::INFINITY, f64::min)
-    };
-    let mut fits = vec![vec![false; samples]; setting.teams.len()];
-    for (i, at) in (0..samples).map(|i| (i, i as f64 * STEP)) {
-        let mut used: HashMap<&str, u32> = HashMap::new();
-        for pod in timeline.pods.values() {
-            if let (Some(bound), Some(node)) = (pod.bound, pod.node.as_deref())
-                && bound <= at
-                && at < ended(pod)
-            {
-                *used.entry(node).or_default() += pod.gpus;
+/// When a Pod stopped holding its devices, as far as the watch tells: succeeded, being deleted
+/// or disrupted, whichever came first.
+fn ended(pod: &PodTrace) -> Seconds {
+    [pod.succeeded, pod.deleting, pod.disrupted]
+        .into_iter()
+        .flatten()
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Per sample, the most devices free on one node, from the Pods' bindings as the watch saw them.
+fn most_free_series(timeline: &Timeline, samples: usize) -> Vec<u32> {
+    (0..samples)
+        .map(|i| {
+            let at = i as f64 * STEP;
+            let mut used: HashMap<&str, u32> = HashMap::new();
+            for pod in timeline.pods.values() {
+                if let (Some(bound), Some(node)) = (pod.bound, pod.node.as_deref())
+                    && bound <= at
+                    && at < ended(pod)
+                {
+                    *used.entry(node).or_default() += pod.gpus;
+                }
             }
-        }
-        // Nodes nobody is bound to are whole.
-        let most_free = if used.len() < NODES as usize {
-            GPUS_PER_NODE
-        } else {
-            (used.values())
-                .map(|u| GPUS_PER_NODE.saturating_sub(*u))
-                .max()
-                .unwrap_or(GPUS_PER_NODE)
-        };
-        for pod in timeline.pods.values() {
+            // Nodes nobody is bound to are whole.
+            if used.len() < NODES as usize {
+                GPUS_PER_NODE
+            } else {
+                (used.values())
+                    .map(|u| GPUS_PER_NODE.saturating_sub(*u))
+                    .max()
+                    .unwrap_or(GPUS_PER_NODE)
+            }
+        })
+        .collect()
+}
+
+/// Whether one of a team's waiting Pods fitted a node at a sample, and if so how far the
+/// oldest such Pod had got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fit {
+    /// None of its waiting Pods fitted the free devices of any one node.
+    NoNode,
+    /// Some did, all created less than [`YOUNG`] ago: on their way.
+    Young,
+    /// One created [`YOUNG`] ago or more had its claim and was not bound yet: the scheduler.
+    Claimed,
+    /// One created [`YOUNG`] ago or more had no claim yet: the resourceclaim controller, quota.
+    Unclaimed,
+}
+
+/// How long a Pod may take from creation to binding before its wait is told apart.
+const YOUNG: Seconds = 2.0;
+
+/// Per team and sample, whether one of the team's waiting Pods (created, not yet bound, not
+/// ended) fitted the free devices of some node, and how far the oldest that fitted had got.
+fn room_series(setting: &Setting, timeline: &Timeline, most_free: &[u32]) -> Vec<Vec<Fit>> {
+    let claimed = first_claims(timeline);
+    let mut fits = vec![vec![Fit::NoNode; most_free.len()]; setting.teams.len()];
+    for (i, &free) in most_free.iter().enumerate() {
+        let at = i as f64 * STEP;
+        for (uid, pod) in &timeline.pods {
             let waiting = pod.created <= at && pod.bound.is_none_or(|b| b > at) && at < ended(pod);
             if let Some(&team) = setting.team_of.get(&pod.namespace)
                 && waiting
-                && pod.gpus <= most_free
+                && pod.gpus <= free
             {
-                fits[team][i] = true;
+                let fit = if at - pod.created < YOUNG {
+                    Fit::Young
+                } else if claimed.get(uid.as_str()).is_some_and(|&c| c <= at) {
+                    Fit::Claimed
+                } else {
+                    Fit::Unclaimed
+                };
+                fits[team][i] = fits[team][i].max(fit);
             }
         }
     }
@@ -377,7 +416,7 @@ fn team_figures(
     setting: &Setting,
     held: &[Vec<u32>],
     demand: &[Vec<u32>],
-    room: &[Vec<bool>],
+    room: &[Vec<Fit>],
 ) -> Vec<TeamFigures> {
     let grace_samples = (f64::from(GRACE_SECONDS) / STEP).round() as usize;
     let samples = held.first().map_or(0, Vec::len);
@@ -407,8 +446,25 @@ fn team_figures(
                 .map(|(&o, &free)| o.min(free))
                 .collect();
             let no_room = (while_idle.iter().zip(&room[t]))
-                .filter(|(_, fits)| !**fits)
+                .filter(|(_, fit)| **fit == Fit::NoNode)
                 .map(|(&o, _)| f64::from(o));
+            let by_fit = |which: Fit| {
+                (while_idle.iter().zip(&room[t]))
+                    .filter(|(_, fit)| **fit == which)
+                    .map(|(&o, _)| f64::from(o))
+                    .sum::<f64>()
+                    * STEP
+            };
+            // Where the shortfall with a node for the Pods went, by the oldest such Pod: on its
+            // way, waiting for the scheduler with its claim, or for its claim (quota).
+            eprintln!(
+                "replay: {}: shortfall while a node had room for its Pods: {:.0} GPU-s on their \
+                 way (< {YOUNG} s), {:.0} claimed and not bound, {:.0} without a claim",
+                team.name,
+                by_fit(Fit::Young),
+                by_fit(Fit::Claimed),
+                by_fit(Fit::Unclaimed)
+            );
             TeamFigures {
                 shortfall_no_room: no_room.sum::<f64>() * STEP,
                 shortfall: overdue.iter().copied().map(f64::from).sum::<f64>() * STEP,
@@ -544,7 +600,7 @@ fn first_claims(timeline: &Timeline) -> HashMap<&str, Seconds> {
 /// moment between the Pod's creation and its claim's), the seconds from the start of the room
 /// its claim was then created in (hard - used >= its GPUs, as the server reported) to the Pod
 /// being bound. Pods never bound are left out.
-fn headroom_to_bound(timeline: &Timeline) -> Vec<f64> {
+fn headroom_to_bound(timeline: &Timeline, most_free: &[u32]) -> Vec<f64> {
     let claim_created = first_claims(timeline);
     let mut out = Vec::new();
     for (uid, pod) in &timeline.pods {
@@ -556,12 +612,19 @@ fn headroom_to_bound(timeline: &Timeline) -> Vec<f64> {
         };
         if let Some(room) = room_since(quota, pod.gpus, pod.created, claimed) {
             let waited = (bound - room).max(0.0);
-            // Where the tail goes: the claim made late (the wake-up), or bound late after it
-            // (a node with room).
+            // Where the tail goes: the claim made late (the wake-up), no node with room for it
+            // yet, or the scheduler late after both.
             if waited > 2.0 {
+                let samples = most_free.len();
+                let node_room = (sample_of(claimed, samples)..sample_of(bound, samples))
+                    .find(|&i| most_free[i] >= pod.gpus)
+                    .map_or("none before it was bound".to_owned(), |i| {
+                        format!("from {:.1} s", i as f64 * STEP)
+                    });
                 eprintln!(
                     "replay: headroom -> bound {waited:.1} s: {}/{} ({} GPUs), room at {room:.1} s, \
-                     claim created at {claimed:.1} s, bound at {bound:.1} s",
+                     claim created at {claimed:.1} s, a node with room {node_room}, bound at \
+                     {bound:.1} s",
                     pod.namespace, pod.job, pod.gpus
                 );
             }

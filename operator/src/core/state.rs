@@ -36,6 +36,9 @@ pub struct PendingDemand {
     /// The devices of each waiting claim, largest first (they add up to `devices`); a claim's
     /// devices must all be on one node. Empty when not known: placement is not checked then.
     pub claims: Vec<u32>,
+    /// Of `claims`, those that exist and are not allocated: quota charges them while they wait
+    /// for a node.
+    pub charged: Vec<u32>,
     /// When the longest-waiting of those Pods was created.
     pub oldest: Option<k8s_openapi::jiff::Timestamp>,
 }

@@ -19,6 +19,16 @@ fn ns(namespace: &str, requested: u32, allocated: u32, pending: u32) -> Namespac
         requested,
         allocated,
         pending,
+        unplaceable: 0,
+    }
+}
+
+/// The same namespace with `devices` of its requested devices charged to claims that fit no
+/// node.
+fn unplaceable(devices: u32, namespace: NamespaceUsage) -> NamespaceUsage {
+    NamespaceUsage {
+        unplaceable: devices,
+        ..namespace
     }
 }
 
@@ -83,9 +93,9 @@ fn reclaims(out: &PoolShares) -> Vec<(&str, u32, &str)> {
 // ---------------------------------------------------------------------------------------------
 // Properties
 
-/// One team: guarantee, limit, weight, its namespaces' (requested, allocated, pending) and its
-/// lending limit.
-type RawTeam = (u32, u32, u32, Vec<(u32, u32, u32)>, Option<u32>);
+/// One team: guarantee, limit, weight, its namespaces' (requested, allocated, pending,
+/// unplaceable) and its lending limit.
+type RawTeam = (u32, u32, u32, Vec<(u32, u32, u32, u32)>, Option<u32>);
 
 /// A lending limit: mostly none, often 0, small or large.
 fn lending_limit_strategy() -> impl Strategy<Value = Option<u32>> {
@@ -105,7 +115,13 @@ fn team_strategy() -> impl Strategy<Value = RawTeam> {
         0u32..=1100,
         // Claims often all allocated, so that what Pods wait for is beyond what is charged.
         prop::collection::vec(
-            (0u32..=60, prop_oneof![0u32..=100, Just(100)], 0u32..=40),
+            (
+                0u32..=60,
+                prop_oneof![0u32..=100, Just(100)],
+                0u32..=40,
+                // Mostly no claim that fits no node; sometimes some or all of those waiting.
+                prop_oneof![6 => Just(0u32), 1 => 0u32..=100, 1 => Just(100)],
+            ),
             0..=3,
         ),
         lending_limit_strategy(),
@@ -119,8 +135,15 @@ fn team_strategy() -> impl Strategy<Value = RawTeam> {
             };
             let namespaces = namespaces
                 .into_iter()
-                .map(|(requested, allocated_pct, pending)| {
-                    (requested, requested * allocated_pct / 100, pending)
+                .map(|(requested, allocated_pct, pending, unplaceable_pct)| {
+                    let allocated = requested * allocated_pct / 100;
+                    let waiting = requested - allocated;
+                    (
+                        requested,
+                        allocated,
+                        pending,
+                        waiting * unplaceable_pct / 100,
+                    )
                 })
                 .collect();
             (g, limit, w, namespaces, lending_limit)
@@ -161,7 +184,9 @@ fn pool_strategy(max_teams: usize) -> impl Strategy<Value = PoolInput> {
                     let namespaces = namespaces
                         .into_iter()
                         .enumerate()
-                        .map(|(j, (r, a, p))| ns(&format!("{name}-ns{j}"), r, a, p))
+                        .map(|(j, (r, a, p, u))| {
+                            unplaceable(u, ns(&format!("{name}-ns{j}"), r, a, p))
+                        })
                         .collect();
                     TeamInput {
                         lending_limit,
@@ -287,8 +312,13 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     // Rules 2 and 3: idle devices are lent, never twice, max-min fair by weight, all of them
     // unless every borrower is full. Lending limits keep part of the unused guarantees out of
     // the idle devices that are lent.
+    // Devices charged to claims that fit no node count as idle.
     let used_sum: u64 = out.teams.iter().map(|t| u64::from(t.requested)).sum();
-    let idle = capacity.saturating_sub(used_sum);
+    let unplaceable_sum: u64 = (input.teams.iter())
+        .flat_map(|t| &t.namespaces)
+        .map(|n| u64::from(n.unplaceable.min(n.requested)))
+        .sum();
+    let idle = capacity.saturating_sub(used_sum - unplaceable_sum);
     assert_eq!(u64::from(out.idle), idle);
     for t in &out.teams {
         assert_eq!(
@@ -346,12 +376,13 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     }
     // Never lent twice, and never a device a lending limit keeps.
     assert!(lent_sum <= pool, "lent {lent_sum} of {pool} lendable idle");
-    // What is lent comes from the owners' lendable unused guarantees and from the capacity
-    // nobody is guaranteed.
+    // What is lent comes from the owners' lendable unused guarantees, from the capacity
+    // nobody is guaranteed, and from the devices of claims that fit no node.
     let lendable_guarantees: u64 = out.teams.iter().map(lendable_of).sum();
     assert!(
-        lent_sum <= lendable_guarantees + (capacity - eg_sum),
-        "lent {lent_sum}: more than {lendable_guarantees} lendable guaranteed and {} unguaranteed",
+        lent_sum <= lendable_guarantees + (capacity - eg_sum) + unplaceable_sum,
+        "lent {lent_sum}: more than {lendable_guarantees} lendable guaranteed, {} unguaranteed \
+         and {unplaceable_sum} charged to claims that fit no node",
         capacity - eg_sum
     );
     if lent_sum < pool {
@@ -668,7 +699,12 @@ proptest! {
             60,
         ),
     ) {
+        // Every device allocated at once, as below, is a state that claims fitting no node
+        // never reach (their devices are lent while they wait): none here.
         let mut pool = pool;
+        for n in pool.teams.iter_mut().flat_map(|t| &mut t.namespaces) {
+            n.unplaceable = 0;
+        }
         let requested: u64 = pool.teams.iter()
             .flat_map(|t| t.namespaces.iter().map(|n| u64::from(n.requested)))
             .sum();
@@ -726,7 +762,7 @@ fn random_pools_reach_every_regime() {
     let mut runner = TestRunner::deterministic();
     let (mut overcommitted, mut lending, mut reclaiming, mut over_lent, mut at_limit) =
         (0, 0, 0, 0, 0);
-    let (mut keeping, mut limited_lending) = (0, 0);
+    let (mut keeping, mut limited_lending, mut lending_unplaceable) = (0, 0, 0);
     // Teams whose Pods wait borrow first: all the lendable devices, or their wants and more.
     let (mut waiting_take_all, mut waiting_then_others) = (0, 0);
     // Large pools, and small ones where a few teams' waiting Pods often want every idle device.
@@ -774,6 +810,9 @@ fn random_pools_reach_every_regime() {
                 .any(|t| t.contains("lent first to teams whose Pods wait")),
         );
         keeping += u32::from(out.lendable < out.idle);
+        let charged_idle = (pool.teams.iter().flat_map(|t| &t.namespaces))
+            .any(|n| n.unplaceable.min(n.requested) > 0);
+        lending_unplaceable += u32::from(charged_idle && lent > 0);
         limited_lending += u32::from(
             out.lendable < out.idle
                 && out
@@ -789,6 +828,10 @@ fn random_pools_reach_every_regime() {
         ("over-lent", over_lent),
         ("borrower at its limit", at_limit),
         ("keeping idle devices unlent", keeping),
+        (
+            "lending beside claims that fit no node",
+            lending_unplaceable,
+        ),
         ("lending beside devices kept unlent", limited_lending),
         (
             "lending all idle devices to teams whose Pods wait",

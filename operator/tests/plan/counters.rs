@@ -183,6 +183,7 @@ fn policies_on_the_same_gpus_are_given_whole_gpus_and_never_count_one_twice() {
         device_class: "mig-1g.teamgpu.io".into(),
         devices: 10,
         claims: vec![1; 10],
+        charged: Vec::new(),
         oldest: None,
     }];
     let planned = plan(&cluster);
@@ -299,6 +300,7 @@ fn a_gpu_running_slices_is_no_room_for_a_waiting_whole_gpu_claim() {
         device_class: "a100.teamgpu.io".into(),
         devices: 2,
         claims: vec![2],
+        charged: Vec::new(),
         oldest: None,
     }];
     let planned = plan(&cluster);

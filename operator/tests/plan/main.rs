@@ -251,6 +251,7 @@ fn apply(state: &mut ClusterState, change: &Change, version: &mut u64, versioned
                     device_class: "a100-80gb.teamgpu.io".into(),
                     devices: *devices,
                     claims: vec![*devices],
+                    charged: Vec::new(),
                     oldest: None,
                 }];
             }
@@ -619,6 +620,7 @@ fn a_claim_that_fits_no_node_is_reclaimed_for_though_the_pool_counts_enough_free
         device_class: "a100-80gb.teamgpu.io".into(),
         devices: 8,
         claims: vec![8],
+        charged: Vec::new(),
         oldest: None,
     }];
     let planned = plan(&state);

@@ -90,7 +90,10 @@ pub(super) fn lend(
         .collect();
     let used_sum: u64 = used.iter().sum();
     let capacity = capacity.saturating_sub(level.withheld);
-    let idle = capacity.saturating_sub(used_sum);
+    // A claim that fits no node is charged to its team, and its devices are idle all the same:
+    // they count as idle, or its team's other Pods wait beside them below the guarantee.
+    let unplaceable: u64 = (0..n).map(|i| teams[i].unplaceable.min(used[i])).sum();
+    let idle = capacity.saturating_sub(used_sum - unplaceable);
     let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
     let (kept, reserved) = unlent(teams, &base, &used, level);
     let reserved_sum: u64 = reserved.iter().sum();

@@ -82,6 +82,10 @@ pub struct NamespaceUsage {
     /// Devices the namespace's Pods wait for because their claims could not be created or
     /// allocated.
     pub pending: u32,
+    /// Of `requested`, the devices of claims that wait for a node and fit none (an 8-device
+    /// claim while no node has 8 free): quota charges them, yet their devices sit idle, and
+    /// the idle devices count them free.
+    pub unplaceable: u32,
 }
 
 /// The engine's answer for one pool.
@@ -89,7 +93,8 @@ pub struct NamespaceUsage {
 pub struct PoolShares {
     /// Capacity the answer was computed for.
     pub capacity: u32,
-    /// Devices not charged to any claim (`capacity - sum of requested`, at least 0).
+    /// Devices no claim holds: `capacity - sum of requested`, at least 0, plus what claims that
+    /// fit no node are charged (`NamespaceUsage::unplaceable`).
     pub idle: u32,
     /// Idle devices other teams may borrow: `idle` minus the devices the teams' lending limits
     /// keep unlent (the sum of `TeamShare::reserved`), at least 0. Equals `idle` when no team
@@ -191,6 +196,8 @@ struct Team<'a> {
     requested: u64,
     allocated: u64,
     pending: u64,
+    /// Of `requested`, charged to claims that fit no node.
+    unplaceable: u64,
 }
 
 /// The input's namespace list when it is already sorted and unique (the common case), a merged
@@ -359,11 +366,12 @@ fn normalize(input: &[TeamInput]) -> Vec<Team<'_>> {
             }
             _ => Namespaces::Merged(merge_namespaces(group)),
         };
-        let (mut requested, mut allocated, mut pending) = (0u64, 0u64, 0u64);
+        let (mut requested, mut allocated, mut pending, mut unplaceable) = (0u64, 0, 0, 0);
         for ns in namespaces.as_slice() {
             requested += u64::from(ns.requested);
             allocated += u64::from(ns.allocated);
             pending += u64::from(ns.pending);
+            unplaceable += u64::from(ns.unplaceable.min(ns.requested));
         }
         teams.push(Team {
             name,
@@ -375,6 +383,7 @@ fn normalize(input: &[TeamInput]) -> Vec<Team<'_>> {
             requested,
             allocated,
             pending,
+            unplaceable,
         });
         start = end;
     }
@@ -391,6 +400,7 @@ fn merge_namespaces(group: &[&TeamInput]) -> Vec<NamespaceUsage> {
                 last.requested = last.requested.saturating_add(ns.requested);
                 last.allocated = last.allocated.saturating_add(ns.allocated);
                 last.pending = last.pending.saturating_add(ns.pending);
+                last.unplaceable = last.unplaceable.saturating_add(ns.unplaceable);
             }
             _ => merged.push(ns.clone()),
         }

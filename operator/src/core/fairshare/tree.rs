@@ -60,6 +60,7 @@ struct Node<'a> {
     requested: u64,
     allocated: u64,
     pending: u64,
+    unplaceable: u64,
 }
 
 /// One level's answer: the children's shares, by node.
@@ -159,39 +160,53 @@ impl<'a> Tree<'a> {
     }
 
     /// Sums a subtree's use into its department (depth-first; the depth is bounded).
-    fn add_up(&mut self, i: usize) -> (u64, u64, u64) {
+    fn add_up(&mut self, i: usize) -> (u64, u64, u64, u64) {
         let sums = match self.nodes[i].kind {
-            Kind::Team(t) => t.namespaces.iter().fold((0, 0, 0), |(r, a, p), ns| {
+            Kind::Team(t) => t.namespaces.iter().fold((0, 0, 0, 0), |(r, a, p, u), ns| {
                 (
                     r + u64::from(ns.requested),
                     a + u64::from(ns.allocated),
                     p + u64::from(ns.pending),
+                    u + u64::from(ns.unplaceable.min(ns.requested)),
                 )
             }),
             Kind::Department(_) => {
                 let children = self.nodes[i].children.clone();
-                children.into_iter().fold((0, 0, 0), |(r, a, p), c| {
-                    let (cr, ca, cp) = self.add_up(c);
-                    (r + cr, a + ca, p + cp)
+                children.into_iter().fold((0, 0, 0, 0), |(r, a, p, u), c| {
+                    let (cr, ca, cp, cu) = self.add_up(c);
+                    (r + cr, a + ca, p + cp, u + cu)
                 })
             }
         };
         let node = &mut self.nodes[i];
-        (node.requested, node.allocated, node.pending) = sums;
+        (
+            node.requested,
+            node.allocated,
+            node.pending,
+            node.unplaceable,
+        ) = sums;
         sums
     }
 
     /// The input of one level: `children` as teams of a pool of `capacity` devices, a
-    /// department with what its members request, hold and wait for.
-    fn level_input(&self, children: &[usize], capacity: u32) -> PoolInput {
+    /// department with what its members request, hold and wait for. Devices charged to claims
+    /// that fit no node count as idle at the `top` level only: below it they are already in the
+    /// department's entitlement, the capacity its members divide.
+    fn level_input(&self, children: &[usize], capacity: u32, top: bool) -> PoolInput {
         let teams = (children.iter())
             .map(|&c| {
                 let node = &self.nodes[c];
                 match node.kind {
-                    Kind::Team(t) => TeamInput {
-                        parent: None,
-                        ..t.clone()
-                    },
+                    Kind::Team(t) => {
+                        let mut input = TeamInput {
+                            parent: None,
+                            ..t.clone()
+                        };
+                        if !top {
+                            input.namespaces.iter_mut().for_each(|n| n.unplaceable = 0);
+                        }
+                        input
+                    }
                     Kind::Department(d) => TeamInput {
                         team: d.name.clone(),
                         guaranteed: d.guaranteed,
@@ -203,6 +218,7 @@ impl<'a> Tree<'a> {
                             requested: to_u32(node.requested),
                             allocated: to_u32(node.allocated),
                             pending: to_u32(node.pending),
+                            unplaceable: if top { to_u32(node.unplaceable) } else { 0 },
                         }],
                         parent: None,
                     },
@@ -229,7 +245,7 @@ impl<'a> Tree<'a> {
             Some(p) => &self.nodes[p].children,
             None => &self.roots,
         };
-        let input = self.level_input(children, capacity);
+        let input = self.level_input(children, capacity, parent.is_none());
         let rules = LevelRules {
             withheld,
             departments: (children.iter())
@@ -398,6 +414,7 @@ impl<'a> Node<'a> {
             requested: 0,
             allocated: 0,
             pending: 0,
+            unplaceable: 0,
         }
     }
 }

@@ -20,6 +20,8 @@ pub struct Demand<'a> {
     pending_mark: u64,
     /// The devices of each waiting claim, per (namespace, class).
     claims: BTreeMap<(&'a str, &'a str), &'a [u32]>,
+    /// Of those, the claims that exist (quota charges them), largest first.
+    charged: BTreeMap<(&'a str, &'a str), &'a [u32]>,
     oldest: BTreeMap<(&'a str, &'a str), k8s_openapi::jiff::Timestamp>,
 }
 
@@ -28,11 +30,15 @@ impl<'a> Demand<'a> {
         let mut waiting: BTreeMap<(&str, &str), u32> = BTreeMap::new();
         let mut oldest = BTreeMap::new();
         let mut claims = BTreeMap::new();
+        let mut charged = BTreeMap::new();
         for p in pending {
             let key = (p.namespace.as_str(), p.device_class.as_str());
             *waiting.entry(key).or_default() += p.devices;
             if !p.claims.is_empty() {
                 claims.insert(key, p.claims.as_slice());
+            }
+            if !p.charged.is_empty() {
+                charged.insert(key, p.charged.as_slice());
             }
             if let Some(t) = p.oldest {
                 oldest
@@ -48,6 +54,7 @@ impl<'a> Demand<'a> {
             pending_mark: fingerprint(&waiting),
             pending: waiting,
             claims,
+            charged,
             oldest,
         }
     }
@@ -93,14 +100,36 @@ impl<'a> Demand<'a> {
         hasher.finish()
     }
 
-    /// `namespace`'s use of `class`, as the fair-share engine reads it.
-    pub(super) fn of(&self, namespace: &str, class: &str) -> NamespaceUsage {
+    /// Whether a claim of `class` exists and waits for a node, in any namespace.
+    pub fn charged_waiting(&self, class: &str) -> bool {
+        self.charged.keys().any(|(_, c)| *c == class)
+    }
+
+    /// `namespace`'s use of `class`, as the fair-share engine reads it; its waiting claims larger
+    /// than `most_free` (the most free devices of one node, `None`: not known) fit no node.
+    pub(super) fn of(
+        &self,
+        namespace: &str,
+        class: &str,
+        most_free: Option<u32>,
+    ) -> NamespaceUsage {
         let usage = self.usage(namespace, class);
+        let charged = self
+            .charged
+            .get(&(namespace, class))
+            .copied()
+            .unwrap_or(&[]);
+        let unplaceable = most_free.map_or(0, |most| {
+            (charged.iter().copied())
+                .filter(|&size| size > most)
+                .fold(0u32, u32::saturating_add)
+        });
         NamespaceUsage {
             namespace: namespace.to_owned(),
             requested: clamp(usage.requested),
             allocated: clamp(usage.allocated),
             pending: self.pending.get(&(namespace, class)).copied().unwrap_or(0),
+            unplaceable,
         }
     }
 }

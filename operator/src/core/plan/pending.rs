@@ -98,14 +98,15 @@ pub fn pending_demand<'c>(
     claim: impl Fn(&str, &str) -> Option<&'c ClaimView>,
     template_charge: impl Fn(&str, &str) -> Option<BTreeMap<String, u64>>,
 ) -> Vec<PendingDemand> {
-    // Per (namespace, class): devices, each claim's devices, the oldest Pod's creation.
-    type Waiting = (u64, Vec<u32>, Option<Timestamp>);
+    // Per (namespace, class): devices, each claim's devices, those of them charged, the oldest
+    // Pod's creation.
+    type Waiting = (u64, Vec<u32>, Vec<u32>, Option<Timestamp>);
     let mut demand: BTreeMap<(String, String), Waiting> = BTreeMap::new();
     for pod in pods {
         let (namespace, created) = (pod.namespace.as_str(), pod.created);
         for pod_claim in &pod.claims {
             let existing = (pod_claim.claim.as_deref()).and_then(|n| claim(namespace, n));
-            let charge = match existing {
+            let charge: BTreeMap<String, u64> = match existing {
                 Some(claim) if claim.allocated => continue,
                 Some(claim) => claim
                     .charge
@@ -121,10 +122,14 @@ pub fn pending_demand<'c>(
                 },
             };
             for (class, devices) in charge {
-                let (sum, claims, oldest) =
+                let (sum, claims, charged, oldest) =
                     demand.entry((namespace.to_owned(), class)).or_default();
                 *sum += devices;
-                claims.push(u32::try_from(devices).unwrap_or(u32::MAX));
+                let devices = u32::try_from(devices).unwrap_or(u32::MAX);
+                claims.push(devices);
+                if existing.is_some() {
+                    charged.push(devices);
+                }
                 *oldest = match (*oldest, created) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -135,13 +140,15 @@ pub fn pending_demand<'c>(
     demand
         .into_iter()
         .map(
-            |((namespace, device_class), (devices, mut claims, oldest))| {
+            |((namespace, device_class), (devices, mut claims, mut charged, oldest))| {
                 claims.sort_unstable_by(|a, b| b.cmp(a));
+                charged.sort_unstable_by(|a, b| b.cmp(a));
                 PendingDemand {
                     namespace,
                     device_class,
                     devices: u32::try_from(devices).unwrap_or(u32::MAX),
                     claims,
+                    charged,
                     oldest,
                 }
             },
@@ -277,7 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn pods_waiting_for_claims_count_what_they_would_be_charged() {
+    fn pods_waiting_for_claims_count_what_they_would_be_charged_and_which_are_charged() {
         let t = template();
         let (refused, unallocated, allocated, running) = (
             pod("refused", "Pending", None),
@@ -308,6 +315,8 @@ mod tests {
                 device_class: "a100.teamgpu.io".into(),
                 devices: 4,
                 claims: vec![2, 2],
+                // The claim that exists and waits is charged; the refused one is not.
+                charged: vec![2],
                 oldest: None,
             }]
         );

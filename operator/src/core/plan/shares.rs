@@ -35,7 +35,7 @@ pub struct Findings {
 pub type Available<'a> = &'a dyn Fn(&str) -> u32;
 
 /// Where a policy's devices are and how many are free, pool by pool (read only when a team
-/// waits below its guarantee).
+/// waits below its guarantee, or a claim of the policy's class waits charged).
 pub type Rooms<'a> = &'a dyn Fn(&str) -> Vec<PoolRoom>;
 
 /// The fair shares of every usable policy's pool, `available` devices each plus the counter
@@ -64,8 +64,8 @@ pub fn fair_shares(
     let marks: HashMap<&str, u64> = (membership.namespaces.iter())
         .map(|(team, namespaces)| (team.as_str(), demand.mark(namespaces)))
         .collect();
-    // Per pool, its input and, while its namespaces are unread, its fingerprint.
-    let mut pools: BTreeMap<String, (PoolInput, Option<u64>)> = BTreeMap::new();
+    // Per pool, its input and, while its namespaces are unread, what they are read with.
+    let mut pools: BTreeMap<String, (PoolInput, Option<Unread>)> = BTreeMap::new();
     let mut given: BTreeMap<String, PoolInput> = BTreeMap::new();
     for policy in policies.iter().filter(|p| p.usable()) {
         let class = device_class_name(&policy.name);
@@ -73,6 +73,11 @@ pub fn fair_shares(
             let at = (policy.name.as_str(), class.as_str());
             budgets::held(node, at, (membership, demand), budgets, entitlement)
         };
+        // Claims that wait for a node none has room for: known only from where the free devices
+        // are, so read only while a claim of the class waits (and part of the fingerprint).
+        let most_free = (demand.charged_waiting(&class))
+            .then(|| most_free_on_a_node(&rooms(&policy.name)))
+            .flatten();
         let mut input = PoolInput {
             capacity: available(&policy.name),
             teams: teams
@@ -83,14 +88,14 @@ pub fn fair_shares(
             departments: departments(teams, policy, membership, &held),
         };
         if contested.contains(policy.name.as_str()) {
-            read_namespaces(&mut input, &class, membership, demand);
+            read_namespaces(&mut input, &class, membership, (demand, most_free));
             given.insert(policy.name.clone(), input);
         } else {
             let team_marks: Vec<u64> = (input.teams.iter())
                 .map(|t| marks.get(t.team.as_str()).copied().unwrap_or_default())
                 .collect();
-            let fingerprint = fingerprint(&(&input, team_marks));
-            pools.insert(policy.name.clone(), (input, Some(fingerprint)));
+            let fingerprint = fingerprint(&(&input, team_marks, most_free));
+            pools.insert(policy.name.clone(), (input, Some((fingerprint, most_free))));
         }
     }
     findings.allotted = counters::allot(&shared.contested, &mut given);
@@ -108,10 +113,10 @@ pub fn fair_shares(
     for (name, (mut input, unread)) in pools {
         let class = device_class_name(&name);
         // A read pool's fingerprint is its whole input, told apart from an unread one's.
-        let fingerprint = unread.unwrap_or_else(|| fingerprint(&("read", &input)));
+        let fingerprint = unread.map_or_else(|| fingerprint(&("read", &input)), |u| u.0);
         let pool = shares.get(name.clone(), fingerprint, |_| {
-            if unread.is_some() {
-                read_namespaces(&mut input, &class, membership, demand);
+            if let Some((_, most_free)) = unread {
+                read_namespaces(&mut input, &class, membership, (demand, most_free));
             }
             fairshare::compute_pool(&input)
         });
@@ -137,18 +142,39 @@ pub fn fair_shares(
     findings
 }
 
+/// A pool whose namespaces are not read yet: its fingerprint, and the most free devices on one
+/// of its nodes (`None`: not read, no claim of its class waits charged), to read them with.
+type Unread = (u64, Option<u32>);
+
 /// The namespaces `team` owns.
 fn namespaces_of<'a>(membership: &'a Membership, team: &str) -> &'a [String] {
     membership.namespaces.get(team).map_or(&[], Vec::as_slice)
 }
 
-/// Fills in each team's use of `class`, namespace by namespace.
-fn read_namespaces(input: &mut PoolInput, class: &str, membership: &Membership, demand: &Demand) {
+/// Fills in each team's use of `class`, namespace by namespace; `most_free` as for
+/// [`Demand::of`].
+fn read_namespaces(
+    input: &mut PoolInput,
+    class: &str,
+    membership: &Membership,
+    (demand, most_free): (&Demand, Option<u32>),
+) {
     for team in &mut input.teams {
         team.namespaces = (namespaces_of(membership, &team.team).iter())
-            .map(|ns| demand.of(ns, class))
+            .map(|ns| demand.of(ns, class, most_free))
             .collect();
     }
+}
+
+/// The most free devices on one node of `rooms`; `None` when no pool is on a node.
+fn most_free_on_a_node(rooms: &[PoolRoom]) -> Option<u32> {
+    let mut free: BTreeMap<&str, u32> = BTreeMap::new();
+    for room in rooms {
+        if let Some(node) = &room.node {
+            *free.entry(node).or_default() += room.free;
+        }
+    }
+    free.into_values().max()
 }
 
 /// A team in the pool of `policy`, if it has a quota for it whose amounts count in the policy's
