@@ -341,25 +341,36 @@ fn ended(pod: &PodTrace) -> Seconds {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Per sample, the most devices free on one node, from the Pods' bindings as the watch saw them.
+/// Per sample, the most devices free on one node, as the scheduler sees them: a claim's devices
+/// are on its Pod's node from its allocation until it is deallocated or deleted (a finished
+/// Pod's claim holds them until the resourceclaim controller lets it go).
 fn most_free_series(timeline: &Timeline, samples: usize) -> Vec<u32> {
-    (0..samples)
-        .map(|i| {
-            let at = i as f64 * STEP;
-            let mut used: HashMap<&str, u32> = HashMap::new();
-            for pod in timeline.pods.values() {
-                if let (Some(bound), Some(node)) = (pod.bound, pod.node.as_deref())
-                    && bound <= at
-                    && at < ended(pod)
-                {
-                    *used.entry(node).or_default() += pod.gpus;
-                }
+    let mut used = vec![HashMap::<&str, u32>::new(); samples];
+    for claim in timeline.claims.values() {
+        let Some(node) = (claim.pod.as_deref())
+            .and_then(|uid| timeline.pods.get(uid))
+            .and_then(|pod| pod.node.as_deref())
+        else {
+            continue;
+        };
+        // Each (from, devices) holds until the next change (or the end).
+        for (k, &(from, devices)) in claim.allocated.iter().enumerate() {
+            let until = claim
+                .allocated
+                .get(k + 1)
+                .map_or(samples, |&(t, _)| sample_of(t, samples));
+            for per_node in &mut used[sample_of(from, samples)..until] {
+                *per_node.entry(node).or_default() += devices;
             }
-            // Nodes nobody is bound to are whole.
-            if used.len() < NODES as usize {
+        }
+    }
+    used.into_iter()
+        .map(|per_node| {
+            // Nodes nobody holds devices on are whole.
+            if per_node.len() < NODES as usize {
                 GPUS_PER_NODE
             } else {
-                (used.values())
+                (per_node.values())
                     .map(|u| GPUS_PER_NODE.saturating_sub(*u))
                     .max()
                     .unwrap_or(GPUS_PER_NODE)
@@ -572,6 +583,13 @@ fn evictions(
         let i = sample_of(ended, samples.saturating_sub(1));
         let someone_waits = (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i));
         let victim_borrowed = held[team][i] > setting.teams[team].guaranteed;
+        if !(someone_waits && victim_borrowed) {
+            eprintln!(
+                "replay: eviction no guarantee needed: {}/{} ({} GPUs) at {ended:.1} s, its team \
+                 held {} (guaranteed {}), another team below its guarantee: {someone_waits}",
+                pod.namespace, pod.job, pod.gpus, held[team][i], setting.teams[team].guaranteed
+            );
+        }
         out.push((
             team,
             Eviction {
@@ -802,8 +820,8 @@ mod tests {
         };
         let samples = 50;
         // In the first 4.5 s a waiting Pod of vision's fits a node, in the last 0.5 s none.
-        let mut room = vec![vec![true; samples], vec![false; samples]];
-        room[0][45..].fill(false);
+        let mut room = vec![vec![Fit::Claimed; samples], vec![Fit::NoNode; samples]];
+        room[0][45..].fill(Fit::NoNode);
         let figures = team_figures(
             &setting,
             &[vec![24; samples], vec![100; samples]],
@@ -855,6 +873,7 @@ mod tests {
             pod: Some(pod.into()),
             created,
             allocated: Vec::new(),
+            deleted: None,
         };
         let timeline = Timeline {
             pods: HashMap::from([
