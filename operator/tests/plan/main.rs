@@ -585,15 +585,16 @@ fn a100_claim(
     serde_json::from_value(claim).unwrap()
 }
 
-#[test]
-fn a_claim_that_fits_no_node_is_reclaimed_for_though_the_pool_counts_enough_free() {
-    // The example's four 8-GPU A100 80GB nodes; a borrower holds 6 one-GPU claims on each
-    // (24), so 8 are free, 2 per node; the owner (guarantee 8) waits for one claim of 8.
+/// The example's four 8-GPU A100 80GB nodes; a borrower (guarantee 0) holds 6 one-GPU claims
+/// on each (24), so 8 are free, 2 per node; the owner (guarantee 8, limit `owner_limit`) has
+/// made one claim of 8, not allocated, which fits no node. What its Pods wait for is the
+/// caller's to say.
+fn an_owner_whose_claim_fits_no_node(owner_limit: u32) -> ClusterState {
     let mut state = example();
     state.teams = vec![
         team(
             json!({"metadata": {"name": "owner"}, "spec": {"namespaces": ["owner"],
-            "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": 8}]}}),
+            "quotas": [{"sharingPolicy": "a100-80gb", "guaranteed": 8, "limit": owner_limit}]}}),
         ),
         team(
             json!({"metadata": {"name": "borrower"}, "spec": {"namespaces": ["borrower"],
@@ -608,13 +609,22 @@ fn a_claim_that_fits_no_node_is_reclaimed_for_though_the_pool_counts_enough_free
             })
         })
         .to_vec();
-    let nodes = ["gpu-a-01", "gpu-a-02", "gpu-a-03", "gpu-a-04"];
-    state.claims = (nodes.iter())
+    state.claims = (NODES.iter())
         .flat_map(|node| {
             (0..6).map(move |i| a100_claim("borrower", &format!("{node}-{i}"), 1, Some((node, i))))
         })
         .collect();
     state.claims.push(a100_claim("owner", "train", 8, None));
+    state
+}
+
+/// The example's A100 80GB nodes.
+const NODES: [&str; 4] = ["gpu-a-01", "gpu-a-02", "gpu-a-03", "gpu-a-04"];
+
+#[test]
+fn a_claim_that_fits_no_node_is_reclaimed_for_though_the_pool_counts_enough_free() {
+    let mut state = an_owner_whose_claim_fits_no_node(8);
+    let nodes = NODES;
     state.pending = vec![teamgpu::core::state::PendingDemand {
         namespace: "owner".into(),
         device_class: "a100-80gb.teamgpu.io".into(),
@@ -643,4 +653,43 @@ fn a_claim_that_fits_no_node_is_reclaimed_for_though_the_pool_counts_enough_free
     let planned = plan(&state);
     assert!(planned.reclaims.is_empty(), "{:?}", planned.reclaims);
     assert!(planned.placements.is_empty());
+}
+
+#[test]
+fn the_devices_of_a_claim_that_fits_no_node_leave_room_in_its_teams_quota() {
+    // The owner's 8-GPU claim waits charged; beside it a 2-GPU Pod waits, its claim refused.
+    // Counted as used, the claim's 8 filled the owner's quota (8): the 2-GPU Pod waited below
+    // the guarantee beside 8 free devices. They are idle: the owner's quota has room for it.
+    let mut state = an_owner_whose_claim_fits_no_node(16);
+    let waiting = |charged: Vec<u32>| teamgpu::core::state::PendingDemand {
+        namespace: "owner".into(),
+        device_class: "a100-80gb.teamgpu.io".into(),
+        devices: 10,
+        claims: vec![8, 2],
+        charged,
+        oldest: None,
+    };
+    let key = "a100-80gb.teamgpu.io.deviceclass.resource.k8s.io/devices";
+    state.pending = vec![waiting(Vec::new())];
+    assert_eq!(hard(&plan(&state), "owner")[key], "8");
+    state.pending = vec![waiting(vec![8])];
+    let planned = plan(&state);
+    let owner: u32 = hard(&planned, "owner")[key].parse().unwrap();
+    assert!(
+        owner >= 10,
+        "the owner's quota {owner} has no room for its 2-GPU Pod"
+    );
+    // Room on a node for the 8-GPU claim is still ordered from the borrower.
+    let orders: Vec<(&str, u32, &str)> = (planned.reclaims.iter())
+        .map(|r| (r.borrower.as_str(), r.devices, r.for_team.as_str()))
+        .collect();
+    assert_eq!(orders, [("borrower", 8, "owner")]);
+
+    // A node's claims end: the claim fits it, so its 8 count as used again. Idle are the 6
+    // nobody is charged for (32 - 18 - 8): the owner borrows the 2 its Pod waits for first,
+    // then 1 of the other 4, split by weight with the borrower (ties to the borrower's name).
+    (state.claims).retain(|c| !c.metadata.name.as_deref().unwrap().starts_with("gpu-a-04"));
+    let planned = plan(&state);
+    assert_eq!(hard(&planned, "owner")[key], "11");
+    assert!(planned.reclaims.is_empty(), "{:?}", planned.reclaims);
 }
