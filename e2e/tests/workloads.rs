@@ -305,15 +305,18 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
     .await;
     let other = (world.team("other", json!({"guaranteed": 2, "limit": 2}), json!({}))).await;
     let borrower = (world.team("borrower", json!({"guaranteed": 4, "limit": 12}), json!({}))).await;
+    // Half of each on either node, so that each has 4 free, and every 2-GPU Pod of the
+    // borrower fits wherever the scheduler puts it (left to the scheduler, the 1-GPU Pods could
+    // leave 1 free on each node, and the borrower's last Pod none).
+    let pinned = world.pinned().await;
+    let node = |i: usize| ["gpu-b-01", "gpu-b-02"][i % 2];
     for i in 0..6 {
-        world
-            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
-            .await;
+        let p = pinned(&format!("serve-{i}"), POLICY, node(i));
+        world.create_pod(&owner, p).await;
     }
     for i in 0..2 {
-        world
-            .create_pod(&other, pod(&format!("etl-{i}"), POLICY, None))
-            .await;
+        let p = pinned(&format!("etl-{i}"), POLICY, node(i));
+        world.create_pod(&other, p).await;
     }
     world.holds(&owner, 6, CONVERGE).await;
     world.holds(&other, 2, CONVERGE).await;
