@@ -1,5 +1,7 @@
-//! The figures of one configuration, computed from its [`Timeline`] alone. Pure: the same
-//! timeline gives the same figures, and nothing here reads the operator's code or state.
+//! The figures of one configuration, computed from its [`Timeline`] alone: the same timeline
+//! gives the same figures, and nothing here reads the operator's code or state. Along the way
+//! it prints to stderr what explains a figure (the slow Pods, the evictions no guarantee
+//! needed, where a shortfall went), for a reader of one run.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -873,7 +875,6 @@ mod tests {
             pod: Some(pod.into()),
             created,
             allocated: Vec::new(),
-            deleted: None,
         };
         let timeline = Timeline {
             pods: HashMap::from([

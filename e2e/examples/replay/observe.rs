@@ -51,8 +51,6 @@ pub struct ClaimTrace {
     pub created: Seconds,
     /// (when, devices allocated from then on), one entry per change.
     pub allocated: Vec<(Seconds, u32)>,
-    /// When the watch saw it go.
-    pub deleted: Option<Seconds>,
 }
 
 /// What the server reported of a namespace's ResourceQuota for the replay's device key.
@@ -250,11 +248,7 @@ fn record_claim(
                 .map(|owner| owner.uid.clone()),
             created: at,
             allocated: Vec::new(),
-            deleted: None,
         });
-    if deleted {
-        trace.deleted = Some(at);
-    }
     let devices = if deleted {
         0
     } else {

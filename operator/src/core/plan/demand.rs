@@ -1,7 +1,7 @@
 //! Demand per namespace and class: what its claims use and what its Pods wait for, as the
 //! shares, the budgets and the status read it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::cache::{Cache, fingerprint};
 use super::types::clamp;
@@ -22,6 +22,8 @@ pub struct Demand<'a> {
     claims: BTreeMap<(&'a str, &'a str), &'a [u32]>,
     /// Of those, the claims that exist (quota charges them), largest first.
     charged: BTreeMap<(&'a str, &'a str), &'a [u32]>,
+    /// The classes of `charged`.
+    charged_classes: BTreeSet<&'a str>,
     oldest: BTreeMap<(&'a str, &'a str), k8s_openapi::jiff::Timestamp>,
 }
 
@@ -54,6 +56,7 @@ impl<'a> Demand<'a> {
             pending_mark: fingerprint(&waiting),
             pending: waiting,
             claims,
+            charged_classes: charged.keys().map(|(_, class)| *class).collect(),
             charged,
             oldest,
         }
@@ -102,7 +105,7 @@ impl<'a> Demand<'a> {
 
     /// Whether a claim of `class` exists and waits for a node, in any namespace.
     pub fn charged_waiting(&self, class: &str) -> bool {
-        self.charged.keys().any(|(_, c)| *c == class)
+        self.charged_classes.contains(class)
     }
 
     /// `namespace`'s use of `class`, as the fair-share engine reads it; its waiting claims larger

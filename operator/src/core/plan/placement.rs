@@ -73,10 +73,7 @@ pub fn place(
         return None;
     }
     waiting.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-    let mut free: BTreeMap<Option<Arc<str>>, u32> = BTreeMap::new();
-    for p in pools {
-        *free.entry(p.node.clone()).or_default() += p.free;
-    }
+    let mut free = free_per_node(pools);
     let mut unplaced: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     for (size, team) in waiting {
         if !fit(&mut free, size) {
@@ -94,6 +91,15 @@ pub fn place(
         free,
         unplaced,
     })
+}
+
+/// The free devices of `pools` per node (`None`: the pools without one, which any claim may use).
+pub fn free_per_node(pools: &[PoolRoom]) -> BTreeMap<Option<Arc<str>>, u32> {
+    let mut free: BTreeMap<Option<Arc<str>>, u32> = BTreeMap::new();
+    for p in pools {
+        *free.entry(p.node.clone()).or_default() += p.free;
+    }
+    free
 }
 
 /// Places a claim of `size` devices on the node with the fewest free devices that hold it (of

@@ -67,17 +67,16 @@ pub fn fair_shares(
     // Per pool, its input and, while its namespaces are unread, what they are read with.
     let mut pools: BTreeMap<String, (PoolInput, Option<Unread>)> = BTreeMap::new();
     let mut given: BTreeMap<String, PoolInput> = BTreeMap::new();
+    // The pools' rooms read for their claims that fit no node, kept for their placement.
+    let mut read_rooms: HashMap<&str, Vec<PoolRoom>> = HashMap::new();
     for policy in policies.iter().filter(|p| p.usable()) {
         let class = device_class_name(&policy.name);
         let held = |node: &str, entitlement| {
             let at = (policy.name.as_str(), class.as_str());
             budgets::held(node, at, (membership, demand), budgets, entitlement)
         };
-        // Claims that wait for a node none has room for: known only from where the free devices
-        // are, so read only while a claim of the class waits (and part of the fingerprint).
-        let most_free = (demand.charged_waiting(&class))
-            .then(|| most_free_on_a_node(&rooms(&policy.name)))
-            .flatten();
+        // Part of the fingerprint: it says which waiting claims fit no node.
+        let most_free = most_free(&policy.name, &class, (demand, rooms), &mut read_rooms);
         let mut input = PoolInput {
             capacity: available(&policy.name),
             teams: teams
@@ -126,7 +125,9 @@ pub fn fair_shares(
             .then(|| {
                 let claims_of =
                     |team: &str| demand.waiting_claims(namespaces_of(membership, team), &class);
-                let rooms = counters::rooms(rooms(&name), &name, shared, &findings.allotted);
+                let read = read_rooms.remove(name.as_str());
+                let pools = read.unwrap_or_else(|| rooms(&name));
+                let rooms = counters::rooms(pools, &name, shared, &findings.allotted);
                 placement::place(&name, pool, &rooms, claims_of)
             })
             .flatten();
@@ -166,15 +167,22 @@ fn read_namespaces(
     }
 }
 
-/// The most free devices on one node of `rooms`; `None` when no pool is on a node.
-fn most_free_on_a_node(rooms: &[PoolRoom]) -> Option<u32> {
-    let mut free: BTreeMap<&str, u32> = BTreeMap::new();
-    for room in rooms {
-        if let Some(node) = &room.node {
-            *free.entry(node).or_default() += room.free;
-        }
+/// The most free devices on one node of `policy`'s pools; `None` when no pool is on a node, or
+/// no claim of `class` waits charged (then which claims fit no node does not matter, and the
+/// pools are not read). The pools read are kept in `read`, for the policy's placement.
+fn most_free<'p>(
+    policy: &'p str,
+    class: &str,
+    (demand, rooms): (&Demand, Rooms),
+    read: &mut HashMap<&'p str, Vec<PoolRoom>>,
+) -> Option<u32> {
+    if !demand.charged_waiting(class) {
+        return None;
     }
-    free.into_values().max()
+    let pools = read.entry(policy).or_insert_with(|| rooms(policy));
+    (placement::free_per_node(pools).into_iter())
+        .filter_map(|(node, free)| node.map(|_| free))
+        .max()
 }
 
 /// A team in the pool of `policy`, if it has a quota for it whose amounts count in the policy's
