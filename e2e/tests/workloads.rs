@@ -184,7 +184,36 @@ impl World {
             .collect()
     }
 
-    /// The namespace's quota and claims as the server holds them, for a failure's message.
+    /// Waits until the quota of `ns` reads `hard` and `used` devices of the policy's class on
+    /// the server.
+    async fn quota_reads(&self, ns: &str, hard: &str, used: &str) {
+        let quotas =
+            Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(self.client.clone(), ns);
+        let key = format!(
+            "{}.teamgpu.io.deviceclass.resource.k8s.io/devices",
+            self.policy
+        );
+        let read = |map: Option<&std::collections::BTreeMap<String, _>>| {
+            map.and_then(|m| m.get(&key))
+                .map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
+        };
+        eventually(
+            &format!("the quota of {ns} reads hard {hard}, used {used}"),
+            CONVERGE,
+            || async {
+                let quota = quotas.get("teamgpu").await.map_err(|e| e.to_string())?;
+                let now_hard = read(quota.spec.as_ref().and_then(|s| s.hard.as_ref()));
+                let now_used = read(quota.status.as_ref().and_then(|s| s.used.as_ref()));
+                if (now_hard.as_deref(), now_used.as_deref()) == (Some(hard), Some(used)) {
+                    Ok(())
+                } else {
+                    Err(format!("hard {now_hard:?}, used {now_used:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
     async fn create_pod(&self, ns: &str, pod: Pod) {
         Api::<Pod>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &pod)
@@ -790,15 +819,16 @@ async fn an_owner_whose_next_pod_is_larger_than_what_it_lacks_gets_room_for_it_b
 /// but the 4 free devices are 2 on each node, and nobody borrows (the other team holds its own
 /// guarantee), so no reclaim can make room. Counted by charge nothing was idle: the claim held
 /// the owner's quota at its guarantee, and quota refused the owner's next 2-GPU Pod for as
-/// long as the claim waited, beside the free devices. The devices of a claim that fits no node
-/// count as idle, so the owner borrows and its 2-GPU Pod is bound.
+/// long as the claim waited, beside the free devices. The owner's other Pods may use what a
+/// claim of its own that fits no node is charged, within its guarantee, so its 2-GPU Pod is
+/// bound; another team's waiting Pod gets none of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
     let Some(world) = World::new().await else {
         return;
     };
     let owner = (world.team("owner", json!({"guaranteed": 8, "limit": 12}), json!({}))).await;
-    let other = (world.team("other", json!({"guaranteed": 8, "limit": 8}), json!({}))).await;
+    let other = (world.team("other", json!({"guaranteed": 8, "limit": 16}), json!({}))).await;
     let pinned = world.pinned().await;
     let x2 = format!("{POLICY}-x2");
     // Each node: 2 of the owner's and 4 of the other team's, 2 free.
@@ -827,36 +857,36 @@ async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
     })
     .await;
 
+    // The other team, at its guarantee, may borrow up to 16 (it was lent the owner's unused 4
+    // before the owner's claim was made): its 2-GPU Pod waits too.
+    world.quota_reads(&other, "8", "8").await;
+    world.create_pod(&other, pod("eval", &x2, None)).await;
     let asked = Instant::now();
     world.create_pod(&owner, pod("eval", &x2, None)).await;
     world.holds(&owner, 6, Duration::from_secs(30)).await;
     let served = asked.elapsed();
-    let quotas =
-        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(world.client.clone(), &owner);
-    let key = "pcie.teamgpu.io.deviceclass.resource.k8s.io/devices";
-    let read = |map: Option<&std::collections::BTreeMap<String, _>>| {
-        map.and_then(|m| m.get(key))
-            .map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
-    };
     // What it holds (6) and what its waiting claim is charged (4): 2 beyond its guarantee,
-    // borrowed from the free devices while that claim fits no node. The 4-GPU claim still
+    // reused of the devices that claim is charged while it fits no node. The 4-GPU claim still
     // waits, charged: 4 + 2 allocated, 4 waiting. (The quota settles there a moment after the
     // Pod is bound: while the 2-GPU Pod still waited it had room for it.)
-    eventually(
-        "the owner's quota reads hard 10, used 10",
-        CONVERGE,
-        || async {
-            let quota = quotas.get("teamgpu").await.map_err(|e| e.to_string())?;
-            let hard = read(quota.spec.as_ref().and_then(|s| s.hard.as_ref()));
-            let used = read(quota.status.as_ref().and_then(|s| s.used.as_ref()));
-            if (hard.as_deref(), used.as_deref()) == (Some("10"), Some("10")) {
-                Ok(())
-            } else {
-                Err(format!("hard {hard:?}, used {used:?}"))
-            }
-        },
-    )
-    .await;
+    world.quota_reads(&owner, "10", "10").await;
+    // The devices that claim is charged are the owner's: the other team borrows none of them,
+    // and its 2-GPU Pod makes no claim. (Lent to it, its Pod would fill the free devices of a
+    // node that the owner's 4-GPU claim needs.)
+    world.quota_reads(&other, "8", "8").await;
     world.holds(&other, 8, CONVERGE).await;
+    let other_claims = Api::<ResourceClaim>::namespaced(world.client.clone(), &other);
+    let owners: Vec<String> = (other_claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items)
+        .iter()
+        .flat_map(|c| c.owner_references().iter().map(|o| o.name.clone()))
+        .collect();
+    assert!(
+        owners.len() == 4 && !owners.contains(&"eval".to_owned()),
+        "the other team's claims are its 4 pinned Pods': {owners:?}"
+    );
     eprintln!("owner's 2-GPU Pod holds its devices {served:?} after asking");
 }

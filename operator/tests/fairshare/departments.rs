@@ -212,22 +212,23 @@ proptest! {
             .map(|t| u64::from(t.entitlement - t.effective_guarantee.max(t.requested)))
             .sum();
         let departments: u64 = shares.departments.iter().map(unused).sum();
-        // Devices charged to claims that fit no node are idle too.
-        let unplaceable: u64 = (pool.teams.iter().flat_map(|t| &t.namespaces))
-            .map(|n| u64::from(n.unplaceable.min(n.requested)))
+        // Besides, what a team or department at the top reuses of the devices charged to its
+        // own claims that fit no node (its members divide what a department reuses).
+        let reused: u64 = (shares.teams.iter().chain(&shares.departments))
+            .map(|t| u64::from(t.reused))
             .sum();
-        let idle = u64::from(pool.capacity).saturating_sub(requested - unplaceable);
+        let idle = u64::from(pool.capacity).saturating_sub(requested);
         prop_assert!(
-            lent <= idle + departments,
-            "lent {lent}, idle {idle}, departments' unused guarantees {departments}"
+            lent <= idle + departments + reused,
+            "lent {lent}, idle {idle}, departments' unused guarantees {departments}, reused \
+             {reused}"
         );
     }
 
     #[test]
     fn a_department_holding_the_whole_pool_divides_it_as_a_flat_pool(pool in pool_strategy(20)) {
-        // Not with claims that fit no node: the flat pool lends their devices beyond what is
-        // charged, while the department's limit (the pool) counts them as charged, as a team's
-        // limit does.
+        // Not with claims that fit no node: in the flat pool their own team reuses their
+        // devices; in the tree the department does, and its members divide them.
         let mut pool = pool;
         for n in pool.teams.iter_mut().flat_map(|t| &mut t.namespaces) {
             n.unplaceable = 0;

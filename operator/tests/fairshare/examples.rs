@@ -274,43 +274,54 @@ fn an_owner_whose_next_claim_is_larger_than_what_it_lacks_borrows_the_rest_of_it
 fn a_claim_that_fits_no_node_does_not_keep_its_teams_other_pods_waiting() {
     // language is guaranteed 32 and holds 24; its 8-GPU claim is made and charged, but the 8
     // free devices are spread over nodes, so it fits none. Its 1- and 4-GPU Pods wait beside
-    // it (13 waiting in all). research borrows 12 of speech's unused guarantee: the pool is
-    // over-lent. Counted by charge, nothing is idle and language's quota stays at 32 (24 + 8),
-    // so quota refuses the small Pods while 8 devices sit idle below its guarantee.
-    let pool = |stuck: u32| PoolInput {
+    // it (13 waiting in all). research borrows 12 of speech's unused guarantee. Counted by
+    // charge, nothing is idle and language's quota stays at 32 (24 + 8), so quota refuses the
+    // small Pods while 8 devices sit idle below its guarantee.
+    let pool = |language: NamespaceUsage, research: NamespaceUsage| PoolInput {
         departments: Vec::new(),
         capacity: 64,
         teams: vec![
-            team(
-                "language",
-                32,
-                80,
-                3,
-                vec![unplaceable(stuck, ns("language", 32, 24, 13))],
-            ),
-            team("research", 8, 48, 1, vec![ns("research", 20, 20, 0)]),
+            team("language", 32, 80, 3, vec![language]),
+            team("research", 8, 48, 1, vec![research]),
             team("speech", 24, 48, 2, vec![ns("speech", 12, 12, 0)]),
         ],
     };
-    let before = compute_pool(&pool(0));
+    let language = ns("language", 32, 24, 13);
+    let research = ns("research", 20, 20, 0);
+    let before = compute_pool(&pool(language.clone(), research.clone()));
     assert_eq!(before.idle, 0);
     assert_eq!(
         entitlements(&before),
         [("language", 32), ("research", 20), ("speech", 24)]
     );
-    // The devices its stuck claim is charged for are idle: language borrows the 5 its small
-    // Pods wait for, research (not below its guarantee) nothing.
-    let out = compute_pool(&pool(8));
-    assert_eq!(out.idle, 8);
+    // Its small Pods may use the 5 of them they wait for: they are within its guarantee.
+    let out = compute_pool(&pool(unplaceable(8, language.clone()), research));
+    assert_eq!(out.idle, 0);
     assert_eq!(
         entitlements(&out),
         [("language", 37), ("research", 20), ("speech", 24)]
     );
+    assert_eq!(share(&out, "language").reused, 5);
     assert_eq!(
         share(&out, "language").explanation.to_string(),
-        "32 guaranteed + 5 borrowed of 8 idle at weight 3/3, first: its Pods wait"
+        "32 guaranteed + 5 of the 8 its claims that fit no node are charged, for its other Pods; \
+         no idle device to borrow"
     );
     // The free devices cover what language lacks, counted: the engine asks nobody back (room
     // for the 8-GPU claim on one node is the placement's to order).
     assert!(out.reclaims.is_empty());
+
+    // research's Pods wait too, a 2-GPU one that would fit a node among them: they are
+    // language's, not research's to borrow.
+    let out = compute_pool(&pool(unplaceable(8, language), ns("research", 20, 20, 2)));
+    assert_eq!(
+        entitlements(&out),
+        [("language", 37), ("research", 20), ("speech", 24)]
+    );
+    // language holds 30: of the 8, only the 2 left of its guarantee are its small Pods'.
+    let out = compute_pool(&pool(
+        unplaceable(8, ns("language", 38, 30, 13)),
+        ns("research", 20, 20, 0),
+    ));
+    assert_eq!(share(&out, "language").reused, 2);
 }

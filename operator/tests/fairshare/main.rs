@@ -252,6 +252,39 @@ fn base_and_cap(t: &TeamShare, lendable: u64) -> (u64, u64) {
     (base, cap)
 }
 
+/// Rule 3a: a team's other waiting Pods reuse the devices its claims that fit no node are
+/// charged: as many as they need beyond what it holds and was lent (`lent`, in `out`'s order),
+/// within its limit and its guarantee, and never another team's.
+fn check_reuse(input: &PoolInput, out: &PoolShares, lent: &[u64]) {
+    for (t, &b) in out.teams.iter().zip(lent) {
+        let unplaceable: u64 = (input_of(input, &t.team).namespaces.iter())
+            .map(|n| u64::from(n.unplaceable.min(n.requested)))
+            .sum();
+        let base = u64::from(t.effective_guarantee.max(t.requested));
+        let waits = (u64::from(t.allocated) + u64::from(t.pending)).saturating_sub(base + b);
+        let room = u64::from(t.limit).saturating_sub(base + b);
+        let within =
+            u64::from(t.effective_guarantee).saturating_sub(u64::from(t.requested) - unplaceable);
+        assert_eq!(
+            u64::from(t.reused),
+            unplaceable.min(waits).min(room).min(within),
+            "{}: reuses {} of {unplaceable} its claims that fit no node are charged",
+            t.team,
+            t.reused
+        );
+        assert_eq!(
+            t.explanation.to_string().contains(&format!(
+                " + {} of the {unplaceable} its claims that fit no node are charged, for its \
+                 other Pods",
+                t.reused
+            )),
+            t.reused > 0,
+            "{}",
+            t.explanation
+        );
+    }
+}
+
 /// Every rule of docs/fair-sharing.md that holds for a single pool.
 fn check_pool(input: &PoolInput, out: &PoolShares) {
     let capacity = u64::from(input.capacity);
@@ -312,13 +345,8 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     // Rules 2 and 3: idle devices are lent, never twice, max-min fair by weight, all of them
     // unless every borrower is full. Lending limits keep part of the unused guarantees out of
     // the idle devices that are lent.
-    // Devices charged to claims that fit no node count as idle.
     let used_sum: u64 = out.teams.iter().map(|t| u64::from(t.requested)).sum();
-    let unplaceable_sum: u64 = (input.teams.iter())
-        .flat_map(|t| &t.namespaces)
-        .map(|n| u64::from(n.unplaceable.min(n.requested)))
-        .sum();
-    let idle = capacity.saturating_sub(used_sum - unplaceable_sum);
+    let idle = capacity.saturating_sub(used_sum);
     assert_eq!(u64::from(out.idle), idle);
     for t in &out.teams {
         assert_eq!(
@@ -368,7 +396,8 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
             (true, true) => cap.min(waits_for),
             (true, false) => 0,
         };
-        let b = u64::from(t.entitlement) - base;
+        // What it reuses of the devices charged to claims that fit no node is not lent.
+        let b = u64::from(t.entitlement) - base - u64::from(t.reused);
         assert!(b <= cap, "{} borrows {b} beyond its cap {cap}", t.team);
         lent_sum += b;
         lent.push((b, cap, u64::from(t.weight)));
@@ -376,13 +405,12 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     }
     // Never lent twice, and never a device a lending limit keeps.
     assert!(lent_sum <= pool, "lent {lent_sum} of {pool} lendable idle");
-    // What is lent comes from the owners' lendable unused guarantees, from the capacity
-    // nobody is guaranteed, and from the devices of claims that fit no node.
+    // What is lent comes from the owners' lendable unused guarantees and from the capacity
+    // nobody is guaranteed.
     let lendable_guarantees: u64 = out.teams.iter().map(lendable_of).sum();
     assert!(
-        lent_sum <= lendable_guarantees + (capacity - eg_sum) + unplaceable_sum,
-        "lent {lent_sum}: more than {lendable_guarantees} lendable guaranteed, {} unguaranteed \
-         and {unplaceable_sum} charged to claims that fit no node",
+        lent_sum <= lendable_guarantees + (capacity - eg_sum),
+        "lent {lent_sum}: more than {lendable_guarantees} lendable guaranteed and {} unguaranteed",
         capacity - eg_sum
     );
     if lent_sum < pool {
@@ -391,6 +419,7 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
             "lendable idle left while a team may borrow"
         );
     }
+    check_reuse(input, out, &lent.iter().map(|l| l.0).collect::<Vec<_>>());
     // Teams whose Pods wait borrow first, weighted max-min up to what they wait for. Only when
     // every such want is met is the rest lent, weighted max-min up to the caps, counting what
     // each team already borrowed: a team given more than it waits for sits no higher than the
@@ -700,7 +729,7 @@ proptest! {
         ),
     ) {
         // Every device allocated at once, as below, is a state that claims fitting no node
-        // never reach (their devices are lent while they wait): none here.
+        // never reach (their team's other Pods reuse their devices while they wait): none here.
         let mut pool = pool;
         for n in pool.teams.iter_mut().flat_map(|t| &mut t.namespaces) {
             n.unplaceable = 0;
@@ -762,7 +791,7 @@ fn random_pools_reach_every_regime() {
     let mut runner = TestRunner::deterministic();
     let (mut overcommitted, mut lending, mut reclaiming, mut over_lent, mut at_limit) =
         (0, 0, 0, 0, 0);
-    let (mut keeping, mut limited_lending, mut lending_unplaceable) = (0, 0, 0);
+    let (mut keeping, mut limited_lending, mut reusing) = (0, 0, 0);
     // Teams whose Pods wait borrow first: all the lendable devices, or their wants and more.
     let (mut waiting_take_all, mut waiting_then_others) = (0, 0);
     // Large pools, and small ones where a few teams' waiting Pods often want every idle device.
@@ -797,7 +826,7 @@ fn random_pools_reach_every_regime() {
         let lent: u32 = out
             .teams
             .iter()
-            .map(|t| t.entitlement - t.effective_guarantee.max(t.requested))
+            .map(|t| t.entitlement - t.effective_guarantee.max(t.requested) - t.reused)
             .sum();
         waiting_take_all += u32::from(
             lent > 0
@@ -810,9 +839,7 @@ fn random_pools_reach_every_regime() {
                 .any(|t| t.contains("lent first to teams whose Pods wait")),
         );
         keeping += u32::from(out.lendable < out.idle);
-        let charged_idle = (pool.teams.iter().flat_map(|t| &t.namespaces))
-            .any(|n| n.unplaceable.min(n.requested) > 0);
-        lending_unplaceable += u32::from(charged_idle && lent > 0);
+        reusing += u32::from(out.teams.iter().any(|t| t.reused > 0));
         limited_lending += u32::from(
             out.lendable < out.idle
                 && out
@@ -828,10 +855,7 @@ fn random_pools_reach_every_regime() {
         ("over-lent", over_lent),
         ("borrower at its limit", at_limit),
         ("keeping idle devices unlent", keeping),
-        (
-            "lending beside claims that fit no node",
-            lending_unplaceable,
-        ),
+        ("reusing what claims that fit no node are charged", reusing),
         ("lending beside devices kept unlent", limited_lending),
         (
             "lending all idle devices to teams whose Pods wait",

@@ -674,16 +674,26 @@ fn the_devices_of_a_claim_that_fits_no_node_leave_room_in_its_teams_quota() {
     assert_eq!(hard(&plan(&state), "owner")[key], "8");
     state.pending = vec![waiting(vec![8])];
     let planned = plan(&state);
-    let owner: u32 = hard(&planned, "owner")[key].parse().unwrap();
-    assert!(
-        owner >= 10,
-        "the owner's quota {owner} has no room for its 2-GPU Pod"
-    );
+    assert_eq!(hard(&planned, "owner")[key], "10");
     // Room on a node for the 8-GPU claim is still ordered from the borrower.
     let orders: Vec<(&str, u32, &str)> = (planned.reclaims.iter())
         .map(|r| (r.borrower.as_str(), r.devices, r.for_team.as_str()))
         .collect();
     assert_eq!(orders, [("borrower", 8, "owner")]);
+
+    // The borrower waits too, for a 4-GPU and a 1-GPU Pod: of the 8 the owner's claim is
+    // charged it may use none.
+    let mut both = state.clone();
+    both.pending.push(teamgpu::core::state::PendingDemand {
+        namespace: "borrower".into(),
+        devices: 5,
+        claims: vec![4, 1],
+        charged: Vec::new(),
+        ..waiting(Vec::new())
+    });
+    let planned = plan(&both);
+    assert_eq!(hard(&planned, "owner")[key], "10");
+    assert_eq!(hard(&planned, "borrower")[key], "24");
 
     // A node's claims end: the claim fits it, so its 8 count as used again. Idle are the 6
     // nobody is charged for (32 - 18 - 8): the owner borrows the 2 its Pod waits for first,

@@ -15,6 +15,10 @@ pub struct Explanation {
     pub(super) weight: u32,
     pub(super) requested: u32,
     pub(super) lent: u32,
+    /// Devices charged to its claims that fit no node that its other Pods may use (rule 3a).
+    pub(super) reused: u32,
+    /// Devices charged to its claims that fit no node.
+    pub(super) unplaceable: u32,
     pub(super) entitlement: u32,
     pub(super) idle: u32,
     pub(super) lendable: u32,
@@ -81,6 +85,13 @@ impl fmt::Display for Explanation {
                 self.lent, self.lendable, self.weight, self.borrower_weight
             )?;
             self.waiting_first(f)?;
+        }
+        if self.reused > 0 {
+            write!(
+                f,
+                " + {} of the {} its claims that fit no node are charged, for its other Pods",
+                self.reused, self.unplaceable
+            )?;
         }
         if self.requested > self.limit {
             write!(

@@ -20,6 +20,11 @@ pub(super) struct Lending {
     /// What is lent: `lendable`, or while over-lent what the waiting owners are not owed.
     pool: u64,
     lent: Vec<u64>,
+    /// Per team: devices charged to its claims that fit no node, which its other waiting Pods
+    /// may use meanwhile (rule 3a).
+    pub(super) reused: Vec<u64>,
+    /// Per team: the devices charged to its claims that fit no node.
+    unplaceable: Vec<u64>,
     borrower_weight: u64,
     /// Devices lent to teams for their waiting Pods, before the rest is lent by weight.
     to_waiting: u64,
@@ -30,7 +35,7 @@ pub(super) struct Lending {
 impl Lending {
     /// What team `i` may claim: what it holds without borrowing, plus what it is lent.
     pub(super) fn entitlement(&self, i: usize) -> u64 {
-        self.base[i] + self.lent[i]
+        self.base[i] + self.lent[i] + self.reused[i]
     }
 
     /// The numbers behind team `i`'s share (`team`, its effective guarantee `effective`, the
@@ -51,6 +56,8 @@ impl Lending {
             weight: team.weight,
             requested: to_u32(self.used[i]),
             lent: to_u32(self.lent[i]),
+            reused: to_u32(self.reused[i]),
+            unplaceable: to_u32(self.unplaceable[i]),
             entitlement: to_u32(self.entitlement(i)),
             idle: to_u32(self.idle),
             lendable: to_u32(self.pool),
@@ -90,10 +97,7 @@ pub(super) fn lend(
         .collect();
     let used_sum: u64 = used.iter().sum();
     let capacity = capacity.saturating_sub(level.withheld);
-    // A claim that fits no node is charged to its team, and its devices are idle all the same:
-    // they count as idle, or its team's other Pods wait beside them below the guarantee.
-    let unplaceable: u64 = (0..n).map(|i| teams[i].unplaceable.min(used[i])).sum();
-    let idle = capacity.saturating_sub(used_sum - unplaceable);
+    let idle = capacity.saturating_sub(used_sum);
     let base: Vec<u64> = (0..n).map(|i| effective[i].max(used[i])).collect();
     let (kept, reserved) = unlent(teams, &base, &used, level);
     let reserved_sum: u64 = reserved.iter().sum();
@@ -146,6 +150,11 @@ pub(super) fn lend(
     if !waiting_take_all {
         lent = water_fill_above(pool, &caps, &lent);
     }
+    let unplaceable: Vec<u64> = teams
+        .iter()
+        .map(|t| t.unplaceable.min(t.requested))
+        .collect();
+    let reused = reuse(teams, &unplaceable, effective, (&base, &lent), &waits_for);
     let weighed = if waiting_take_all { &wants } else { &caps };
     let borrower_weight: u64 = weighed
         .iter()
@@ -162,6 +171,8 @@ pub(super) fn lend(
         over_lent,
         pool,
         lent,
+        reused,
+        unplaceable,
         borrower_weight,
         to_waiting,
         wants: wants.iter().map(|w| w.0).collect(),
@@ -196,4 +207,28 @@ fn unlent(
         })
         .collect();
     (kept, reserved)
+}
+
+/// Rule 3a: a team's claims that fit no node are charged (`unplaceable`) while their devices
+/// sit idle. Its other waiting Pods may use them meanwhile: as many as they need beyond what it
+/// holds (`base`) and was `lent`, within its limit, and within its `effective` guarantee, so
+/// that nobody has to take them back while those claims wait. Nobody else's: other teams' Pods
+/// given room there made nodes harder to free for those claims, or were charged for room no
+/// node had, and were reclaimed (docs/fair-sharing.md).
+fn reuse(
+    teams: &[Team<'_>],
+    unplaceable: &[u64],
+    effective: &[u64],
+    (base, lent): (&[u64], &[u64]),
+    waits_for: &[u64],
+) -> Vec<u64> {
+    (0..teams.len())
+        .map(|i| {
+            let by_limit = u64::from(teams[i].limit).saturating_sub(base[i] + lent[i]);
+            let waits = waits_for[i].saturating_sub(lent[i]);
+            // What the team holds or is charged for besides those claims, under its guarantee.
+            let within = effective[i].saturating_sub(teams[i].requested - unplaceable[i]);
+            unplaceable[i].min(by_limit).min(waits).min(within)
+        })
+        .collect()
 }

@@ -84,7 +84,7 @@ pub struct NamespaceUsage {
     pub pending: u32,
     /// Of `requested`, the devices of claims that wait for a node and fit none (an 8-device
     /// claim while no node has 8 free): quota charges them, yet their devices sit idle, and
-    /// the idle devices count them free.
+    /// team's other waiting Pods may use them meanwhile (`TeamShare::reused`).
     pub unplaceable: u32,
 }
 
@@ -93,8 +93,7 @@ pub struct NamespaceUsage {
 pub struct PoolShares {
     /// Capacity the answer was computed for.
     pub capacity: u32,
-    /// Devices no claim holds: `capacity - sum of requested`, at least 0, plus what claims that
-    /// fit no node are charged (`NamespaceUsage::unplaceable`).
+    /// Devices not charged to any claim (`capacity - sum of requested`, at least 0).
     pub idle: u32,
     /// Idle devices other teams may borrow: `idle` minus the devices the teams' lending limits
     /// keep unlent (the sum of `TeamShare::reserved`), at least 0. Equals `idle` when no team
@@ -138,6 +137,10 @@ pub struct TeamShare {
     pub entitlement: u32,
     /// Part of the entitlement above the effective guarantee (`entitlement - effective_guarantee`).
     pub borrowed: u32,
+    /// Of the entitlement, devices charged to the team's claims that fit no node that its other
+    /// waiting Pods may use while those claims wait (rule 3a), within its guarantee and limit:
+    /// part of `borrowed` when the team is charged beyond its guarantee, but lent by nobody.
+    pub reused: u32,
     /// Devices requested by the team's claims (sum over namespaces).
     pub requested: u32,
     /// Devices allocated to the team's claims (sum over namespaces).
@@ -290,6 +293,7 @@ fn compute_level(input: &PoolInput, level: &LevelRules<'_>, out: &mut PoolShares
         share.reserved = to_u32(lending.reserved[i]);
         share.entitlement = to_u32(entitlement[i]);
         share.borrowed = to_u32(entitlement[i] - effective[i]);
+        share.reused = to_u32(lending.reused[i]);
         share.requested = to_u32(team.requested);
         share.allocated = to_u32(team.allocated);
         share.pending = to_u32(team.pending);

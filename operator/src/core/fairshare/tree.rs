@@ -57,10 +57,37 @@ struct Node<'a> {
     /// Children, in name order.
     children: Vec<usize>,
     /// What the node's subtree requests, holds and waits for.
+    used: Use,
+}
+
+/// What claims request and hold and Pods wait for, summed over namespaces.
+#[derive(Clone, Copy, Default)]
+struct Use {
     requested: u64,
     allocated: u64,
     pending: u64,
+    /// Of `requested`, charged to claims that fit no node.
     unplaceable: u64,
+}
+
+impl Use {
+    fn of(ns: &NamespaceUsage) -> Self {
+        Self {
+            requested: u64::from(ns.requested),
+            allocated: u64::from(ns.allocated),
+            pending: u64::from(ns.pending),
+            unplaceable: u64::from(ns.unplaceable.min(ns.requested)),
+        }
+    }
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            requested: self.requested + other.requested,
+            allocated: self.allocated + other.allocated,
+            pending: self.pending + other.pending,
+            unplaceable: self.unplaceable + other.unplaceable,
+        }
+    }
 }
 
 /// One level's answer: the children's shares, by node.
@@ -160,38 +187,22 @@ impl<'a> Tree<'a> {
     }
 
     /// Sums a subtree's use into its department (depth-first; the depth is bounded).
-    fn add_up(&mut self, i: usize) -> (u64, u64, u64, u64) {
+    fn add_up(&mut self, i: usize) -> Use {
         let sums = match self.nodes[i].kind {
-            Kind::Team(t) => t.namespaces.iter().fold((0, 0, 0, 0), |(r, a, p, u), ns| {
-                (
-                    r + u64::from(ns.requested),
-                    a + u64::from(ns.allocated),
-                    p + u64::from(ns.pending),
-                    u + u64::from(ns.unplaceable.min(ns.requested)),
-                )
-            }),
+            Kind::Team(t) => (t.namespaces.iter()).fold(Use::default(), |u, ns| u.add(Use::of(ns))),
             Kind::Department(_) => {
                 let children = self.nodes[i].children.clone();
-                children.into_iter().fold((0, 0, 0, 0), |(r, a, p, u), c| {
-                    let (cr, ca, cp, cu) = self.add_up(c);
-                    (r + cr, a + ca, p + cp, u + cu)
-                })
+                (children.into_iter()).fold(Use::default(), |u, c| u.add(self.add_up(c)))
             }
         };
-        let node = &mut self.nodes[i];
-        (
-            node.requested,
-            node.allocated,
-            node.pending,
-            node.unplaceable,
-        ) = sums;
+        self.nodes[i].used = sums;
         sums
     }
 
     /// The input of one level: `children` as teams of a pool of `capacity` devices, a
     /// department with what its members request, hold and wait for. Devices charged to claims
-    /// that fit no node count as idle at the `top` level only: below it they are already in the
-    /// department's entitlement, the capacity its members divide.
+    /// that fit no node are reused at the `top` level only: below it, what a department reuses
+    /// of them is already in its entitlement, the capacity its members divide.
     fn level_input(&self, children: &[usize], capacity: u32, top: bool) -> PoolInput {
         let teams = (children.iter())
             .map(|&c| {
@@ -215,10 +226,14 @@ impl<'a> Tree<'a> {
                         lending_limit: d.lending_limit,
                         namespaces: vec![NamespaceUsage {
                             namespace: d.name.clone(),
-                            requested: to_u32(node.requested),
-                            allocated: to_u32(node.allocated),
-                            pending: to_u32(node.pending),
-                            unplaceable: if top { to_u32(node.unplaceable) } else { 0 },
+                            requested: to_u32(node.used.requested),
+                            allocated: to_u32(node.used.allocated),
+                            pending: to_u32(node.used.pending),
+                            unplaceable: if top {
+                                to_u32(node.used.unplaceable)
+                            } else {
+                                0
+                            },
                         }],
                         parent: None,
                     },
@@ -318,7 +333,12 @@ impl<'a> Tree<'a> {
     /// children below their guarantee that wait, then the others that wait, in name order.
     fn receivers(&self, node: usize, devices: u64, levels: &Levels, ledger: &mut Ledger) {
         let Some((level, _)) = levels.get(&Some(node)) else {
-            let devices = devices.min(self.nodes[node].pending.saturating_sub(ledger.got[node]));
+            let devices = devices.min(
+                self.nodes[node]
+                    .used
+                    .pending
+                    .saturating_sub(ledger.got[node]),
+            );
             ledger.receive(self, node, devices);
             return;
         };
@@ -346,7 +366,7 @@ impl<'a> Tree<'a> {
     }
 
     fn allocated(&self, node: usize) -> u32 {
-        to_u32(self.nodes[node].allocated)
+        to_u32(self.nodes[node].used.allocated)
     }
 
     /// How deep `node` is (a top-level node is 1).
@@ -411,10 +431,7 @@ impl<'a> Node<'a> {
             kind,
             parent: None,
             children: Vec::new(),
-            requested: 0,
-            allocated: 0,
-            pending: 0,
-            unplaceable: 0,
+            used: Use::default(),
         }
     }
 }
@@ -509,8 +526,9 @@ impl Tree<'_> {
 /// the unused guarantees that may be lent, in proportion to them (D'Hondt, ties by name).
 fn lent_out(shares: &PoolShares, lendable: u64) -> Vec<u64> {
     let base = |t: &TeamShare| t.effective_guarantee.max(t.requested);
+    // What a team reuses of its own claims that fit no node is nobody else's.
     let borrowed: u64 = (shares.teams.iter())
-        .map(|t| u64::from(t.entitlement.saturating_sub(base(t))))
+        .map(|t| u64::from(t.entitlement.saturating_sub(base(t) + t.reused)))
         .sum();
     let held: u64 = shares.teams.iter().map(|t| u64::from(base(t))).sum();
     let nobodys = lendable.saturating_sub(held);
