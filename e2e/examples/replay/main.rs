@@ -243,7 +243,36 @@ async fn record(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let end = start.elapsed().as_secs_f64();
-    Ok((recorder.finish(), submitted, end))
+    let mut timeline = recorder.finish();
+    timeline.reclaimed = reclaim_notes(client, namespaces).await;
+    Ok((timeline, submitted, end))
+}
+
+/// By Pod (namespace, name), why the operator evicted it: the notes of its `Reclaimed` Events
+/// (read before the namespaces go; a failed list only leaves the notes out).
+async fn reclaim_notes(
+    client: &Client,
+    namespaces: &[String],
+) -> HashMap<(String, String), String> {
+    let mut notes = HashMap::new();
+    for namespace in namespaces {
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(client.clone(), namespace);
+        let Ok(events) = api.list(&kube::api::ListParams::default()).await else {
+            continue;
+        };
+        for event in events.items {
+            let pod = (event.regarding.as_ref())
+                .filter(|r| r.kind.as_deref() == Some("Pod"))
+                .and_then(|r| r.name.clone());
+            if let (Some(name), Some("Reclaimed"), Some(note)) =
+                (pod, event.reason.as_deref(), event.note)
+            {
+                notes.insert((namespace.clone(), name), note);
+            }
+        }
+    }
+    notes
 }
 
 /// Creates each job's Job at its time (each in a task of its own, so a slow request delays

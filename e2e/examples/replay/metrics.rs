@@ -586,9 +586,14 @@ fn evictions(
         let someone_waits = (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i));
         let victim_borrowed = held[team][i] > setting.teams[team].guaranteed;
         if !(someone_waits && victim_borrowed) {
+            let why = (timeline
+                .reclaimed
+                .get(&(pod.namespace.clone(), pod.name.clone())))
+            .map_or("no Reclaimed Event", String::as_str);
             eprintln!(
                 "replay: eviction no guarantee needed: {}/{} ({} GPUs) at {ended:.1} s, its team \
-                 held {} (guaranteed {}), another team below its guarantee: {someone_waits}",
+                 held {} (guaranteed {}), another team below its guarantee: {someone_waits}; the \
+                 operator: {why}",
                 pod.namespace, pod.job, pod.gpus, held[team][i], setting.teams[team].guaranteed
             );
         }

@@ -28,6 +28,7 @@ pub type Seconds = f64;
 #[derive(Debug, Clone, Default)]
 pub struct PodTrace {
     pub namespace: String,
+    pub name: String,
     pub job: String,
     pub gpus: u32,
     pub created: Seconds,
@@ -72,6 +73,9 @@ pub struct Timeline {
     pub quotas: BTreeMap<String, Vec<QuotaSample>>,
     /// (namespace, Job name) to when its `Complete` condition appeared.
     pub jobs_complete: HashMap<(String, String), Seconds>,
+    /// By Pod (namespace, name): the note of the operator's `Reclaimed` Event on it (why it
+    /// was evicted).
+    pub reclaimed: HashMap<(String, String), String>,
 }
 
 /// Watches running into a shared [`Timeline`] until [`Recorder::finish`].
@@ -201,6 +205,7 @@ async fn follow<K: Resource>(
 fn record_pod(timeline: &mut Timeline, _: &Scope, pod: &Pod, at: Seconds, deleted: bool) {
     let trace = (timeline.pods.entry(pod.uid().unwrap_or_default())).or_insert_with(|| PodTrace {
         namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
         job: pod.labels().get(JOB_LABEL).cloned().unwrap_or_default(),
         gpus: (pod.labels().get(GPUS_LABEL))
             .and_then(|g| g.parse().ok())
