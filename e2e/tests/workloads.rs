@@ -865,8 +865,8 @@ async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
     world.create_pod(&owner, pod("eval", &x2, None)).await;
     world.holds(&owner, 6, Duration::from_secs(30)).await;
     let served = asked.elapsed();
-    // What it holds (6) and what its waiting claim is charged (4): 2 beyond its guarantee,
-    // reused of the devices that claim is charged while it fits no node. The 4-GPU claim still
+    // What it holds (6, of its 8 guaranteed) and what its waiting claim is charged (4): 2 of
+    // them reused by the 2-GPU Pod while that claim fits no node. The 4-GPU claim still
     // waits, charged: 4 + 2 allocated, 4 waiting. (The quota settles there a moment after the
     // Pod is bound: while the 2-GPU Pod still waited it had room for it.)
     world.quota_reads(&owner, "10", "10").await;
@@ -876,12 +876,8 @@ async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
     world.quota_reads(&other, "8", "8").await;
     world.holds(&other, 8, CONVERGE).await;
     let other_claims = Api::<ResourceClaim>::namespaced(world.client.clone(), &other);
-    let owners: Vec<String> = (other_claims
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items)
-        .iter()
+    let made = other_claims.list(&ListParams::default()).await.unwrap();
+    let owners: Vec<String> = (made.items.iter())
         .flat_map(|c| c.owner_references().iter().map(|o| o.name.clone()))
         .collect();
     assert!(

@@ -659,7 +659,7 @@ fn a_claim_that_fits_no_node_is_reclaimed_for_though_the_pool_counts_enough_free
 fn the_devices_of_a_claim_that_fits_no_node_leave_room_in_its_teams_quota() {
     // The owner's 8-GPU claim waits charged; beside it a 2-GPU Pod waits, its claim refused.
     // Counted as used, the claim's 8 filled the owner's quota (8): the 2-GPU Pod waited below
-    // the guarantee beside 8 free devices. They are idle: the owner's quota has room for it.
+    // the guarantee beside 8 free devices. Its Pods may use them: the quota has room for it.
     let mut state = an_owner_whose_claim_fits_no_node(16);
     let waiting = |charged: Vec<u32>| teamgpu::core::state::PendingDemand {
         namespace: "owner".into(),
@@ -695,7 +695,7 @@ fn the_devices_of_a_claim_that_fits_no_node_leave_room_in_its_teams_quota() {
     assert_eq!(hard(&planned, "owner")[key], "10");
     assert_eq!(hard(&planned, "borrower")[key], "24");
 
-    // A node's claims end: the claim fits it, so its 8 count as used again. Idle are the 6
+    // A node's claims end: the claim fits it, so its 8 are nobody's to reuse. Idle are the 6
     // nobody is charged for (32 - 18 - 8): the owner borrows the 2 its Pod waits for first,
     // then 1 of the other 4, split by weight with the borrower (ties to the borrower's name).
     (state.claims).retain(|c| !c.metadata.name.as_deref().unwrap().starts_with("gpu-a-04"));

@@ -23,8 +23,6 @@ pub(super) struct Lending {
     /// Per team: devices charged to its claims that fit no node, which its other waiting Pods
     /// may use meanwhile (rule 3a).
     pub(super) reused: Vec<u64>,
-    /// Per team: the devices charged to its claims that fit no node.
-    unplaceable: Vec<u64>,
     borrower_weight: u64,
     /// Devices lent to teams for their waiting Pods, before the rest is lent by weight.
     to_waiting: u64,
@@ -57,7 +55,7 @@ impl Lending {
             requested: to_u32(self.used[i]),
             lent: to_u32(self.lent[i]),
             reused: to_u32(self.reused[i]),
-            unplaceable: to_u32(self.unplaceable[i]),
+            unplaceable: to_u32(team.unplaceable),
             entitlement: to_u32(self.entitlement(i)),
             idle: to_u32(self.idle),
             lendable: to_u32(self.pool),
@@ -150,11 +148,7 @@ pub(super) fn lend(
     if !waiting_take_all {
         lent = water_fill_above(pool, &caps, &lent);
     }
-    let unplaceable: Vec<u64> = teams
-        .iter()
-        .map(|t| t.unplaceable.min(t.requested))
-        .collect();
-    let reused = reuse(teams, &unplaceable, effective, (&base, &lent), &waits_for);
+    let reused = reuse(teams, effective, (&base, &lent), &waits_for);
     let weighed = if waiting_take_all { &wants } else { &caps };
     let borrower_weight: u64 = weighed
         .iter()
@@ -172,7 +166,6 @@ pub(super) fn lend(
         pool,
         lent,
         reused,
-        unplaceable,
         borrower_weight,
         to_waiting,
         wants: wants.iter().map(|w| w.0).collect(),
@@ -209,7 +202,7 @@ fn unlent(
     (kept, reserved)
 }
 
-/// Rule 3a: a team's claims that fit no node are charged (`unplaceable`) while their devices
+/// Rule 3a: a team's claims that fit no node are charged (`Team::unplaceable`) while their devices
 /// sit idle. Its other waiting Pods may use them meanwhile: as many as they need beyond what it
 /// holds (`base`) and was `lent`, within its limit, and within its `effective` guarantee, so
 /// that nobody has to take them back while those claims wait. Nobody else's: other teams' Pods
@@ -217,18 +210,17 @@ fn unlent(
 /// node had, and were reclaimed (docs/fair-sharing.md).
 fn reuse(
     teams: &[Team<'_>],
-    unplaceable: &[u64],
     effective: &[u64],
     (base, lent): (&[u64], &[u64]),
     waits_for: &[u64],
 ) -> Vec<u64> {
-    (0..teams.len())
-        .map(|i| {
-            let by_limit = u64::from(teams[i].limit).saturating_sub(base[i] + lent[i]);
+    (teams.iter().enumerate())
+        .map(|(i, t)| {
+            let by_limit = u64::from(t.limit).saturating_sub(base[i] + lent[i]);
             let waits = waits_for[i].saturating_sub(lent[i]);
             // What the team holds or is charged for besides those claims, under its guarantee.
-            let within = effective[i].saturating_sub(teams[i].requested - unplaceable[i]);
-            unplaceable[i].min(by_limit).min(waits).min(within)
+            let within = effective[i].saturating_sub(t.requested - t.unplaceable);
+            t.unplaceable.min(by_limit).min(waits).min(within)
         })
         .collect()
 }

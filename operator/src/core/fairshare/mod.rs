@@ -83,7 +83,7 @@ pub struct NamespaceUsage {
     /// allocated.
     pub pending: u32,
     /// Of `requested`, the devices of claims that wait for a node and fit none (an 8-device
-    /// claim while no node has 8 free): quota charges them, yet their devices sit idle, and
+    /// claim while no node has 8 free): quota charges them, yet their devices sit idle, and the
     /// team's other waiting Pods may use them meanwhile (`TeamShare::reused`).
     pub unplaceable: u32,
 }
@@ -199,7 +199,7 @@ struct Team<'a> {
     requested: u64,
     allocated: u64,
     pending: u64,
-    /// Of `requested`, charged to claims that fit no node.
+    /// Of `requested`, charged to claims that fit no node (at most `requested`).
     unplaceable: u64,
 }
 

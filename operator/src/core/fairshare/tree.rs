@@ -333,12 +333,8 @@ impl<'a> Tree<'a> {
     /// children below their guarantee that wait, then the others that wait, in name order.
     fn receivers(&self, node: usize, devices: u64, levels: &Levels, ledger: &mut Ledger) {
         let Some((level, _)) = levels.get(&Some(node)) else {
-            let devices = devices.min(
-                self.nodes[node]
-                    .used
-                    .pending
-                    .saturating_sub(ledger.got[node]),
-            );
+            let waits = self.nodes[node].used.pending;
+            let devices = devices.min(waits.saturating_sub(ledger.got[node]));
             ledger.receive(self, node, devices);
             return;
         };
