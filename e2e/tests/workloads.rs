@@ -172,6 +172,12 @@ impl World {
             .collect()
     }
 
+    /// Pod `name` of `ns` as the server has it.
+    async fn pod_named(&self, ns: &str, name: &str) -> Pod {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), ns);
+        pods.get(name).await.unwrap()
+    }
+
     /// The notes of the Events with `reason` in `ns`.
     async fn events(&self, ns: &str, reason: &str) -> Vec<String> {
         let events = Api::<Event>::namespaced(self.client.clone(), ns)
@@ -601,16 +607,12 @@ async fn the_claims_of_a_deleted_team_go_with_their_pods() {
     .await;
 }
 
-/// Issue 22's fragmentation: a borrower's 1-GPU Pods are spread over four 8-GPU nodes, 6 on
-/// each, so the pool has 8 free devices (2 per node) and the owner's 8-GPU claim fits no node.
-/// Counting, nothing would be short; reclaim evicts the 6 Pods of one node (the low-priority
-/// ones) and the owner's Pod is bound there, within 30 s of asking (3 s grace).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eight_gpu_claim_gets_a_whole_node_back_when_free_devices_are_scattered() {
-    // The fixture's four A100 SXM nodes (pools gpu-a-01 .. gpu-a-04), 8 GPUs each.
-    let Some(world) = World::with_policy("sxm", "NVIDIA A100-SXM4-80GB", &[1, 8]).await else {
-        return;
-    };
+/// The fixture's four A100 SXM nodes (pools gpu-a-01 .. gpu-a-04, 8 GPUs each), an owner
+/// guaranteed 8 that reclaims after 3 s, and a borrower guaranteed none (limit 32) running six
+/// 1-GPU Pods pinned to each node, 2 free on each; those on gpu-a-03's node (`low-gpu-a-03-N`)
+/// are low priority, the others high. Returns the world and the two namespaces.
+async fn scattered() -> Option<(World, String, String)> {
+    let world = World::with_policy("sxm", "NVIDIA A100-SXM4-80GB", &[1, 8]).await?;
     let owner = (world.team(
         "owner",
         json!({"guaranteed": 8, "limit": 8}),
@@ -618,31 +620,33 @@ async fn an_eight_gpu_claim_gets_a_whole_node_back_when_free_devices_are_scatter
     ))
     .await;
     let borrower = (world.team("borrower", json!({"guaranteed": 0, "limit": 32}), json!({}))).await;
-    let slices = Api::<ResourceSlice>::all(world.client.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let node_of = |pool: &str| {
-        (slices.items.iter())
-            .find(|s| s.spec.pool.name == pool)
-            .and_then(|s| s.spec.node_name.clone())
-            .unwrap_or_else(|| panic!("no slice of pool {pool}"))
-    };
-    // 6 one-GPU Pods pinned to each node; those on gpu-a-03's node are low priority.
-    for pool in ["gpu-a-01", "gpu-a-02", "gpu-a-03", "gpu-a-04"] {
-        let (prefix, class) = match pool {
+    let pinned = world.pinned().await;
+    for node in ["gpu-a-01", "gpu-a-02", "gpu-a-03", "gpu-a-04"] {
+        let (prefix, class) = match node {
             "gpu-a-03" => ("low", "teamgpu-e2e-low"),
             _ => ("high", "teamgpu-e2e-high"),
         };
         for i in 0..6 {
-            let mut p = pod(&format!("{prefix}-{pool}-{i}"), "sxm", Some(class));
-            let spec = p.spec.as_mut().unwrap();
-            spec.node_selector =
-                Some([("kubernetes.io/hostname".to_owned(), node_of(pool))].into());
+            let mut p = pinned(&format!("{prefix}-{node}-{i}"), "sxm", node);
+            p.spec.as_mut().unwrap().priority_class_name = Some(class.to_owned());
             world.create_pod(&borrower, p).await;
         }
     }
     world.holds(&borrower, 24, Duration::from_secs(60)).await;
+    Some((world, owner, borrower))
+}
+
+/// Issue 22's fragmentation: a borrower's 1-GPU Pods are spread over four 8-GPU nodes, 6 on
+/// each, so the pool has 8 free devices (2 per node) and the owner's 8-GPU claim fits no node.
+/// Counting, nothing would be short; reclaim evicts the 6 Pods of one node (the low-priority
+/// ones) and the owner's Pod is bound there, within 30 s of asking (3 s grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eight_gpu_claim_gets_a_whole_node_back_when_free_devices_are_scattered() {
+    let Some((world, owner, borrower)) = scattered().await else {
+        return;
+    };
+    let low_node =
+        (world.pod_named(&borrower, "low-gpu-a-03-0").await.spec).and_then(|s| s.node_name);
     let before = world.pods(&borrower).await;
 
     let asked = Instant::now();
@@ -669,7 +673,7 @@ async fn an_eight_gpu_claim_gets_a_whole_node_back_when_free_devices_are_scatter
     eventually("train bound", Duration::from_secs(10), || async {
         let p = train.get("train").await.map_err(|e| e.to_string())?;
         match p.spec.and_then(|s| s.node_name) {
-            Some(node) if node == node_of("gpu-a-03") => Ok(()),
+            Some(node) if Some(&node) == low_node.as_ref() => Ok(()),
             other => Err(format!("on {other:?}")),
         }
     })
@@ -696,6 +700,67 @@ async fn an_eight_gpu_claim_gets_a_whole_node_back_when_free_devices_are_scatter
         }
     })
     .await;
+    eprintln!("owner's 8-GPU Pod bound {restored:?} after asking (3 s grace)");
+}
+
+/// A borrower's 8-GPU Job was charged while the borrower could borrow and waits for a node; the
+/// owner then asks for its guarantee. The node reclaim empties for the owner would go to
+/// whichever of the two Pods the scheduler tries first, and a borrower that wins it is evicted
+/// again in the next round (the replay saw this take a guarantee 5-20 s longer). The queued Job
+/// is removed with the evictions instead: nothing of it had run, and its Pod made again waits
+/// for quota without a claim. The owner's Pod is bound on the emptied node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrowers_job_queued_for_a_node_does_not_take_the_room_made_for_the_owner() {
+    let Some((world, owner, borrower)) = scattered().await else {
+        return;
+    };
+    // The borrower may borrow the owner's unused 8: its 8-GPU Job's claim is made and charged,
+    // and fits no node.
+    world
+        .create_job(
+            &borrower,
+            job("sweep", 1, "sxm-x8", Some("teamgpu-e2e-high")),
+        )
+        .await;
+    world.quota_reads(&borrower, "32", "32").await;
+    let before = world.pods(&borrower).await;
+    let queued = of_job(&before, "sweep");
+    let low_pod = world.pod_named(&borrower, "low-gpu-a-03-0").await;
+    assert_eq!(queued.len(), 1, "{before:?}");
+
+    let asked = Instant::now();
+    world.create_pod(&owner, pod("train", "sxm-x8", None)).await;
+    world.holds(&owner, 8, Duration::from_secs(30)).await;
+    let restored = asked.elapsed();
+    let node_of = |pod: Pod| pod.spec.and_then(|s| s.node_name);
+    let train = Api::<Pod>::namespaced(world.client.clone(), &owner);
+    assert_eq!(
+        node_of(train.get("train").await.unwrap()),
+        node_of(low_pod),
+        "the owner's Pod is on the node the low-priority Pods ran on"
+    );
+    // The queued Pod is gone and told why; the 6 low-priority Pods went; the 18 others run.
+    let after = world.pods(&borrower).await;
+    let gone: BTreeSet<String> = before.difference(&after).map(|(n, _)| n.clone()).collect();
+    let mut expected: BTreeSet<String> = (0..6).map(|i| format!("low-gpu-a-03-{i}")).collect();
+    expected.extend(queued.iter().map(|(n, _)| n.clone()));
+    assert_eq!(gone, expected);
+    eventually("the queued Job's removal told", CONVERGE, || async {
+        let told = world.events(&borrower, "Dequeued").await;
+        let note = "sweep (1 Pod, waiting for 8 devices of sxm, priority teamgpu-e2e-high (1000)) \
+                    before it starts: borrower holds devices above its guarantee that owner \
+                    needs back";
+        if told.iter().any(|n| n.contains(note)) {
+            Ok(())
+        } else {
+            Err(format!("{told:?}"))
+        }
+    })
+    .await;
+    // Its Job makes the Pod again, and quota refuses its claim: the borrower holds 18 and is
+    // lent the 6 idle devices (32 - 8 - 18), 24 in all, 2 short of the 8-GPU claim.
+    world.holds(&borrower, 18, CONVERGE).await;
+    world.quota_reads(&borrower, "24", "18").await;
     eprintln!("owner's 8-GPU Pod bound {restored:?} after asking (3 s grace)");
 }
 

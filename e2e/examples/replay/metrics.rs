@@ -468,6 +468,24 @@ fn team_figures(
                     .sum::<f64>()
                     * STEP
             };
+            // Of the shortfall with no node for its Pods, what other teams held above their
+            // guarantees meanwhile (what reclaim could have taken to make room, at most).
+            let borrowed = |i: usize| -> u32 {
+                (setting.teams.iter().enumerate())
+                    .filter(|&(u, _)| u != t)
+                    .map(|(u, other)| held[u][i].saturating_sub(other.guaranteed))
+                    .sum()
+            };
+            let no_room_borrowed: f64 = (while_idle.iter().zip(&room[t]).enumerate())
+                .filter(|(_, (_, fit))| **fit == Fit::NoNode)
+                .map(|(i, (&o, _))| f64::from(o.min(borrowed(i))))
+                .sum::<f64>()
+                * STEP;
+            eprintln!(
+                "replay: {}: shortfall with no node for its Pods, of it while other teams held \
+                 as many above their guarantees: {no_room_borrowed:.0} GPU-s",
+                team.name
+            );
             // Where the shortfall with a node for the Pods went, by the oldest such Pod: on its
             // way, waiting for the scheduler with its claim, or for its claim (quota).
             eprintln!(

@@ -373,7 +373,7 @@ impl Executor {
     fn evicted(&self, e: &Eviction, error: Option<WriteError>, done: &mut Done) -> Vec<Effect> {
         let labels = EvictionLabels {
             team: e.order.borrower.clone(),
-            reason: "reclaim",
+            reason: if e.queued { "queued" } else { "reclaim" },
             sharing_policy: e.order.sharing_policy.clone(),
             for_team: e.order.for_team.clone(),
         };

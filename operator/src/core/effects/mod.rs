@@ -158,6 +158,9 @@ pub struct Eviction {
     pub priority: String,
     /// Namespaces of other teams whose Pods carry the same workload label (and stay).
     pub also_labelled_in: Vec<String>,
+    /// Its Pods have no node yet: they hold nothing, and go so as not to take the room made
+    /// for the waiting team ([`reclaim::workload::queued`]).
+    pub queued: bool,
     /// The reclaim the eviction serves; `devices` is what the waiting team is short.
     pub order: ReclaimOrder,
     /// Where the outcome is told, each with the prefix of its note: the Pods, the borrowing

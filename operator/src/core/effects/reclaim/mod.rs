@@ -21,7 +21,7 @@ use crate::core::plan::inventory::{DeviceId, PoolKey};
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
 use victims::{Borrower, Choice};
-use workload::{NodeOf, PodView, Workload, label_elsewhere, workloads};
+use workload::{NodeOf, PodView, Workload, label_elsewhere, queued, workloads};
 
 /// How soon a refused eviction (a PodDisruptionBudget) is tried again.
 const RETRY_REFUSED: Duration = Duration::from_secs(10);
@@ -130,14 +130,43 @@ impl ReclaimTracker {
             running.contains(&(namespace.as_str(), name.as_str()))
                 && now.duration_since(*at) < IN_FLIGHT_AT_MOST
         });
-        let evicted = |(namespace, name): &(Arc<str>, Arc<str>)| {
-            (self.evicted).contains_key(&(namespace.to_string(), name.to_string()))
-        };
         for w in borrowers.iter_mut().flat_map(|b| b.workloads.iter_mut()) {
-            if !w.terminating && !w.pods.is_empty() && w.pods.iter().all(evicted) {
+            if !w.terminating && !w.pods.is_empty() && w.pods.iter().all(|p| self.is_evicted(p)) {
                 w.terminating = true;
             }
         }
+    }
+
+    /// Whether the Eviction API evicted `pod` and the Pod cache does not show it going yet.
+    fn is_evicted(&self, (namespace, name): &(Arc<str>, Arc<str>)) -> bool {
+        (self.evicted).contains_key(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// The removal of the borrowers' workloads queued for room ([`queued`]) that the Eviction
+    /// API has not taken yet. They go before the evictions: the scheduler would give them the
+    /// room the evictions make (quota charged them while their team could borrow), and their
+    /// claims, made again, wait for quota now.
+    fn dequeue(
+        &self,
+        input: ReclaimInput<'_>,
+        policy: &str,
+        borrowers: &[Borrower],
+        order: &dyn Fn(&Borrower) -> ReclaimOrder,
+        waiting_namespaces: &[String],
+    ) -> Vec<Eviction> {
+        let class = objects::device_class_name(policy);
+        let mut out = Vec::new();
+        for b in borrowers {
+            let borrower = TeamInPlan::of(input.plan, &b.team);
+            for w in queued(input.pods, input.claims, borrower.namespaces, &class) {
+                if !w.pods.iter().all(|p| self.is_evicted(p)) {
+                    let mut e = eviction(input, order(b), &w, waiting_namespaces);
+                    e.queued = true;
+                    out.push(e);
+                }
+            }
+        }
+        out
     }
 
     fn wake_at(&mut self, at: Instant) {
@@ -227,15 +256,21 @@ impl ReclaimTracker {
                     }));
                 out.events.push(note);
             }
-            out.evictions.extend(choice.evict.iter().map(|(b, w)| {
-                let order = ReclaimOrder {
-                    sharing_policy: policy.clone(),
-                    borrower: borrowers[*b].team.clone(),
-                    devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
-                    for_team: team.name.to_owned(),
-                };
-                eviction(input, order, w, team.namespaces)
-            }));
+            let order = |borrower: &Borrower| ReclaimOrder {
+                sharing_policy: policy.clone(),
+                borrower: borrower.team.clone(),
+                devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
+                for_team: team.name.to_owned(),
+            };
+            let queued = self.dequeue(input, policy, &borrowers, &order, team.namespaces);
+            let taken: Vec<String> = out.evictions.iter().map(|e| e.workload.clone()).collect();
+            (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.workload)));
+            out.evictions.extend(
+                choice
+                    .evict
+                    .iter()
+                    .map(|(b, w)| eviction(input, order(&borrowers[*b]), w, team.namespaces)),
+            );
         }
         self.released.retain(|_, (_, seen)| *seen == now);
         out
@@ -358,6 +393,7 @@ fn eviction(
         devices: w.devices,
         priority: priority_text(w),
         also_labelled_in: shared_label,
+        queued: false,
         order,
         notify,
     }
@@ -417,8 +453,9 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         1 => "1 Pod".to_owned(),
         n => format!("{n} Pods"),
     };
+    let holds = if e.queued { "waiting for " } else { "" };
     let what = format!(
-        "{} ({pods}, {} devices of {}, priority {})",
+        "{} ({pods}, {holds}{} devices of {}, priority {})",
         e.workload, e.devices, order.sharing_policy, e.priority
     );
     let elsewhere = if e.also_labelled_in.is_empty() {
@@ -431,6 +468,16 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         )
     };
     let (reason, note) = match outcome {
+        Ok(()) if e.queued => (
+            "Dequeued",
+            format!(
+                "removing {what} before it starts: {} holds devices above its guarantee that {} \
+                 needs back ({} short), and the scheduler would give this workload the room \
+                 reclaim makes; no work is lost, its controller makes its Pods again and their \
+                 claims wait for quota{elsewhere}",
+                order.borrower, order.for_team, order.devices
+            ),
+        ),
         Ok(()) => (
             "Reclaimed",
             format!(

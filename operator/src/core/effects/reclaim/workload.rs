@@ -49,6 +49,11 @@ pub struct PodView {
     pub terminating: bool,
     /// The devices its containers report unhealthy (almost always none).
     pub unhealthy: Box<[crate::core::plan::inventory::ExtraTaint]>,
+    /// Whether the scheduler gave it a node (`spec.nodeName`).
+    pub bound: bool,
+    /// The claims it uses while it has no node: named in its spec, or made for it from a
+    /// template (its status names them once made). Empty once it has a node.
+    pub queued_claims: Box<[Arc<str>]>,
 }
 
 impl PodView {
@@ -81,6 +86,17 @@ impl PodView {
             }
         };
         let spec = pod.spec.as_ref();
+        let bound = spec.is_some_and(|s| s.node_name.is_some());
+        let generated = crate::core::plan::pending::generated_claim_names(pod);
+        let queued_claims = (spec.iter())
+            .flat_map(|s| s.resource_claims.iter().flatten())
+            .filter(|_| !bound)
+            .filter_map(|entry| {
+                (entry.resource_claim_name.as_deref())
+                    .or_else(|| generated.get(entry.name.as_str()).copied().flatten())
+            })
+            .map(|name| names.intern(name))
+            .collect();
         PodView {
             namespace: names.intern(pod.metadata.namespace.as_deref().unwrap_or_default()),
             name: Arc::from(pod.metadata.name.as_deref().unwrap_or_default()),
@@ -94,6 +110,8 @@ impl PodView {
                 .map(|t| t.0),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             unhealthy: crate::core::plan::taints::unhealthy(pod).into(),
+            bound,
+            queued_claims,
         }
     }
 }
@@ -196,27 +214,72 @@ pub fn workloads(
         .iter()
         .filter_map(|(scope, pods)| {
             let nodes = devices.get(scope)?;
-            let top = pods.iter().max_by_key(|p| p.priority)?;
-            let mut names: Vec<_> = (pods.iter())
-                .map(|p| (p.namespace.clone(), p.name.clone()))
-                .collect();
-            names.sort();
-            Some(Workload {
-                name: describe(scope),
-                label: match scope {
-                    Scope::Team(label) => Some(label.clone()),
-                    _ => None,
-                },
-                pods: names,
-                devices: nodes.values().sum(),
-                nodes: nodes.iter().map(|(n, d)| (n.clone(), *d)).collect(),
-                priority: top.priority,
-                priority_class: top.priority_class.clone(),
-                started: pods.iter().filter_map(|p| p.started).min(),
-                terminating: pods.iter().all(|p| p.terminating),
-            })
+            let mut w = assemble(scope, pods)?;
+            w.devices = nodes.values().sum();
+            w.nodes = nodes.iter().map(|(n, d)| (n.clone(), *d)).collect();
+            w.started = pods.iter().filter_map(|p| p.started).min();
+            w.terminating = pods.iter().all(|p| p.terminating);
+            Some(w)
         })
         .chain(released)
+        .collect()
+}
+
+/// The workload of `pods` (one scope's), holding nothing yet.
+fn assemble(scope: &Scope, pods: &[&PodView]) -> Option<Workload> {
+    let top = pods.iter().max_by_key(|p| p.priority)?;
+    let mut names: Vec<_> = (pods.iter())
+        .map(|p| (p.namespace.clone(), p.name.clone()))
+        .collect();
+    names.sort();
+    Some(Workload {
+        name: describe(scope),
+        label: match scope {
+            Scope::Team(label) => Some(label.clone()),
+            _ => None,
+        },
+        pods: names,
+        devices: 0,
+        nodes: Vec::new(),
+        priority: top.priority,
+        priority_class: top.priority_class.clone(),
+        started: None,
+        terminating: false,
+    })
+}
+
+/// The workloads in `namespaces` (one team's) queued for room: none of their Pods has a node,
+/// and quota charged their claims for devices of `class` that are not allocated yet. They
+/// hold no device, but the scheduler may give them the room an eviction makes for another team;
+/// removing them loses no work. `devices` is what they are charged.
+pub fn queued(
+    pods: &[Arc<PodView>],
+    claims: &[Arc<ClaimView>],
+    namespaces: &[String],
+    class: &str,
+) -> Vec<Workload> {
+    let in_team = |ns: &str| namespaces.iter().any(|n| n == ns);
+    let charged: BTreeMap<(&str, &str), u64> = (claims.iter())
+        .filter(|c| in_team(&c.namespace) && !c.allocated)
+        .filter_map(|c| {
+            let (_, n) = c.charge.iter().find(|(k, _)| **k == *class)?;
+            Some(((&*c.namespace, &*c.name), *n))
+        })
+        .collect();
+    let mut by_scope: BTreeMap<Scope, Vec<&PodView>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| in_team(&p.namespace)) {
+        by_scope.entry(scope_of(pod)).or_default().push(pod);
+    }
+    (by_scope.iter())
+        .filter(|(_, pods)| pods.iter().all(|p| !p.bound && !p.terminating))
+        .filter_map(|(scope, pods)| {
+            let devices: u64 = (pods.iter())
+                .flat_map(|p| p.queued_claims.iter().map(move |c| (&*p.namespace, &**c)))
+                .filter_map(|key| charged.get(&key))
+                .sum();
+            let w = assemble(scope, pods).filter(|_| devices > 0)?;
+            Some(Workload { devices, ..w })
+        })
         .collect()
 }
 
