@@ -160,6 +160,15 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
     let room = room_series(setting, timeline, &most_free);
     let mut teams = team_figures(setting, &held, &demand, &room);
     let evictions = evictions(setting, timeline, &held, &demand);
+    let mut replaced = replacement_delays(timeline);
+    replaced.sort_by(f64::total_cmp);
+    eprintln!(
+        "replay: an evicted Pod's replacement created after it went, s: p50 {:.1}, max {:.1} \
+         ({} of them)",
+        quantile(&replaced, 0.5).unwrap_or(0.0),
+        replaced.last().copied().unwrap_or(0.0),
+        replaced.len()
+    );
     for (team, _) in &evictions {
         teams[*team].evictions += 1;
     }
@@ -565,6 +574,22 @@ pub fn weighted_max_min(capacity: f64, floors: &[f64], caps: &[f64], weights: &[
         }
     }
     share(low)
+}
+
+/// For each Pod evicted (or deleted) while bound and unfinished, the seconds until the job
+/// controller made the next Pod of its Job.
+fn replacement_delays(timeline: &Timeline) -> Vec<f64> {
+    let evicted = (timeline.pods.values())
+        .filter(|p| p.bound.is_some() && p.succeeded.is_none())
+        .filter_map(|p| Some((p, p.disrupted.or(p.deleting)?)));
+    evicted
+        .filter_map(|(pod, gone)| {
+            (timeline.pods.values())
+                .filter(|p| p.namespace == pod.namespace && p.job == pod.job && p.created >= gone)
+                .map(|p| p.created - gone)
+                .min_by(f64::total_cmp)
+        })
+        .collect()
 }
 
 /// One evicted Pod.
