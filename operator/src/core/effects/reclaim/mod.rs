@@ -263,8 +263,10 @@ impl ReclaimTracker {
                 for_team: team.name.to_owned(),
             };
             let queued = self.dequeue(input, policy, &borrowers, &order, team.namespaces);
-            let taken: Vec<String> = out.evictions.iter().map(|e| e.workload.clone()).collect();
-            (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.workload)));
+            // Asked for already for another waiting team: by its Pods (a label's name is the
+            // same in two teams).
+            let taken: Vec<_> = out.evictions.iter().map(|e| e.pods.clone()).collect();
+            (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.pods)));
             out.evictions.extend(
                 choice
                     .evict

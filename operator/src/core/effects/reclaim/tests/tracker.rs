@@ -445,3 +445,31 @@ fn a_borrowers_workloads_queued_for_room_go_with_the_evictions_and_lose_no_work(
         .collect();
     assert_eq!(what, ["Job b/g"], "g's eviction did not land: asked again");
 }
+
+#[test]
+fn a_queued_workload_is_asked_for_once_when_two_teams_wait_on_its_borrower() {
+    let (mut pods, mut claims) = cluster();
+    pods.extend(views(&[queued_pod("b", "q-0", "q", Some("q-0-gpu"))]));
+    claims.push(unallocated("b", "q-0-gpu", 8));
+    let second = ReclaimOrder {
+        for_team: "owner2".into(),
+        ..order()
+    };
+    let mut plan = plan();
+    plan.reclaims.push(second);
+    plan.teams.push(TeamReport {
+        name: "owner2".into(),
+        namespaces: vec!["o2".into()],
+        ..TeamReport::default()
+    });
+    let mut waiting = Waiting::new();
+    let reclaim = json!({"enabled": true, "gracePeriodSeconds": 30});
+    waiting.teams.push(team("owner2", reclaim));
+    waiting.reclaimed_in(&plan, 0, (pods.clone(), claims.clone()));
+    let reclaimed = waiting.reclaimed_in(&plan, 30, (pods, claims));
+    let queued: Vec<&str> = (reclaimed.evictions.iter())
+        .filter(|e| e.queued)
+        .map(|e| e.workload.as_str())
+        .collect();
+    assert_eq!(queued, ["Job b/q"]);
+}
