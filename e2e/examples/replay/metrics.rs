@@ -965,6 +965,71 @@ mod tests {
     }
 
     #[test]
+    fn an_evicted_pods_replacement_is_timed_from_its_eviction_to_the_next_pod_of_its_job() {
+        let pod = |job: &str, created: f64, bound: Option<f64>| PodTrace {
+            namespace: "a-vision".into(),
+            job: job.into(),
+            gpus: 8,
+            created,
+            bound,
+            ..PodTrace::default()
+        };
+        let timeline = Timeline {
+            pods: HashMap::from([
+                // Evicted at 20 s (a DisruptionTarget, then deleted); replaced at 29.4 s, and
+                // that replacement evicted at 40 s and replaced at 60 s.
+                (
+                    "a1".into(),
+                    PodTrace {
+                        disrupted: Some(20.0),
+                        deleting: Some(20.1),
+                        ..pod("a", 10.0, Some(10.5))
+                    },
+                ),
+                (
+                    "a2".into(),
+                    PodTrace {
+                        deleting: Some(40.0),
+                        ..pod("a", 29.4, Some(30.0))
+                    },
+                ),
+                ("a3".into(), pod("a", 60.0, None)),
+                // Succeeded, not evicted; and a Pod deleted before it was bound (not an eviction).
+                (
+                    "b1".into(),
+                    PodTrace {
+                        succeeded: Some(30.0),
+                        ..pod("b", 10.0, Some(11.0))
+                    },
+                ),
+                ("b2".into(), pod("b", 31.0, None)),
+                (
+                    "c1".into(),
+                    PodTrace {
+                        deleting: Some(15.0),
+                        ..pod("c", 10.0, None)
+                    },
+                ),
+                ("c2".into(), pod("c", 16.0, None)),
+                // Evicted at the end of the run, never replaced.
+                (
+                    "d1".into(),
+                    PodTrace {
+                        deleting: Some(55.0),
+                        ..pod("d", 10.0, Some(11.0))
+                    },
+                ),
+            ]),
+            ..Timeline::default()
+        };
+        let mut delays: Vec<f64> = (replacement_delays(&timeline).iter())
+            .map(|s| (s * 10.0).round() / 10.0)
+            .collect();
+        delays.sort_by(f64::total_cmp);
+        assert_eq!(delays, vec![9.4, 20.0]);
+    }
+
+    #[test]
     fn water_fills_by_weight_above_the_floors_up_to_the_caps() {
         // 10 devices; a wants 8 at weight 1, b wants 8 at weight 4, c is guaranteed 3.
         let shares = weighted_max_min(10.0, &[0.0, 0.0, 3.0], &[8.0, 8.0, 3.0], &[1.0, 4.0, 1.0]);
