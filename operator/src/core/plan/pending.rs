@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodResourceClaim};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::jiff::Timestamp;
 
@@ -33,6 +33,18 @@ pub fn generated_claim_names(pod: &Pod) -> BTreeMap<&str, Option<&str>> {
         .flat_map(|s| s.resource_claim_statuses.iter().flatten())
         .map(|s| (s.name.as_str(), s.resource_claim_name.as_deref()))
         .collect()
+}
+
+/// Each of `pod`'s `spec.resourceClaims` entries with the claim it uses: the one it names, or
+/// the one the resourceclaim controller made for it from its template (`None` before that).
+pub fn pod_claims(pod: &Pod) -> impl Iterator<Item = (&PodResourceClaim, Option<&str>)> {
+    let generated = generated_claim_names(pod);
+    (pod.spec.iter())
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .map(move |entry| {
+            let made = || generated.get(entry.name.as_str()).copied().flatten();
+            (entry, entry.resource_claim_name.as_deref().or_else(made))
+        })
 }
 
 /// What pending demand reads of a Pending Pod. A Pod that is not Pending, or asks for no
@@ -65,13 +77,9 @@ impl PendingPodView {
     pub fn project(pod: &Pod) -> Self {
         let meta = &pod.metadata;
         let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
-        let generated = generated_claim_names(pod);
-        let entries = (pod.spec.iter()).flat_map(|s| s.resource_claims.iter().flatten());
-        let claims = (entries.filter(|_| pending))
-            .map(|entry| PodClaim {
-                claim: (entry.resource_claim_name.as_deref())
-                    .or_else(|| generated.get(entry.name.as_str()).copied().flatten())
-                    .map(str::to_owned),
+        let claims = (pod_claims(pod).filter(|_| pending))
+            .map(|(entry, claim)| PodClaim {
+                claim: claim.map(str::to_owned),
                 template: entry.resource_claim_template_name.clone(),
             })
             .collect();

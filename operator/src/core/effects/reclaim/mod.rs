@@ -142,31 +142,25 @@ impl ReclaimTracker {
         (self.evicted).contains_key(&(namespace.to_string(), name.to_string()))
     }
 
-    /// The removal of the borrowers' workloads queued for room ([`queued`]) that the Eviction
-    /// API has not taken yet. They go before the evictions: the scheduler would give them the
-    /// room the evictions make (quota charged them while their team could borrow), and their
-    /// claims, made again, wait for quota now.
+    /// The removal of the borrowers' workloads queued for room that the Eviction API has not
+    /// taken yet. They go before the evictions: the scheduler would give them the room the
+    /// evictions make (quota charged them while their team could borrow), and their claims,
+    /// made again, wait for quota now.
     fn dequeue(
         &self,
         input: ReclaimInput<'_>,
-        policy: &str,
         borrowers: &[Borrower],
         order: &dyn Fn(&Borrower) -> ReclaimOrder,
         waiting_namespaces: &[String],
     ) -> Vec<Eviction> {
-        let class = objects::device_class_name(policy);
-        let mut out = Vec::new();
-        for b in borrowers {
-            let borrower = TeamInPlan::of(input.plan, &b.team);
-            for w in queued(input.pods, input.claims, borrower.namespaces, &class) {
-                if !w.pods.iter().all(|p| self.is_evicted(p)) {
-                    let mut e = eviction(input, order(b), &w, waiting_namespaces);
-                    e.queued = true;
-                    out.push(e);
-                }
-            }
-        }
-        out
+        (borrowers.iter())
+            .flat_map(|b| b.queued.iter().map(move |w| (b, w)))
+            .filter(|(_, w)| !w.pods.iter().all(|p| self.is_evicted(p)))
+            .map(|(b, w)| Eviction {
+                queued: true,
+                ..eviction(input, order(b), w, waiting_namespaces)
+            })
+            .collect()
     }
 
     fn wake_at(&mut self, at: Instant) {
@@ -262,7 +256,7 @@ impl ReclaimTracker {
                 devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
                 for_team: team.name.to_owned(),
             };
-            let queued = self.dequeue(input, policy, &borrowers, &order, team.namespaces);
+            let queued = self.dequeue(input, &borrowers, &order, team.namespaces);
             // Asked for already for another waiting team: by its Pods (a label's name is the
             // same in two teams).
             let taken: Vec<_> = out.evictions.iter().map(|e| e.pods.clone()).collect();
@@ -334,6 +328,7 @@ fn borrowers(
                 owes: order.devices.into(),
                 above_guarantee,
                 workloads: workloads(input.pods, input.claims, team.namespaces, (&class, node_of)),
+                queued: queued(input.pods, input.claims, team.namespaces, &class),
             };
             (weight, borrower)
         })

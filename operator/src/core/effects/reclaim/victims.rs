@@ -29,6 +29,9 @@ pub struct Borrower {
     pub above_guarantee: u64,
     /// Its workloads holding devices of the pool.
     pub workloads: Vec<Workload>,
+    /// Its workloads queued for room ([`super::workload::queued`]): they hold nothing, are
+    /// not chosen among, and go before those chosen.
+    pub queued: Vec<Workload>,
 }
 
 /// What reclaim takes for one waiting team, now.

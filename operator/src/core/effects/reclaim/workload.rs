@@ -87,15 +87,9 @@ impl PodView {
         };
         let spec = pod.spec.as_ref();
         let bound = spec.is_some_and(|s| s.node_name.is_some());
-        let generated = crate::core::plan::pending::generated_claim_names(pod);
-        let queued_claims = (spec.iter())
-            .flat_map(|s| s.resource_claims.iter().flatten())
+        let queued_claims = (crate::core::plan::pending::pod_claims(pod))
             .filter(|_| !bound)
-            .filter_map(|entry| {
-                (entry.resource_claim_name.as_deref())
-                    .or_else(|| generated.get(entry.name.as_str()).copied().flatten())
-            })
-            .map(|name| names.intern(name))
+            .filter_map(|(_, claim)| claim.map(|name| names.intern(name)))
             .collect();
         PodView {
             namespace: names.intern(pod.metadata.namespace.as_deref().unwrap_or_default()),
@@ -180,13 +174,10 @@ pub fn workloads(
     (class, node_of): (&str, NodeOf),
 ) -> Vec<Workload> {
     let in_team = |ns: &str| namespaces.iter().any(|n| n == ns);
-    let mut by_scope: BTreeMap<Scope, Vec<&PodView>> = BTreeMap::new();
-    let mut scope_of_pod: BTreeMap<(&str, &str), Scope> = BTreeMap::new();
-    for pod in pods.iter().filter(|p| in_team(&p.namespace)) {
-        let scope = scope_of(pod);
-        scope_of_pod.insert((&pod.namespace, &pod.name), scope.clone());
-        by_scope.entry(scope).or_default().push(pod);
-    }
+    let by_scope = by_scope(pods, namespaces);
+    let scope_of_pod: BTreeMap<(&str, &str), &Scope> = (by_scope.iter())
+        .flat_map(|(scope, pods)| pods.iter().map(move |p| ((&*p.namespace, &*p.name), scope)))
+        .collect();
     let mut devices: BTreeMap<&Scope, BTreeMap<Option<Arc<str>>, u64>> = BTreeMap::new();
     let mut released = Vec::new();
     for claim in claims.iter().filter(|c| in_team(&c.namespace)) {
@@ -200,10 +191,10 @@ pub fn workloads(
             released.push(released_claim(claim, &held, node_of));
             continue;
         }
-        let Some(Some(first)) = holders.next() else {
+        let Some(Some(&first)) = holders.next() else {
             continue;
         };
-        if !held.is_empty() && holders.all(|s| s == Some(first)) {
+        if !held.is_empty() && holders.all(|s| s == Some(&first)) {
             let nodes = devices.entry(first).or_default();
             for id in held {
                 *nodes.entry(node_of(id)).or_default() += 1;
@@ -223,6 +214,21 @@ pub fn workloads(
         })
         .chain(released)
         .collect()
+}
+
+/// The Pods of `namespaces` (one team's) by the workload they belong to.
+fn by_scope<'p>(
+    pods: &'p [Arc<PodView>],
+    namespaces: &[String],
+) -> BTreeMap<Scope, Vec<&'p PodView>> {
+    let mut out: BTreeMap<Scope, Vec<&PodView>> = BTreeMap::new();
+    for pod in pods
+        .iter()
+        .filter(|p| namespaces.iter().any(|n| **n == *p.namespace))
+    {
+        out.entry(scope_of(pod)).or_default().push(pod);
+    }
+    out
 }
 
 /// The workload of `pods` (one scope's), holding nothing yet.
@@ -266,11 +272,7 @@ pub fn queued(
             Some(((&*c.namespace, &*c.name), *n))
         })
         .collect();
-    let mut by_scope: BTreeMap<Scope, Vec<&PodView>> = BTreeMap::new();
-    for pod in pods.iter().filter(|p| in_team(&p.namespace)) {
-        by_scope.entry(scope_of(pod)).or_default().push(pod);
-    }
-    (by_scope.iter())
+    (by_scope(pods, namespaces).iter())
         .filter(|(_, pods)| pods.iter().all(|p| !p.bound && !p.terminating))
         .filter_map(|(scope, pods)| {
             let devices: u64 = (pods.iter())

@@ -96,6 +96,7 @@ fn borrower(team: &str, owes: u64, above_guarantee: u64, workloads: Vec<Workload
         owes,
         above_guarantee,
         workloads,
+        queued: Vec::new(),
     }
 }
 
