@@ -732,13 +732,21 @@ async fn a_borrowers_job_queued_for_a_node_does_not_take_the_room_made_for_the_o
     world.create_pod(&owner, pod("train", "sxm-x8", None)).await;
     world.holds(&owner, 8, Duration::from_secs(30)).await;
     let restored = asked.elapsed();
-    let node_of = |pod: Pod| pod.spec.and_then(|s| s.node_name);
+    // The claim is allocated a moment before the Pod is bound.
+    let low_node = low_pod.spec.and_then(|s| s.node_name);
     let train = Api::<Pod>::namespaced(world.client.clone(), &owner);
-    assert_eq!(
-        node_of(train.get("train").await.unwrap()),
-        node_of(low_pod),
-        "the owner's Pod is on the node the low-priority Pods ran on"
-    );
+    eventually(
+        "train bound where the low-priority Pods ran",
+        CONVERGE,
+        || async {
+            let p = train.get("train").await.map_err(|e| e.to_string())?;
+            match p.spec.and_then(|s| s.node_name) {
+                Some(node) if Some(&node) == low_node.as_ref() => Ok(()),
+                other => Err(format!("on {other:?}")),
+            }
+        },
+    )
+    .await;
     // The queued Pod is gone and told why; the 6 low-priority Pods went; the 18 others run.
     let after = world.pods(&borrower).await;
     let gone: BTreeSet<String> = before.difference(&after).map(|(n, _)| n.clone()).collect();
