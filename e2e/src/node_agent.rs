@@ -1,10 +1,11 @@
 //! The API part of a kubelet, in the manner of kwok, for a control plane with none (see
 //! [`crate::control_plane`]): without it there are no Nodes, scheduled Pods stay `Pending` and
 //! deleted ones `Terminating`, so evictions, rollouts and namespace deletion never complete. The
-//! [`NodeAgent`] makes Ready Nodes, reports the Pods bound to them `Running` and deletes the
-//! terminating ones for good. No container ever runs, but a Pod annotated
-//! [`RUN_SECONDS_ANNOTATION`] "finishes": it is reported `Succeeded` that long after it was
-//! reported `Running`, so batch Jobs complete (the workload replay, `examples/replay`).
+//! [`NodeAgent`] makes Ready Nodes, reports the Pods bound to them `Running`, and reports the
+//! terminating ones `Failed` (as a kubelet reports a Pod it stopped) and deletes them for good.
+//! No container ever runs, but a Pod annotated [`RUN_SECONDS_ANNOTATION`] "finishes": it is
+//! reported `Succeeded` that long after it was reported `Running`, so batch Jobs complete (the
+//! workload replay, `examples/replay`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::OnceLock;
@@ -263,6 +264,20 @@ async fn act(client: Client, pod: Pod) {
     let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
     for attempt in 0..5 {
         let result = if pod.metadata.deletion_timestamp.is_some() {
+            // A kubelet reports a Pod it stopped Failed before it goes (unless it finished): a
+            // Job with a podFailurePolicy replaces a Pod only once it is terminal.
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if !matches!(phase, Some("Succeeded" | "Failed"))
+                && pod.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+            {
+                let status = Patch::Merge(json!({"status": {"phase": "Failed"}}));
+                if let Err(error) = pods
+                    .patch_status(&name, &PatchParams::default(), &status)
+                    .await
+                {
+                    tracing::debug!(%error, %name, "node agent: could not report a Pod Failed");
+                }
+            }
             // The uid precondition spares a re-created Pod of the same name.
             let params = DeleteParams {
                 grace_period_seconds: Some(0),

@@ -128,7 +128,9 @@ impl Requests {
     }
 
     /// Evicts every Pod of a workload or none: each eviction is first tried as a dry run, so
-    /// that a PodDisruptionBudget that refuses one Pod leaves the whole workload running.
+    /// that a PodDisruptionBudget that refuses one Pod leaves the whole workload running. The
+    /// Pods go at once, not one by one: an eviction takes up to 0.1 s on the API server, and
+    /// the first Pod's devices could be bound elsewhere before the last Pod was evicted.
     async fn evict(&self, e: &Eviction) -> Result<Outcome, WriteError> {
         for dry_run in [true, false] {
             let params = EvictParams {
@@ -138,12 +140,16 @@ impl Requests {
                 },
                 ..EvictParams::default()
             };
-            for (namespace, pod) in &e.pods {
+            let evictions = e.pods.iter().map(|(namespace, pod)| {
                 if !dry_run {
                     self.count_write("pod", "evict");
                 }
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-                match bounded(EVICTION_TIMEOUT, api.evict(pod, &params)).await {
+                let params = &params;
+                async move { bounded(EVICTION_TIMEOUT, api.evict(pod, params)).await }
+            });
+            for result in futures::future::join_all(evictions).await {
+                match result {
                     // Gone already: its devices are on their way back.
                     Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => {}
                     result => {
