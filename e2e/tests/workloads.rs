@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -322,14 +323,11 @@ async fn bound_after_deleting(pods: &Api<Pod>, room: &str, waiting: &str) -> Dur
     .await
 }
 
-/// The case: the owner waits 2 devices short while the borrower holds them in Jobs of
-/// 4 devices each. The whole low-priority Job is taken back, though the high-priority one
-/// started later, and the owner gets its guarantee.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_priority_first() {
-    let Some(world) = World::new().await else {
-        return;
-    };
+/// 16 GPUs: owner is guaranteed 8 (holds 6) and reclaims after 3 s; "other" holds its 2;
+/// borrower is guaranteed 4 and holds 8 in two training Jobs of 2 Pods x 2 GPUs, train-low
+/// (low priority, started first) and train-high. Returns the namespaces of owner and borrower,
+/// and the borrower's Pods.
+async fn two_training_jobs(world: &World) -> (String, String, BTreeSet<(String, String)>) {
     // 16 GPUs: owner is guaranteed 8 and reclaims after 3 s; "other" holds its 2; borrower is
     // guaranteed 4 and may borrow up to 12.
     let owner = (world.team(
@@ -371,7 +369,18 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
     world.holds(&borrower, 8, CONVERGE).await;
     let before = world.pods(&borrower).await;
     assert_eq!(before.len(), 4, "{before:?}");
+    (owner, borrower, before)
+}
 
+/// The case: the owner waits 2 devices short while the borrower holds them in Jobs of
+/// 4 devices each. The whole low-priority Job is taken back, though the high-priority one
+/// started later, and the owner gets its guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_priority_first() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let (owner, borrower, before) = two_training_jobs(&world).await;
     // The owner wants its last 2: nothing is free, and every borrowed claim is 2 devices in a
     // Job of 4.
     let asked = Instant::now();
@@ -404,6 +413,77 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
         "{told:?}"
     );
     eprintln!("owner at 8 of 8 {restored:?} after asking (3 s grace)");
+}
+
+/// A PodDisruptionBudget that allows one disruption passes the dry run of each of a 2-Pod
+/// Job's evictions, as a dry run does not spend it, and would refuse the second real one. The
+/// Job is left whole and the refusal says why; once the budget goes, the Job goes whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_that_lets_only_part_of_a_job_go_leaves_it_whole() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let (owner, borrower, before) = two_training_jobs(&world).await;
+    let budgets = Api::<PodDisruptionBudget>::namespaced(world.client.clone(), &borrower);
+    let budget = serde_json::from_value(json!({
+        "metadata": {"name": "train-low"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-low"}}}
+    }))
+    .unwrap();
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .unwrap();
+    // The disruption controller counts both Pods healthy: one may go.
+    eventually("the budget allows 1", CONVERGE, || async {
+        let b = budgets.get("train-low").await.map_err(|e| e.to_string())?;
+        match b.status.map(|s| s.disruptions_allowed) {
+            Some(1) => Ok(()),
+            other => Err(format!("disruptionsAllowed {other:?}")),
+        }
+    })
+    .await;
+
+    for i in 6..8 {
+        world
+            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
+            .await;
+    }
+    let refused = eventually("the eviction refused", CONVERGE, || async {
+        let notes = world.events(&borrower, "EvictionRefused").await;
+        notes
+            .into_iter()
+            .next()
+            .ok_or("no EvictionRefused".to_owned())
+    })
+    .await;
+    assert!(
+        refused.contains("/train-low (2 Pods, 4 devices of pcie")
+            && refused.contains(
+                "PodDisruptionBudget train-low allows 1 disruption and covers 2 of the workload's Pods"
+            ),
+        "{refused}"
+    );
+    // Nothing of either Job went, now or by the next try (10 s after the refusal).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(world.pods(&borrower).await, before);
+    world.holds(&owner, 6, CONVERGE).await;
+
+    budgets
+        .delete("train-low", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.holds(&owner, 8, Duration::from_secs(60)).await;
+    eventually("train-low evicted whole", CONVERGE, || async {
+        let after = world.pods(&borrower).await;
+        match of_job(&before, "train-low").is_disjoint(&of_job(&after, "train-low")) {
+            true => Ok(()),
+            false => Err(format!("before {before:?}, after {after:?}")),
+        }
+    })
+    .await;
+    let after = world.pods(&borrower).await;
+    assert_eq!(of_job(&before, "train-high"), of_job(&after, "train-high"));
 }
 
 /// A young workload is spared until it has run the waiting team's minimum runtime; the team is

@@ -104,18 +104,16 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     )
     .await
     .unwrap();
-    // ml-research borrows the whole 80GB pool while data-science is idle ...
+    // ml-research borrows the whole 80GB pool while data-science is idle, in workloads of two
+    // Pods (whose budgets reclaim counts before evicting them) ...
     let ml: Api<Pod> = Api::namespaced(world.client.clone(), &world.ns("ml-research-train"));
     let mut started = 0;
     for i in 0..32 {
-        if ml
-            .create(
-                &PostParams::default(),
-                &gpu_pod(&format!("train-{i:02}"), "a100-80gb"),
-            )
-            .await
-            .is_ok()
-        {
+        let mut pod = gpu_pod(&format!("train-{i:02}"), "a100-80gb");
+        let workload = format!("pair-{}", i / 2);
+        pod.labels_mut()
+            .insert("teamgpu.io/workload".into(), workload);
+        if ml.create(&PostParams::default(), &pod).await.is_ok() {
             started += 1;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -132,7 +130,8 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
         .unwrap();
     }
     eventually("an eviction happened", Duration::from_secs(20), || async {
-        if requests.get("create", "pods/eviction") > 0 {
+        let budgets = requests.get("list", "poddisruptionbudgets.policy");
+        if requests.get("create", "pods/eviction") > 0 && budgets > 0 {
             Ok(())
         } else {
             Err(format!("{:?}", rbac_calls(&requests)))

@@ -12,6 +12,9 @@ pub enum WriteError {
     Api(#[from] kube::Error),
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
+    /// Not asked: PodDisruptionBudgets would let only part of a workload go.
+    #[error("{0}")]
+    Overdrawn(String),
 }
 
 impl WriteError {
@@ -29,6 +32,7 @@ impl WriteError {
             },
             WriteError::Api(_) => "transport",
             WriteError::TimedOut(_) => "timeout",
+            WriteError::Overdrawn(_) => "disruption_budget",
         }
     }
 
@@ -60,6 +64,7 @@ impl WriteError {
                 "not allowed yet: the API server kept answering 429 (a PodDisruptionBudget?)".into()
             }
             WriteError::Api(error) => error.to_string(),
+            WriteError::Overdrawn(why) => why.clone(),
         }
     }
 }

@@ -2,11 +2,15 @@
 //! evictions (a workload's Pods, dry run first) and wake-ups of waiting Pods. Each is bounded by
 //! a timeout; [`super::Executor`] decides when and backs off. Needs a client.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::events::{self, Recorder, Reporter};
 use serde_json::json;
 
@@ -14,6 +18,7 @@ use super::{Outcome, WRITE_TIMEOUT, WriteError};
 use crate::controller::FIELD_MANAGER;
 use crate::controller::metrics::{Metrics, WriteLabels};
 use crate::core::diff::{ObjectKey, OwnWrites, Payload, Write};
+use crate::core::effects::reclaim::budgets::{BudgetView, BudgetedPod, overdrawn};
 use crate::core::effects::{Effect, Event, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION};
 use crate::core::plan::outside_teams::GUARD_LABEL;
 
@@ -128,37 +133,74 @@ impl Requests {
     }
 
     /// Evicts every Pod of a workload or none: each eviction is first tried as a dry run, so
-    /// that a PodDisruptionBudget that refuses one Pod leaves the whole workload running. The
-    /// Pods go at once, not one by one: an eviction takes up to 0.1 s on the API server, and
-    /// the first Pod's devices could be bound elsewhere before the last Pod was evicted.
+    /// that a PodDisruptionBudget that refuses one Pod leaves the whole workload running, and
+    /// the budgets of a workload of several Pods are counted (a dry run does not spend them).
+    /// The Pods go at once, not one by one: an eviction takes up to 0.1 s on the API server,
+    /// and the first Pod's devices could be bound elsewhere before the last Pod was evicted.
     async fn evict(&self, e: &Eviction) -> Result<Outcome, WriteError> {
-        for dry_run in [true, false] {
-            let params = EvictParams {
-                post_options: PostParams {
-                    dry_run,
-                    ..PostParams::default()
-                },
-                ..EvictParams::default()
-            };
-            let evictions = e.pods.iter().map(|(namespace, pod)| {
-                if !dry_run {
-                    self.count_write("pod", "evict");
-                }
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-                let params = &params;
-                async move { bounded(EVICTION_TIMEOUT, api.evict(pod, params)).await }
-            });
-            for result in futures::future::join_all(evictions).await {
-                match result {
-                    // Gone already: its devices are on their way back.
-                    Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => {}
-                    result => {
-                        result?;
-                    }
+        self.evict_all(e, true).await?;
+        if e.pods.len() > 1 {
+            self.check_budgets(e).await?;
+        }
+        self.evict_all(e, false).await?;
+        Ok(Outcome::Done)
+    }
+
+    async fn evict_all(&self, e: &Eviction, dry_run: bool) -> Result<(), WriteError> {
+        let params = EvictParams {
+            post_options: PostParams {
+                dry_run,
+                ..PostParams::default()
+            },
+            ..EvictParams::default()
+        };
+        let evictions = e.pods.iter().map(|(namespace, pod)| {
+            if !dry_run {
+                self.count_write("pod", "evict");
+            }
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+            let params = &params;
+            async move { bounded(EVICTION_TIMEOUT, api.evict(pod, params)).await }
+        });
+        for result in futures::future::join_all(evictions).await {
+            match result {
+                // Gone already: its devices are on their way back.
+                Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => {}
+                result => {
+                    result?;
                 }
             }
         }
-        Ok(Outcome::Done)
+        Ok(())
+    }
+
+    /// [`WriteError::Overdrawn`] when the PodDisruptionBudgets of the workload's namespaces
+    /// would let only some of its Pods go. Reads the budgets (most namespaces have none), and
+    /// the Pods only where there are some.
+    async fn check_budgets(&self, e: &Eviction) -> Result<(), WriteError> {
+        let mut by_namespace: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (namespace, pod) in &e.pods {
+            by_namespace.entry(namespace).or_default().push(pod);
+        }
+        for (namespace, names) in by_namespace {
+            let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
+            let budgets = bounded(WRITE_TIMEOUT, api.list(&ListParams::default())).await?;
+            if budgets.items.is_empty() {
+                continue;
+            }
+            let budgets: Vec<BudgetView> = budgets.iter().map(BudgetView::project).collect();
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+            let mut pods = Vec::with_capacity(names.len());
+            for name in names {
+                let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+                let found = bounded(WRITE_TIMEOUT, api.list(&by_name)).await?;
+                pods.extend(found.iter().map(BudgetedPod::project));
+            }
+            if let Some(why) = overdrawn(&pods, &budgets) {
+                return Err(WriteError::Overdrawn(why));
+            }
+        }
+        Ok(())
     }
 
     fn api_for(&self, key: &ObjectKey) -> Api<DynamicObject> {

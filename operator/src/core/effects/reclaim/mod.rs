@@ -3,6 +3,7 @@
 //! evicted (through the Eviction API, which enforces PodDisruptionBudgets) after a grace period.
 //! Which workloads: [`victims::choose`]; what a workload is: [`workload`].
 
+pub mod budgets;
 pub mod nodes;
 pub mod victims;
 pub mod workload;
