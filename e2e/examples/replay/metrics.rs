@@ -470,11 +470,12 @@ fn team_figures(
             let no_room = (while_idle.iter().zip(&room[t]))
                 .filter(|(_, fit)| **fit == Fit::NoNode)
                 .map(|(&o, _)| f64::from(o));
+            // Folded from 0.0: a float sum of nothing is -0.0, printed "-0".
             let by_fit = |which: Fit| {
                 (while_idle.iter().zip(&room[t]))
                     .filter(|(_, fit)| **fit == which)
                     .map(|(&o, _)| f64::from(o))
-                    .sum::<f64>()
+                    .fold(0.0, |sum, o| sum + o)
                     * STEP
             };
             // Of the shortfall with no node for its Pods, what other teams held above their
@@ -488,7 +489,7 @@ fn team_figures(
             let no_room_borrowed: f64 = (while_idle.iter().zip(&room[t]).enumerate())
                 .filter(|(_, (_, fit))| **fit == Fit::NoNode)
                 .map(|(i, (&o, _))| f64::from(o.min(borrowed(i))))
-                .sum::<f64>()
+                .fold(0.0, |sum, o| sum + o)
                 * STEP;
             eprintln!(
                 "replay: {}: shortfall with no node for its Pods, of it while other teams held \
@@ -506,7 +507,7 @@ fn team_figures(
                 by_fit(Fit::Unclaimed)
             );
             TeamFigures {
-                shortfall_no_room: no_room.sum::<f64>() * STEP,
+                shortfall_no_room: no_room.fold(0.0, |sum, o| sum + o) * STEP,
                 shortfall: overdue.iter().copied().map(f64::from).sum::<f64>() * STEP,
                 shortfall_while_idle: while_idle.iter().copied().map(f64::from).sum::<f64>() * STEP,
                 wanted_in_guarantee: (0..samples).map(|i| f64::from(want(i))).sum::<f64>() * STEP,
