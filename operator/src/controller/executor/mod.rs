@@ -383,7 +383,8 @@ impl Executor {
         let pods = e.pods.len() as u64;
         if refusal.is_some() {
             self.metrics.evictions_refused.get_or_create(&labels).inc();
-            done.eviction_refused = Some(Instant::now());
+            done.evictions_refused
+                .push((e.pods.clone(), Instant::now()));
             tracing::info!(%note, "eviction refused");
         } else {
             let at = Instant::now();

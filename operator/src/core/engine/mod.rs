@@ -114,8 +114,9 @@ pub struct Done {
     pub applied: Vec<(ObjectKey, Option<String>)>,
     /// Events published.
     pub published: Vec<EventKey>,
-    /// When an eviction was refused (it is tried again later).
-    pub eviction_refused: Option<Instant>,
+    /// Workloads whose eviction was refused (their Pods), and when: each is passed over for a
+    /// while, so that another may cover the shortfall, then tried again.
+    pub evictions_refused: Vec<(Vec<(String, String)>, Instant)>,
     /// Pods evicted (namespace, name), and when.
     pub evicted: Vec<((String, String), Instant)>,
     /// Deletions that succeeded (or found the object gone).
@@ -266,8 +267,8 @@ impl Engine {
         for key in done.published {
             self.published.record(key);
         }
-        if let Some(at) = done.eviction_refused {
-            self.reclaim.refused(at);
+        for (pods, at) in done.evictions_refused {
+            self.reclaim.refused(pods, at);
         }
         for (pod, at) in done.evicted {
             self.reclaim.evicted(pod, at);

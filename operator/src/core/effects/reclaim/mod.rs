@@ -1,7 +1,9 @@
 //! Reclaim: when the fair-share engine names borrowers that must give devices back to a team
 //! waiting below its guarantee, and that team opted in, whole workloads of the borrowers are
 //! evicted (through the Eviction API, which enforces PodDisruptionBudgets) after a grace period.
-//! Which workloads: [`victims::choose`]; what a workload is: [`workload`].
+//! Which workloads: [`victims::choose`]; what a workload is: [`workload`]; whether budgets let
+//! all of a workload's Pods go: [`budgets`]. A workload whose eviction was refused is passed
+//! over for a while, so that another may cover the shortfall.
 
 pub mod budgets;
 pub mod nodes;
@@ -24,7 +26,8 @@ use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
 use victims::{Borrower, Choice};
 use workload::{NodeOf, PodView, Workload, label_elsewhere, queued, workloads};
 
-/// How soon a refused eviction (a PodDisruptionBudget) is tried again.
+/// How soon a refused eviction (a PodDisruptionBudget) is tried again; meanwhile its workload is
+/// passed over, so that another may cover the shortfall.
 const RETRY_REFUSED: Duration = Duration::from_secs(10);
 
 /// How long devices count as on their way back: those of an evicted Pod the Pod cache does not
@@ -75,6 +78,8 @@ pub struct ReclaimTracker {
     /// when, and the pass that saw them last. Counted as on their way back for a minute, then
     /// not at all; forgotten by a pass that no longer sees them.
     released: BTreeMap<String, (Instant, Instant)>,
+    /// Workloads whose eviction was refused (their Pods), and when.
+    refused: BTreeMap<Vec<(String, String)>, Instant>,
 }
 
 impl ReclaimTracker {
@@ -93,9 +98,33 @@ impl ReclaimTracker {
         }
     }
 
-    /// An eviction was refused at `now`: it is tried again 10 s later.
-    pub fn refused(&mut self, now: Instant) {
-        self.wake_at(now + RETRY_REFUSED);
+    /// The eviction of the workload of `pods` was refused at `at`: a pass now may choose
+    /// another workload instead; this one is tried again [`RETRY_REFUSED`] later.
+    pub fn refused(&mut self, pods: Vec<(String, String)>, at: Instant) {
+        self.refused.insert(pods, at);
+        self.wake_at(at);
+    }
+
+    /// Forgets the refusals older than [`RETRY_REFUSED`], wakes a pass when the next of the
+    /// others ends, and takes the workloads they name out of the borrowers' choice.
+    fn pass_over_refused(&mut self, borrowers: &mut [Borrower], now: Instant) {
+        self.refused
+            .retain(|_, at| now.duration_since(*at) < RETRY_REFUSED);
+        let Some(first) = self.refused.values().min().copied() else {
+            return;
+        };
+        self.wake_at(first + RETRY_REFUSED);
+        let refused = |w: &Workload| {
+            let pods = w
+                .pods
+                .iter()
+                .map(|(ns, name)| (ns.to_string(), name.to_string()));
+            self.refused.contains_key(&pods.collect::<Vec<_>>())
+        };
+        for b in borrowers.iter_mut() {
+            b.workloads.retain(|w| !refused(w));
+            b.queued.retain(|w| !refused(w));
+        }
     }
 
     /// The Eviction API evicted `pod` (namespace, name) at `at`.
@@ -218,6 +247,7 @@ impl ReclaimTracker {
             };
             let mut borrowers = borrowers(input, policy, orders, &node_of);
             self.count_in_flight(input.pods, &mut borrowers, now);
+            self.pass_over_refused(&mut borrowers, now);
             let (shortfall, choice) = match unplaced {
                 Some((placement, claims)) => {
                     let free = (placement.free.iter())

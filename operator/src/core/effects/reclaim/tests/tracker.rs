@@ -137,15 +137,43 @@ fn an_opted_in_team_evicts_once_its_grace_period_has_passed() {
     // 2 short, every Job holds 4: the newest Job goes whole.
     assert_eq!(waiting.pass(&plan(), 30), ["Job b/j3"]);
     assert_eq!(waiting.wakes_at(), None);
-    // A refused eviction wakes the loop 10 s later.
-    waiting
-        .tracker
-        .refused(waiting.t0 + Duration::from_secs(31));
+}
+
+/// A PodDisruptionBudget refuses the newest Job: the next pass, at once, takes the next one
+/// instead; the refused one is tried again 10 s after its refusal, when it is the newest again.
+#[test]
+fn a_workload_whose_eviction_was_refused_is_passed_over_then_tried_again() {
+    let mut waiting = Waiting::new();
+    waiting.pass(&plan(), 0);
+    assert_eq!(waiting.pass(&plan(), 30), ["Job b/j3"]);
+    let refused_at = waiting.t0 + Duration::from_secs(31);
+    (waiting.tracker).refused(vec![("b".into(), "j3-0".into())], refused_at);
+    assert_eq!(
+        waiting.wakes_at(),
+        Some(31),
+        "another workload is chosen at once"
+    );
+    assert_eq!(waiting.pass(&plan(), 31), ["Job b/j2"]);
+    assert_eq!(waiting.wakes_at(), Some(41), "the refusal ends");
+    // j2 is refused too; j1 is the last of the borrower's above its guarantee.
+    let refused_at = waiting.t0 + Duration::from_secs(33);
+    (waiting.tracker).refused(vec![("b".into(), "j2-0".into())], refused_at);
+    assert_eq!(waiting.pass(&plan(), 33), ["Job b/j1"]);
+    (waiting.tracker).refused(vec![("b".into(), "j1-0".into())], refused_at);
+    assert!(
+        waiting.pass(&plan(), 34).is_empty(),
+        "all refused: nothing is asked"
+    );
     assert_eq!(waiting.wakes_at(), Some(41));
+    assert_eq!(waiting.pass(&plan(), 41), ["Job b/j3"]);
     waiting
         .tracker
-        .clear_due(waiting.t0 + Duration::from_secs(41));
-    assert_eq!(waiting.wakes_at(), None);
+        .clear_due(waiting.t0 + Duration::from_secs(43));
+    assert_eq!(
+        waiting.pass(&plan(), 43),
+        ["Job b/j3"],
+        "the newest of all again"
+    );
 }
 
 #[test]
