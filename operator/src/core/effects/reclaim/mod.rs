@@ -99,7 +99,7 @@ impl ReclaimTracker {
     }
 
     /// The eviction of the workload of `pods` was refused at `at`: a pass now may choose
-    /// another workload instead; this one is tried again [`RETRY_REFUSED`] later.
+    /// another workload instead; this one is tried again `RETRY_REFUSED` (10 s) later.
     pub fn refused(&mut self, pods: Vec<(String, String)>, at: Instant) {
         self.refused.insert(pods, at);
         self.wake_at(at);
