@@ -248,8 +248,9 @@ async fn record(
     Ok((timeline, submitted, end))
 }
 
-/// By Pod (namespace, name), why the operator evicted it: the notes of its `Reclaimed` Events
-/// (read before the namespaces go; a failed list only leaves the notes out).
+/// By Pod (namespace, name), why the operator evicted or removed it: the reason and note of its
+/// `Reclaimed` or `Dequeued` Event (read before the namespaces go; a failed list only leaves the
+/// notes out). A Pod removed while queued for room can be bound by the time it goes.
 async fn reclaim_notes(
     client: &Client,
     namespaces: &[String],
@@ -265,10 +266,10 @@ async fn reclaim_notes(
             let pod = (event.regarding.as_ref())
                 .filter(|r| r.kind.as_deref() == Some("Pod"))
                 .and_then(|r| r.name.clone());
-            if let (Some(name), Some("Reclaimed"), Some(note)) =
-                (pod, event.reason.as_deref(), event.note)
+            if let (Some(name), Some(reason @ ("Reclaimed" | "Dequeued")), Some(note)) =
+                (pod, event.reason.as_deref(), event.note.as_deref())
             {
-                notes.insert((namespace.clone(), name), note);
+                notes.insert((namespace.clone(), name), format!("{reason}: {note}"));
             }
         }
     }

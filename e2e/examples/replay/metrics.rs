@@ -633,7 +633,7 @@ fn evictions(
             let why = (timeline
                 .reclaimed
                 .get(&(pod.namespace.clone(), pod.name.clone())))
-            .map_or("no Reclaimed Event", String::as_str);
+            .map_or("no Reclaimed or Dequeued Event", String::as_str);
             eprintln!(
                 "replay: eviction no guarantee needed: {}/{} ({} GPUs) at {ended:.1} s, its team \
                  held {} (guaranteed {}), another team below its guarantee: {someone_waits}; the \
