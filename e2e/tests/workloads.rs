@@ -173,6 +173,24 @@ impl World {
             .collect()
     }
 
+    /// Waits until none of Job `job`'s Pods in `before` is left in `ns` (the job controller
+    /// may have made new ones); the Pods of `ns` then.
+    async fn evicted_whole(
+        &self,
+        ns: &str,
+        before: &BTreeSet<(String, String)>,
+        job: &str,
+    ) -> BTreeSet<(String, String)> {
+        eventually(&format!("{job} evicted whole"), CONVERGE, || async {
+            let after = self.pods(ns).await;
+            match of_job(before, job).is_disjoint(&of_job(&after, job)) {
+                true => Ok(after),
+                false => Err(format!("before {before:?}, after {after:?}")),
+            }
+        })
+        .await
+    }
+
     /// Pod `name` of `ns` as the server has it.
     async fn pod_named(&self, ns: &str, name: &str) -> Pod {
         let pods = Api::<Pod>::namespaced(self.client.clone(), ns);
@@ -393,14 +411,7 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
     let restored = asked.elapsed();
     // Both Pods of train-low go (the job controller may have made new ones, which wait); the
     // owner may be bound on the first one's devices a moment before the second is evicted.
-    let after = eventually("train-low evicted whole", CONVERGE, || async {
-        let after = world.pods(&borrower).await;
-        match of_job(&before, "train-low").is_disjoint(&of_job(&after, "train-low")) {
-            true => Ok(after),
-            false => Err(format!("before {before:?}, after {after:?}")),
-        }
-    })
-    .await;
+    let after = world.evicted_whole(&borrower, &before, "train-low").await;
     // Both of train-high kept their devices.
     assert_eq!(of_job(&before, "train-high"), of_job(&after, "train-high"));
     world.holds(&borrower, 4, CONVERGE).await;
@@ -466,14 +477,7 @@ async fn a_job_a_budget_would_split_is_left_whole_and_another_goes_instead() {
         "{refused}"
     );
     world.holds(&owner, 8, Duration::from_secs(40)).await;
-    let after = eventually("train-high evicted whole", CONVERGE, || async {
-        let after = world.pods(&borrower).await;
-        match of_job(&before, "train-high").is_disjoint(&of_job(&after, "train-high")) {
-            true => Ok(after),
-            false => Err(format!("before {before:?}, after {after:?}")),
-        }
-    })
-    .await;
+    let after = world.evicted_whole(&borrower, &before, "train-high").await;
     assert_eq!(of_job(&before, "train-low"), of_job(&after, "train-low"));
     let told = world.events(&borrower, "Reclaimed").await;
     assert!(

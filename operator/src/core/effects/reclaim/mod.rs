@@ -114,13 +114,11 @@ impl ReclaimTracker {
             return;
         };
         self.wake_at(first + RETRY_REFUSED);
-        let refused = |w: &Workload| {
-            let pods = w
-                .pods
-                .iter()
-                .map(|(ns, name)| (ns.to_string(), name.to_string()));
-            self.refused.contains_key(&pods.collect::<Vec<_>>())
+        let same = |key: &[(String, String)], w: &Workload| {
+            key.len() == w.pods.len()
+                && (key.iter().zip(&w.pods)).all(|((a, b), (c, d))| a == &**c && b == &**d)
         };
+        let refused = |w: &Workload| self.refused.keys().any(|key| same(key, w));
         for b in borrowers.iter_mut() {
             b.workloads.retain(|w| !refused(w));
             b.queued.retain(|w| !refused(w));
