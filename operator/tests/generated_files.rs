@@ -410,7 +410,7 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
         ("", "pods", set(&["list", "watch", "patch"])),
         ("", "pods/eviction", set(&["create"])),
         // Budgets counted before a workload of several Pods is evicted.
-        ("policy", "poddisruptionbudgets", set(&["list"])),
+        ("policy", "poddisruptionbudgets", set(&["list", "watch"])),
         // The owners of the admission objects, watched by name.
         (
             "apiextensions.k8s.io",

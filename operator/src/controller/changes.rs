@@ -24,6 +24,8 @@ pub enum Watch {
     Crds,
     /// DeviceTaintRules, where the API server serves them.
     TaintRules,
+    /// PodDisruptionBudgets, for reclaim.
+    Budgets,
     Owned(Kind),
 }
 
@@ -40,7 +42,8 @@ impl Watch {
             Watch::Pods => 7,
             Watch::Crds => 8,
             Watch::TaintRules => 9,
-            Watch::Owned(kind) => 10 + kind as u32,
+            Watch::Budgets => 10,
+            Watch::Owned(kind) => 11 + kind as u32,
         }
     }
 }

@@ -17,12 +17,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use super::changes::{Changes, Wake, Watch};
-use super::pods::watch_pods;
+use super::pods::{watch_budgets, watch_pods};
 use super::projected::{self, Projected, Projector};
 use super::reflect::spawn;
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveView, OwnWrites, TemplateCharges};
 use crate::core::effects::PodView;
+use crate::core::effects::reclaim::budgets::BudgetView;
 use crate::core::plan::inventory::{SliceValues, SliceView};
 use crate::core::plan::objects::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::core::plan::pending::PendingPodView;
@@ -52,6 +53,8 @@ pub struct Stores {
     pub pending_pods: Projected<PendingPodView, ()>,
     /// Pods not done yet, as reclaim weighs them (priority, workload, start).
     pub pods: Projected<PodView, ()>,
+    /// Every PodDisruptionBudget, for reclaim.
+    pub budgets: Projected<BudgetView, ()>,
     /// Each of teamgpu's CRDs, by name, as an owner reference (one watch per CRD, so that
     /// `config/rbac` grants them by name).
     pub crds: Vec<Projected<OwnerReference, ()>>,
@@ -83,7 +86,7 @@ impl Stores {
                 None => true,
             }
         };
-        let (a, b, d, pending, namespaces, claims, pods, owned, crds, rules) = futures::join!(
+        let (a, b, d, pending, namespaces, claims, pods, budgets, owned, crds, rules) = futures::join!(
             self.sharing_policies.wait_until_ready(),
             self.teams.wait_until_ready(),
             self.device_classes.wait_until_ready(),
@@ -91,6 +94,7 @@ impl Stores {
             self.namespaces.wait_until_ready(),
             self.claims.wait_until_ready(),
             self.pods.wait_until_ready(),
+            self.budgets.wait_until_ready(),
             futures::future::join_all(self.owned.iter().map(|(_, s)| s.wait_until_ready())),
             futures::future::join_all(self.crds.iter().map(Projected::wait_until_ready)),
             rules,
@@ -100,6 +104,7 @@ impl Stores {
             && namespaces
             && claims
             && pods
+            && budgets
             && owned.iter().all(|ready| *ready)
             && crds.iter().all(|ready| *ready)
             && rules
@@ -265,6 +270,7 @@ pub fn start(
         claims,
         pending_pods,
         pods,
+        budgets: watch_budgets(client, wake, tasks),
         crds,
         taint_rules,
         owned,

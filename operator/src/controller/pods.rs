@@ -1,7 +1,9 @@
 //! The Pod watches: the Pending Pods as pending demand reads them, and every Pod not done yet
-//! as reclaim weighs it. Needs a client.
+//! as reclaim weighs it; and the PodDisruptionBudgets, which reclaim counts before it chooses.
+//! Needs a client.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -10,6 +12,7 @@ use tokio::task::JoinSet;
 use super::changes::{Wake, Watch};
 use super::projected::{self, Projected, Projector};
 use crate::core::effects::PodView;
+use crate::core::effects::reclaim::budgets::BudgetView;
 use crate::core::plan::pending::PendingPodView;
 use crate::core::plan::usage::Names;
 
@@ -39,6 +42,46 @@ pub(super) fn watch_pods(
         Watch::Pods,
     );
     (pending_pods, pods)
+}
+
+/// Every PodDisruptionBudget, as reclaim counts it.
+pub(super) fn watch_budgets(
+    client: &Client,
+    wake: &Wake,
+    tasks: &mut JoinSet<()>,
+) -> Projected<BudgetView, ()> {
+    projected::spawn(
+        tasks,
+        Api::<PodDisruptionBudget>::all(client.clone()),
+        watcher::Config::default(),
+        watch::channel(Some(())).1,
+        BudgetProjector,
+        wake.clone(),
+        Watch::Budgets,
+    )
+}
+
+#[derive(Debug)]
+struct BudgetProjector;
+
+impl Projector<PodDisruptionBudget> for BudgetProjector {
+    type View = BudgetView;
+    type Params = ();
+
+    fn project(&mut self, budget: &PodDisruptionBudget, (): &()) -> BudgetView {
+        BudgetView::project(budget)
+    }
+
+    fn same(kept: &BudgetView, new: &BudgetView) -> bool {
+        kept == new
+    }
+
+    /// The disruption controller counts a budget again whenever one of its Pods changes: none
+    /// of that wakes a pass. Reclaim reads the budgets in a pass that runs anyway, and while
+    /// budgets keep what a waiting team needs it looks again every 10 s.
+    fn wakes(_: Option<&BudgetView>, _: Option<&BudgetView>) -> bool {
+        false
+    }
 }
 
 /// Pending Pods as [`PendingPodView`]s.

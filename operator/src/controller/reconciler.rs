@@ -106,6 +106,11 @@ impl Reconciler {
         {
             inputs.push(Input::Pods(pods));
         }
+        if changed.contains(Watch::Budgets)
+            && let Some(budgets) = all(stores.budgets.state())
+        {
+            inputs.push(Input::Budgets(budgets));
+        }
         if changed.contains(Watch::TaintRules)
             && let Some(rules) = stores.taint_rules.as_ref().and_then(|r| all(r.state()))
         {

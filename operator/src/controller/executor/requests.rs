@@ -18,7 +18,7 @@ use super::{Outcome, WRITE_TIMEOUT, WriteError};
 use crate::controller::FIELD_MANAGER;
 use crate::controller::metrics::{Metrics, WriteLabels};
 use crate::core::diff::{ObjectKey, OwnWrites, Payload, Write};
-use crate::core::effects::reclaim::budgets::{BudgetView, BudgetedPod, overdrawn};
+use crate::core::effects::reclaim::budgets::{BudgetView, BudgetedPod, Ledger};
 use crate::core::effects::{Effect, Event, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION};
 use crate::core::plan::outside_teams::GUARD_LABEL;
 
@@ -196,9 +196,10 @@ impl Requests {
                 let found = bounded(WRITE_TIMEOUT, api.list(&by_name)).await?;
                 pods.extend(found.iter().map(BudgetedPod::project));
             }
-            if let Some(why) = overdrawn(&pods, &budgets) {
-                return Err(WriteError::Overdrawn(why));
-            }
+            let pods: Vec<_> = pods.iter().map(|p| (namespace, p)).collect();
+            Ledger::new(&budgets)
+                .spend(&pods)
+                .map_err(|o| WriteError::Overdrawn(o.to_string()))?;
         }
         Ok(())
     }

@@ -69,6 +69,7 @@ impl Engine {
             teams,
             claims: &claims,
             pods: &pods,
+            budgets: &self.budgets,
         };
         let defaults = self.settings.reclaim;
         let reclaimed = (self.reclaim).evictions(input, defaults, now.instant, now.wall);

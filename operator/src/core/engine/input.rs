@@ -14,6 +14,7 @@ use kube::api::DynamicObject;
 use super::{Engine, namespaces};
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use crate::core::diff::{Kind, LiveObject, LiveView};
+use crate::core::effects::reclaim::budgets::BudgetView;
 use crate::core::effects::{Malformed, PodView, PolicyKind};
 use crate::core::plan::inventory::SliceView;
 use crate::core::plan::objects;
@@ -44,6 +45,8 @@ pub enum Input {
     PendingPods(Taken<PendingPodView>),
     /// Pods not done yet, as reclaim weighs them: every one, or what changed.
     Pods(Taken<PodView>),
+    /// Every PodDisruptionBudget, for reclaim.
+    Budgets(Vec<Arc<BudgetView>>),
     /// DeviceTaintRules (`None` for those whose taint keeps no claim off).
     TaintRules(Vec<Arc<Option<TaintRuleView>>>),
     /// The objects of `kind` that carry teamgpu's managed-by label (DeviceClasses come with
@@ -235,6 +238,11 @@ impl Engine {
                 if self.pods.take_in(pods.delta()) {
                     self.device_taints_changed();
                 }
+            }
+            // Read by reclaim in a pass that runs anyway: no pass of its own.
+            Input::Budgets(budgets) => {
+                self.budgets = budgets;
+                return false;
             }
             Input::TaintRules(rules) => {
                 self.taint_rules = rules;

@@ -43,6 +43,7 @@ use std::time::Instant;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::core::diff::{self, ObjectKey};
+use crate::core::effects::reclaim::budgets::BudgetView;
 use crate::core::effects::{
     Effect, EventKey, FailedWrite, GuardLabels, Label, Malformed, PolicyKind, PolicyStatuses,
     Published, ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
@@ -157,6 +158,8 @@ pub struct Engine {
     /// As the caches hold them, for pending demand and reclaim.
     pending_pods: pods::KeptPending,
     pods: pods::KeptPods,
+    /// Every PodDisruptionBudget, for reclaim.
+    budgets: Vec<Arc<BudgetView>>,
     /// DeviceTaintRules, as the watch keeps them.
     taint_rules: Vec<Arc<Option<crate::core::plan::taints::TaintRuleView>>>,
     /// Pods waiting because quota refused their claims, as of the last pass.
@@ -193,6 +196,7 @@ impl Engine {
             namespaces: namespaces::KeptNamespaces::default(),
             pending_pods: pods::KeptPending::default(),
             pods: pods::KeptPods::default(),
+            budgets: Vec::new(),
             taint_rules: Vec::new(),
             waiting: Vec::new(),
             slices_asked: None,

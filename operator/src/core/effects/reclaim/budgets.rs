@@ -2,11 +2,14 @@
 //! asks the API server about one Pod at a time, and a dry run does not spend the budget: a
 //! budget that allows one disruption passes the dry runs of both Pods of a Job, then refuses
 //! the second eviction after the first went through, and the Job is left half evicted. So
-//! before a workload of several Pods is evicted, its budgets are counted here, as the Eviction
-//! API counts them (`pkg/registry/core/pod/storage/eviction.go`, Kubernetes 1.36): a Pod that
-//! is Pending, finished or being deleted goes without asking its budget. A running Pod that is
-//! not Ready may also go without spending it (`unhealthyPodEvictionPolicy`); it is counted here
-//! all the same, so such a workload is refused rather than risked.
+//! budgets are counted here, as the Eviction API counts them
+//! (`pkg/registry/core/pod/storage/eviction.go`, Kubernetes 1.36): a Pod that is Pending,
+//! finished or being deleted goes without asking its budget. A running Pod that is not Ready
+//! may also go without spending it (`unhealthyPodEvictionPolicy`); it is counted here all the
+//! same, so such a workload is passed over rather than risked.
+//!
+//! Reclaim counts them from the watched budgets when it chooses ([`super::kept`]), and the
+//! executor counts them again from a fresh read before it evicts a workload of several Pods.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +23,7 @@ use crate::core::plan::membership::label_selector_matches;
 /// What a budget says, as far as an eviction reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BudgetView {
+    pub namespace: String,
     pub name: String,
     /// `None`: a null label selector, which selects no Pod (policy/v1).
     pub label_selector: Option<LabelSelector>,
@@ -30,6 +34,7 @@ pub struct BudgetView {
 impl BudgetView {
     pub fn project(budget: &PodDisruptionBudget) -> Self {
         BudgetView {
+            namespace: budget.namespace().unwrap_or_default(),
             name: budget.name_any(),
             label_selector: budget.spec.as_ref().and_then(|s| s.selector.clone()),
             disruptions_allowed: (budget.status.as_ref()).map_or(0, |s| s.disruptions_allowed),
@@ -57,28 +62,102 @@ impl BudgetedPod {
     }
 }
 
-/// Why the workload of `pods` (all in one namespace) may not go whole under the `budgets` of
-/// that namespace: the first budget that covers more of its Pods than it allows disruptions.
-/// `None`: each budget allows as many as it covers (the dry runs asked the rest).
-pub fn overdrawn(pods: &[BudgetedPod], budgets: &[BudgetView]) -> Option<String> {
-    budgets.iter().find_map(|budget| {
-        let label_selector = budget.label_selector.as_ref()?;
-        // One the API server let through but that reads as invalid here covers the Pod: the
-        // workload is refused rather than risked.
-        let covers = |p: &&BudgetedPod| {
-            !p.exempt && label_selector_matches(label_selector, &p.labels).unwrap_or(true)
+/// The disruptions the budgets still allow while evictions are chosen or made: each workload
+/// that goes spends from the budgets that cover its Pods.
+#[derive(Clone, Debug)]
+pub struct Ledger<'b> {
+    left: Vec<(&'b BudgetView, usize)>,
+}
+
+impl<'b> Ledger<'b> {
+    pub fn new(budgets: impl IntoIterator<Item = &'b BudgetView>) -> Self {
+        let left = (budgets.into_iter())
+            .map(|b| (b, usize::try_from(b.disruptions_allowed).unwrap_or(0)))
+            .collect();
+        Ledger { left }
+    }
+
+    /// Spends what evicting all of `pods` (each with its namespace) asks of the budgets, or
+    /// says why they cannot all go ([`Ledger::allows`]); nothing is spent then.
+    pub fn spend(&mut self, pods: &[(&str, &BudgetedPod)]) -> Result<(), Overdrawn> {
+        let covered = self.covered(pods)?;
+        for ((_, left), n) in self.left.iter_mut().zip(covered) {
+            *left -= n;
+        }
+        Ok(())
+    }
+
+    /// Whether all of `pods` may go: if not, why (the first budget that covers more of them
+    /// than it still allows).
+    pub fn allows(&self, pods: &[(&str, &BudgetedPod)]) -> Result<(), Overdrawn> {
+        self.covered(pods).map(drop)
+    }
+
+    /// How many of `pods` each budget covers, when none covers more than it allows.
+    fn covered(&self, pods: &[(&str, &BudgetedPod)]) -> Result<Vec<usize>, Overdrawn> {
+        let covered: Vec<usize> = (self.left.iter())
+            .map(|(budget, _)| pods.iter().filter(|(ns, p)| covers(budget, ns, p)).count())
+            .collect();
+        let over = (self.left.iter().zip(&covered)).find(|((_, left), n)| *n > left);
+        match over {
+            None => Ok(covered),
+            Some(((budget, left), n)) => Err(Overdrawn {
+                budget: format!("{}/{}", budget.namespace, budget.name),
+                allowed: *left,
+                covered: *n,
+            }),
+        }
+    }
+}
+
+/// A budget that covers more of a workload's Pods than it still allows disruptions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overdrawn {
+    /// The budget's namespace and name.
+    pub budget: String,
+    /// The disruptions it still allows.
+    pub allowed: usize,
+    /// The workload's Pods it covers.
+    pub covered: usize,
+}
+
+impl Overdrawn {
+    /// What the budget allows, for a person: "allows no disruption now", "allows 1 disruption".
+    pub fn allows(&self) -> String {
+        match self.allowed {
+            0 => "allows no disruption now".to_owned(),
+            1 => "allows 1 disruption".to_owned(),
+            n => format!("allows {n} disruptions"),
+        }
+    }
+}
+
+impl std::fmt::Display for Overdrawn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let part = if self.allowed == 0 {
+            ""
+        } else {
+            ", so only part of it could go"
         };
-        let covered = pods.iter().filter(covers).count();
-        let allowed = usize::try_from(budget.disruptions_allowed).unwrap_or(0);
-        (covered > allowed).then(|| {
-            format!(
-                "PodDisruptionBudget {} allows {allowed} disruption{} and covers {covered} of \
-                 the workload's Pods, so only part of it could go",
-                budget.name,
-                if allowed == 1 { "" } else { "s" },
-            )
-        })
-    })
+        write!(
+            f,
+            "PodDisruptionBudget {} {} and covers {} of the workload's Pods{part}",
+            self.budget,
+            self.allows(),
+            self.covered
+        )
+    }
+}
+
+/// Whether evicting `pod` of `namespace` asks `budget`. A selector the API server let through
+/// but that reads as invalid here covers the Pod: the workload is kept rather than risked.
+fn covers(budget: &BudgetView, namespace: &str, pod: &BudgetedPod) -> bool {
+    let Some(label_selector) = &budget.label_selector else {
+        return false;
+    };
+    budget.namespace == namespace
+        && !pod.exempt
+        && label_selector_matches(label_selector, &pod.labels).unwrap_or(true)
 }
 
 #[cfg(test)]
@@ -99,13 +178,22 @@ mod tests {
     fn budget(name: &str, label_selector: serde_json::Value, allowed: i32) -> BudgetView {
         BudgetView::project(
             &serde_json::from_value(json!({
-                "metadata": {"name": name},
+                "metadata": {"name": name, "namespace": "ml"},
                 "spec": {"selector": label_selector},
                 "status": {"disruptionsAllowed": allowed, "currentHealthy": 0,
                            "desiredHealthy": 0, "expectedPods": 0}
             }))
             .unwrap(),
         )
+    }
+
+    /// Why the Pods of `ml` cannot all go under `budgets`, none spent before.
+    fn overdrawn(pods: &[BudgetedPod], budgets: &[BudgetView]) -> Option<String> {
+        let pods: Vec<_> = pods.iter().map(|p| ("ml", p)).collect();
+        Ledger::new(budgets)
+            .spend(&pods)
+            .err()
+            .map(|o| o.to_string())
     }
 
     #[test]
@@ -118,8 +206,8 @@ mod tests {
         assert_eq!(
             overdrawn(&job, &[one]).as_deref(),
             Some(
-                "PodDisruptionBudget train allows 1 disruption and covers 2 of the workload's \
-                 Pods, so only part of it could go"
+                "PodDisruptionBudget ml/train allows 1 disruption and covers 2 of the \
+                 workload's Pods, so only part of it could go"
             )
         );
         let two = budget("train", json!({"matchLabels": {"app": "train"}}), 2);
@@ -139,6 +227,7 @@ mod tests {
             budget("other", json!({"matchLabels": {"app": "other"}}), 0),
             // A null selector selects no Pod.
             BudgetView {
+                namespace: "ml".into(),
                 name: "null".into(),
                 label_selector: None,
                 disruptions_allowed: 0,
@@ -169,7 +258,30 @@ mod tests {
         assert!(
             overdrawn(&job, &[none_left])
                 .unwrap()
-                .contains("allows 0 disruptions")
+                .ends_with("allows no disruption now and covers 2 of the workload's Pods")
         );
+    }
+
+    #[test]
+    fn workloads_chosen_together_spend_one_budget_and_other_namespaces_budgets_do_not_count() {
+        let (a, b) = (
+            pod("serve-a", "serve", "Running"),
+            pod("serve-b", "serve", "Running"),
+        );
+        let one = budget("serve", json!({"matchLabels": {"app": "serve"}}), 1);
+        let mut elsewhere = budget("serve", json!({}), 0);
+        elsewhere.namespace = "web".into();
+        let budgets = [one, elsewhere];
+        let mut ledger = Ledger::new(&budgets);
+        assert_eq!(ledger.spend(&[("ml", &a)]), Ok(()));
+        let refused = ledger.spend(&[("ml", &b)]).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "PodDisruptionBudget ml/serve allows no disruption now and covers 1 of the \
+             workload's Pods"
+        );
+        // A refusal spends nothing: a Pod the budget does not cover still goes.
+        let other = pod("train-a", "train", "Running");
+        assert_eq!(ledger.spend(&[("ml", &other)]), Ok(()));
     }
 }

@@ -2,10 +2,11 @@
 //! waiting below its guarantee, and that team opted in, whole workloads of the borrowers are
 //! evicted (through the Eviction API, which enforces PodDisruptionBudgets) after a grace period.
 //! Which workloads: [`victims::choose`]; what a workload is: [`workload`]; whether budgets let
-//! all of a workload's Pods go: [`budgets`]. A workload whose eviction was refused is passed
+//! all of a workload's Pods go: [`budgets`], counted as reclaim chooses ([`kept`]). A workload whose eviction was refused is passed
 //! over for a while, so that another may cover the shortfall.
 
 pub mod budgets;
+mod kept;
 pub mod nodes;
 pub mod victims;
 pub mod workload;
@@ -23,6 +24,8 @@ use crate::api::TeamGpuPolicy;
 use crate::core::plan::inventory::{DeviceId, PoolKey};
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
+use budgets::{BudgetView, Overdrawn};
+use kept::{PassBudgets, choose_within_budgets, kept_by_budgets};
 use victims::{Borrower, Choice};
 use workload::{NodeOf, PodView, Workload, label_elsewhere, queued, workloads};
 
@@ -55,6 +58,8 @@ pub struct ReclaimInput<'a> {
     pub teams: &'a [TeamGpuPolicy],
     pub claims: &'a [Arc<ClaimView>],
     pub pods: &'a [Arc<PodView>],
+    /// Every PodDisruptionBudget.
+    pub budgets: &'a [Arc<BudgetView>],
 }
 
 /// What a reclaim pass asks for: evictions, and Events that say why a reclaim waits.
@@ -211,6 +216,7 @@ impl ReclaimTracker {
         self.waiting_since.retain(|k, _| owed.contains_key(k));
         self.next_attempt = None;
         let mut out = Reclaimed::default();
+        let mut budgets = PassBudgets::new(input.budgets, input.pods);
         for ((policy, team), orders) in &owed {
             let Some(waiting) = input.teams.iter().find(|t| t.name_any() == *team) else {
                 continue;
@@ -246,29 +252,23 @@ impl ReclaimTracker {
             let mut borrowers = borrowers(input, policy, orders, &node_of);
             self.count_in_flight(input.pods, &mut borrowers, now);
             self.pass_over_refused(&mut borrowers, now);
-            let (shortfall, choice) = match unplaced {
-                Some((placement, claims)) => {
-                    let free = (placement.free.iter())
-                        .map(|(node, n)| (node.clone(), u64::from(*n)))
-                        .collect();
-                    let choice =
-                        nodes::choose_on_nodes(&borrowers, &free, claims, min_runtime, wall);
-                    (claims.iter().copied().map(u64::from).sum(), choice)
-                }
-                None => {
-                    let shortfall = orders.iter().map(|o| u64::from(o.devices)).sum();
-                    (
-                        shortfall,
-                        victims::choose(&borrowers, shortfall, min_runtime, wall),
-                    )
-                }
-            };
+            let (shortfall, choice, kept) = choose_within_budgets(
+                &mut borrowers,
+                &mut budgets,
+                unplaced,
+                orders,
+                (min_runtime, wall),
+            );
+            if !kept.is_empty() && choice.uncovered > 0 {
+                // Budgets are not watched for this: look again as a refusal is retried.
+                self.wake_at(now + RETRY_REFUSED);
+            }
             if let Some(at) = choice.eligible_at {
                 let wait = (at.as_second() - wall.as_second()).max(0);
                 self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
             }
             let team = TeamInPlan::of(input.plan, team);
-            if let Some(note) = waiting_note(waiting, policy, &choice, min_runtime) {
+            if let Some(note) = waiting_note(waiting, policy, &choice, min_runtime, &kept) {
                 // Its members read it in their own namespaces.
                 let copies = in_team_namespaces(&note.regarding, team.namespaces);
                 out.events
@@ -433,24 +433,41 @@ fn priority_text(w: &Workload) -> String {
 }
 
 /// An Event on the waiting team when what reclaim may take now does not cover its shortfall,
-/// saying why: workloads too young, or none that fits above the borrowers' guarantees.
+/// saying why: workloads too young, workloads their PodDisruptionBudgets keep (`kept`), or none
+/// that fits above the borrowers' guarantees.
 fn waiting_note(
     waiting: &TeamGpuPolicy,
     policy: &str,
     choice: &Choice,
     min_runtime: u64,
+    kept: &[(String, Overdrawn)],
 ) -> Option<Event> {
     if choice.uncovered == 0 {
         return None;
     }
     let short = choice.uncovered;
+    let budgets = match kept {
+        [] => String::new(),
+        kept => format!(
+            "; {}; reclaim looks again every {} s",
+            kept_by_budgets(kept),
+            RETRY_REFUSED.as_secs()
+        ),
+    };
     let (reason, note) = match choice.eligible_at {
         Some(at) => (
             "ReclaimWaiting",
             format!(
                 "{short} devices of {policy} are still short: the borrowers' workloads that \
                  could free them have run less than the minimum runtime ({min_runtime} s); \
-                 reclaim takes them from {at}"
+                 reclaim takes them from {at}{budgets}"
+            ),
+        ),
+        None if !kept.is_empty() => (
+            "ReclaimBlocked",
+            format!(
+                "{short} devices of {policy} are still short and reclaim cannot free them \
+                 now{budgets}"
             ),
         ),
         None => (

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+use super::budgets::BudgetedPod;
 use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::usage::{ClaimView, Names};
 
@@ -54,6 +55,9 @@ pub struct PodView {
     /// The claims it uses while it has no node: named in its spec, or made for it from a
     /// template (its status names them once made). Empty once it has a node.
     pub queued_claims: Box<[Arc<str>]>,
+    /// What a PodDisruptionBudget reads of it (its labels, whether it asks its budget), for a
+    /// Pod that uses claims; `None` for the others, which reclaim counts as covered by none.
+    pub budgeted: Option<Box<BudgetedPod>>,
 }
 
 impl PodView {
@@ -87,6 +91,8 @@ impl PodView {
         };
         let spec = pod.spec.as_ref();
         let bound = spec.is_some_and(|s| s.node_name.is_some());
+        let uses_claims = spec.is_some_and(|s| s.resource_claims.iter().flatten().next().is_some())
+            || (pod.status.as_ref()).is_some_and(|s| s.extended_resource_claim_status.is_some());
         let queued_claims = (crate::core::plan::pending::pod_claims(pod))
             .filter(|_| !bound)
             .filter_map(|(_, claim)| claim.map(|name| names.intern(name)))
@@ -106,6 +112,7 @@ impl PodView {
             unhealthy: crate::core::plan::taints::unhealthy(pod).into(),
             bound,
             queued_claims,
+            budgeted: uses_claims.then(|| Box::new(BudgetedPod::project(pod))),
         }
     }
 }

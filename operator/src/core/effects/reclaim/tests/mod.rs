@@ -113,6 +113,7 @@ fn room_left(borrowers: &[Borrower]) -> Vec<u64> {
         .collect()
 }
 
+mod kept;
 mod tracker;
 mod victims;
 mod workloads;

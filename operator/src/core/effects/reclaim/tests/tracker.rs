@@ -1,10 +1,11 @@
 //! The reclaim tracker over passes: grace periods, minimum runtimes, Events.
 
 use super::*;
+use crate::core::effects::reclaim::budgets::BudgetView;
 
 /// Team `owner` (namespace `o`, guaranteed 8) waits for 2 devices of sharing policy `a`;
 /// `borrower` (namespace `b`, guaranteed 4) holds 12 in 4-device Jobs.
-fn plan() -> Plan {
+pub(super) fn plan() -> Plan {
     let team = |name: &str, namespace: &str, allocated, effective_guarantee| TeamReport {
         department: None,
         name: name.into(),
@@ -44,7 +45,7 @@ fn team(name: &str, reclaim: Value) -> TeamGpuPolicy {
 }
 
 /// Three 4-device Jobs of one Pod each, started an hour apart (j3 newest, 10:00).
-fn cluster() -> (Vec<Arc<PodView>>, Vec<Arc<ClaimView>>) {
+pub(super) fn cluster() -> (Vec<Arc<PodView>>, Vec<Arc<ClaimView>>) {
     let started = |h: u32| json!({"status": {"startTime": format!("2026-06-01T{h:02}:00:00Z")}});
     let pods = views(&[
         pod("b", "j1-0", Some(("Job", "j1")), json!({}), started(8)),
@@ -66,16 +67,17 @@ const OFF: ReclaimDefaults = ReclaimDefaults {
 };
 
 /// A tracker for the waiting team, from `t0`.
-struct Waiting {
+pub(super) struct Waiting {
     teams: Vec<TeamGpuPolicy>,
     defaults: ReclaimDefaults,
     tracker: ReclaimTracker,
     t0: Instant,
+    pub(super) budgets: Vec<Arc<BudgetView>>,
 }
 
 impl Waiting {
     /// The team opted in with a grace period of 30 s.
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::with(json!({"enabled": true, "gracePeriodSeconds": 30}), OFF)
     }
 
@@ -86,16 +88,17 @@ impl Waiting {
             defaults,
             tracker: ReclaimTracker::default(),
             t0: Instant::now(),
+            budgets: Vec::new(),
         }
     }
 
     /// What a pass of `plan` at `secs` after `t0` (and after 12:00 on the wall) asks for.
-    fn reclaimed(&mut self, plan: &Plan, secs: u64) -> Reclaimed {
+    pub(super) fn reclaimed(&mut self, plan: &Plan, secs: u64) -> Reclaimed {
         self.reclaimed_in(plan, secs, cluster())
     }
 
     /// What a pass of `plan` at `secs` asks for with these Pods and claims.
-    fn reclaimed_in(
+    pub(super) fn reclaimed_in(
         &mut self,
         plan: &Plan,
         secs: u64,
@@ -108,6 +111,7 @@ impl Waiting {
             teams: &self.teams,
             claims: &claims,
             pods: &pods,
+            budgets: &self.budgets,
         };
         self.tracker.evictions(input, self.defaults, now, wall)
     }
@@ -122,7 +126,7 @@ impl Waiting {
             .collect()
     }
 
-    fn wakes_at(&self) -> Option<u64> {
+    pub(super) fn wakes_at(&self) -> Option<u64> {
         let at = self.tracker.next_attempt()?;
         Some(at.duration_since(self.t0).as_secs())
     }
@@ -204,6 +208,7 @@ fn a_claim_whose_pod_is_gone_counts_as_coming_back_for_a_minute() {
             teams: &waiting.teams,
             claims: &claims,
             pods: &pods,
+            budgets: &[],
         };
         let now = waiting.t0 + Duration::from_secs(secs);
         let wall = Timestamp::from_second(at(NOW).as_second() + secs as i64).unwrap();

@@ -1,0 +1,146 @@
+//! Reclaim's choice for one waiting team within what PodDisruptionBudgets allow. Pure. A
+//! workload its budgets would not let go whole is not chosen, and the workloads chosen in one
+//! pass spend the budgets together ([`super::budgets::Ledger`]), so that reclaim asks the
+//! Eviction API only for what it will allow; the waiting team is told which workloads the
+//! budgets keep.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::budgets::{BudgetView, BudgetedPod, Ledger, Overdrawn};
+use super::nodes;
+use super::victims::{self, Borrower, Choice};
+use super::workload::{PodView, Workload};
+use crate::core::plan::ReclaimOrder;
+use crate::core::plan::placement::Placement;
+
+/// The budgets as reclaim reads them in one pass: what they still allow, and the Pods they may
+/// cover (those that use claims; a workload's other Pods are counted by the executor's read).
+#[derive(Debug)]
+pub struct PassBudgets<'a> {
+    ledger: Ledger<'a>,
+    pods: BTreeMap<(&'a str, &'a str), &'a BudgetedPod>,
+}
+
+impl<'a> PassBudgets<'a> {
+    pub fn new(budgets: &'a [Arc<BudgetView>], pods: &'a [Arc<PodView>]) -> Self {
+        // Most clusters' borrowers have no budget: then no Pod is looked at.
+        let namespaces: Vec<&str> = budgets.iter().map(|b| b.namespace.as_str()).collect();
+        let pods = (pods.iter())
+            .filter(|p| namespaces.contains(&&*p.namespace))
+            .filter_map(|p| Some(((&*p.namespace, &*p.name), p.budgeted.as_deref()?)))
+            .collect();
+        PassBudgets {
+            ledger: Ledger::new(budgets.iter().map(|b| &**b)),
+            pods,
+        }
+    }
+
+    fn pods_of<'w>(&self, w: &'w Workload) -> Vec<(&'w str, &'a BudgetedPod)> {
+        (w.pods.iter())
+            .filter_map(|(ns, name)| Some((&**ns, *self.pods.get(&(&**ns, &**name))?)))
+            .collect()
+    }
+
+    /// Takes out of the `borrowers` the workloads that their budgets keep even alone; says
+    /// which, and why.
+    pub fn keep(&self, borrowers: &mut [Borrower]) -> Vec<(String, Overdrawn)> {
+        let mut kept = Vec::new();
+        if self.pods.is_empty() {
+            return kept;
+        }
+        for b in borrowers.iter_mut() {
+            b.workloads
+                .retain(|w| match self.ledger.allows(&self.pods_of(w)) {
+                    Ok(()) => true,
+                    Err(why) => {
+                        kept.push((w.name.clone(), why));
+                        false
+                    }
+                });
+        }
+        kept
+    }
+
+    /// Spends the budgets for the workloads of `choice`, in the order chosen. `Err`: the first
+    /// that the ones before it left its budgets too short for (its borrower's index, its place
+    /// among the borrower's workloads, why); nothing is spent then.
+    pub fn spend(
+        &mut self,
+        choice: &Choice,
+        borrowers: &[Borrower],
+    ) -> Result<(), (usize, Option<usize>, Overdrawn)> {
+        let mut ledger = self.ledger.clone();
+        for (b, w) in &choice.evict {
+            if let Err(why) = ledger.spend(&self.pods_of(w)) {
+                let place = borrowers[*b].workloads.iter().position(|x| x == w);
+                return Err((*b, place, why));
+            }
+        }
+        self.ledger = ledger;
+        Ok(())
+    }
+}
+
+/// What reclaim takes for one waiting team: room on a node for its `unplaced` claims, else the
+/// devices `orders` say it is owed, from the `borrowers` (by [`nodes::choose_on_nodes`] or
+/// [`victims::choose`]), with a minimum runtime at the wall time `when`. Never what the
+/// `budgets` keep: they spend what is chosen, and the workloads they keep are named.
+pub(super) fn choose_within_budgets(
+    borrowers: &mut [Borrower],
+    budgets: &mut PassBudgets<'_>,
+    unplaced: Option<(&Placement, &Vec<u32>)>,
+    orders: &[&ReclaimOrder],
+    (min_runtime, wall): (u64, Timestamp),
+) -> (u64, Choice, Vec<(String, Overdrawn)>) {
+    let mut kept = budgets.keep(borrowers);
+    loop {
+        let (shortfall, choice) = match unplaced {
+            Some((placement, claims)) => {
+                let free = (placement.free.iter())
+                    .map(|(node, n)| (node.clone(), u64::from(*n)))
+                    .collect();
+                let choice = nodes::choose_on_nodes(borrowers, &free, claims, min_runtime, wall);
+                (claims.iter().copied().map(u64::from).sum(), choice)
+            }
+            None => {
+                let shortfall = orders.iter().map(|o| u64::from(o.devices)).sum();
+                let choice = victims::choose(borrowers, shortfall, min_runtime, wall);
+                (shortfall, choice)
+            }
+        };
+        match budgets.spend(&choice, borrowers) {
+            Err((b, Some(place), why)) => {
+                let w = borrowers[b].workloads.remove(place);
+                kept.push((w.name, why));
+            }
+            _ => return (shortfall, choice, kept),
+        }
+    }
+}
+
+/// The workloads that budgets keep, by budget: "PodDisruptionBudget ml/serve, which allows no
+/// disruption now, keeps Pod ml/serve-0, Job ml/train (2 of its Pods) and 3 more".
+pub(super) fn kept_by_budgets(kept: &[(String, Overdrawn)]) -> String {
+    const NAMED: usize = 5;
+    let mut by_budget: BTreeMap<(&str, String), Vec<String>> = BTreeMap::new();
+    for (workload, why) in kept {
+        let item = match why.covered {
+            1 => workload.clone(),
+            n => format!("{workload} ({n} of its Pods)"),
+        };
+        (by_budget.entry((&why.budget, why.allows())).or_default()).push(item);
+    }
+    let budgets: Vec<String> = (by_budget.into_iter())
+        .map(|((budget, allows), workloads)| {
+            let mut named = workloads[..workloads.len().min(NAMED)].join(", ");
+            if workloads.len() > NAMED {
+                named = format!("{named} and {} more", workloads.len() - NAMED);
+            }
+            format!("PodDisruptionBudget {budget}, which {allows}, keeps {named}")
+        })
+        .collect();
+    budgets.join("; ")
+}
