@@ -66,47 +66,61 @@ impl BudgetedPod {
 /// that goes spends from the budgets that cover its Pods.
 #[derive(Clone, Debug)]
 pub struct Ledger<'b> {
+    /// Each budget and what it still allows, by namespace (a workload's Pods ask only the
+    /// budgets of their namespaces).
     left: Vec<(&'b BudgetView, usize)>,
 }
 
 impl<'b> Ledger<'b> {
     pub fn new(budgets: impl IntoIterator<Item = &'b BudgetView>) -> Self {
-        let left = (budgets.into_iter())
+        let mut left: Vec<_> = (budgets.into_iter())
             .map(|b| (b, usize::try_from(b.disruptions_allowed).unwrap_or(0)))
             .collect();
+        left.sort_by(|(a, _), (b, _)| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         Ledger { left }
     }
 
     /// Spends what evicting all of `pods` (each with its namespace) asks of the budgets, or
     /// says why they cannot all go ([`Ledger::allows`]); nothing is spent then.
     pub fn spend(&mut self, pods: &[(&str, &BudgetedPod)]) -> Result<(), Overdrawn> {
-        let covered = self.covered(pods)?;
-        for ((_, left), n) in self.left.iter_mut().zip(covered) {
-            *left -= n;
+        for (i, n) in self.covered(pods)? {
+            self.left[i].1 -= n;
         }
         Ok(())
     }
 
-    /// Whether all of `pods` may go: if not, why (the first budget that covers more of them
-    /// than it still allows).
+    /// Whether all of `pods` may go: if not, why (the first budget, by namespace and name,
+    /// that covers more of them than it still allows).
     pub fn allows(&self, pods: &[(&str, &BudgetedPod)]) -> Result<(), Overdrawn> {
         self.covered(pods).map(drop)
     }
 
-    /// How many of `pods` each budget covers, when none covers more than it allows.
-    fn covered(&self, pods: &[(&str, &BudgetedPod)]) -> Result<Vec<usize>, Overdrawn> {
-        let covered: Vec<usize> = (self.left.iter())
-            .map(|(budget, _)| pods.iter().filter(|(ns, p)| covers(budget, ns, p)).count())
-            .collect();
-        let over = (self.left.iter().zip(&covered)).find(|((_, left), n)| *n > left);
-        match over {
-            None => Ok(covered),
-            Some(((budget, left), n)) => Err(Overdrawn {
-                budget: format!("{}/{}", budget.namespace, budget.name),
-                allowed: *left,
-                covered: *n,
-            }),
+    /// The budgets that cover some of `pods` (their places in `left`) and how many, when none
+    /// covers more than it allows.
+    fn covered(&self, pods: &[(&str, &BudgetedPod)]) -> Result<Vec<(usize, usize)>, Overdrawn> {
+        let mut namespaces: Vec<&str> = pods.iter().map(|(ns, _)| *ns).collect();
+        namespaces.sort_unstable();
+        namespaces.dedup();
+        let mut out = Vec::new();
+        for namespace in namespaces {
+            let start = (self.left).partition_point(|(b, _)| b.namespace.as_str() < namespace);
+            let in_namespace = (self.left[start..].iter().enumerate())
+                .take_while(|(_, (b, _))| b.namespace == namespace);
+            for (i, (budget, left)) in in_namespace {
+                let n = pods.iter().filter(|(ns, p)| covers(budget, ns, p)).count();
+                if n > *left {
+                    return Err(Overdrawn {
+                        budget: format!("{}/{}", budget.namespace, budget.name),
+                        allowed: *left,
+                        covered: n,
+                    });
+                }
+                if n > 0 {
+                    out.push((start + i, n));
+                }
+            }
         }
+        Ok(out)
     }
 }
 

@@ -4,7 +4,7 @@
 //! Eviction API only for what it will allow; the waiting team is told which workloads the
 //! budgets keep.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
@@ -26,14 +26,20 @@ pub struct PassBudgets<'a> {
 
 impl<'a> PassBudgets<'a> {
     pub fn new(budgets: &'a [Arc<BudgetView>], pods: &'a [Arc<PodView>]) -> Self {
-        // Most clusters' borrowers have no budget: then no Pod is looked at.
-        let namespaces: Vec<&str> = budgets.iter().map(|b| b.namespace.as_str()).collect();
-        let pods = (pods.iter())
-            .filter(|p| namespaces.contains(&&*p.namespace))
+        // Only budgets beside Pods that use claims count: most of a cluster's budgets cover
+        // other applications, and most borrowers have none.
+        let budgeted = || pods.iter().filter(|p| p.budgeted.is_some());
+        let with_pods: BTreeSet<&str> = budgeted().map(|p| &*p.namespace).collect();
+        let budgets: Vec<&BudgetView> = (budgets.iter().map(|b| &**b))
+            .filter(|b| with_pods.contains(b.namespace.as_str()))
+            .collect();
+        let namespaces: BTreeSet<&str> = budgets.iter().map(|b| b.namespace.as_str()).collect();
+        let pods = budgeted()
+            .filter(|p| namespaces.contains(&*p.namespace))
             .filter_map(|p| Some(((&*p.namespace, &*p.name), p.budgeted.as_deref()?)))
             .collect();
         PassBudgets {
-            ledger: Ledger::new(budgets.iter().map(|b| &**b)),
+            ledger: Ledger::new(budgets),
             pods,
         }
     }
