@@ -5,6 +5,8 @@
 //! budgets keep.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
@@ -21,7 +23,7 @@ use crate::core::plan::placement::Placement;
 #[derive(Debug)]
 pub struct PassBudgets<'a> {
     ledger: Ledger<'a>,
-    pods: BTreeMap<(&'a str, &'a str), &'a BudgetedPod>,
+    pods: FxHashMap<(&'a str, &'a str), &'a BudgetedPod>,
 }
 
 impl<'a> PassBudgets<'a> {

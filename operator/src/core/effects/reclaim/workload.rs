@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use rustc_hash::{FxHashMap, FxHashSet};
+
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
@@ -143,7 +145,7 @@ pub struct Workload {
 }
 
 /// Where a workload's Pods belong together: a label across the team, else one namespace.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Scope {
     Team(Arc<str>),
     Namespace(Arc<str>, WorkloadKey),
@@ -180,12 +182,12 @@ pub fn workloads(
     namespaces: &[String],
     (class, node_of): (&str, NodeOf),
 ) -> Vec<Workload> {
-    let in_team = |ns: &str| namespaces.iter().any(|n| n == ns);
-    let by_scope = by_scope(pods, namespaces);
-    let scope_of_pod: BTreeMap<(&str, &str), &Scope> = (by_scope.iter())
+    let in_team = in_namespaces(namespaces);
+    let by_scope = by_scope(pods, &in_team);
+    let scope_of_pod: FxHashMap<(&str, &str), &Scope> = (by_scope.iter())
         .flat_map(|(scope, pods)| pods.iter().map(move |p| ((&*p.namespace, &*p.name), scope)))
         .collect();
-    let mut devices: BTreeMap<&Scope, BTreeMap<Option<Arc<str>>, u64>> = BTreeMap::new();
+    let mut devices: FxHashMap<&Scope, BTreeMap<Option<Arc<str>>, u64>> = FxHashMap::default();
     let mut released = Vec::new();
     for claim in claims.iter().filter(|c| in_team(&c.namespace)) {
         let held: Vec<&DeviceId> = (claim.devices.iter())
@@ -226,13 +228,10 @@ pub fn workloads(
 /// The Pods of `namespaces` (one team's) by the workload they belong to.
 fn by_scope<'p>(
     pods: &'p [Arc<PodView>],
-    namespaces: &[String],
+    in_team: &dyn Fn(&str) -> bool,
 ) -> BTreeMap<Scope, Vec<&'p PodView>> {
     let mut out: BTreeMap<Scope, Vec<&PodView>> = BTreeMap::new();
-    for pod in pods
-        .iter()
-        .filter(|p| namespaces.iter().any(|n| **n == *p.namespace))
-    {
+    for pod in pods.iter().filter(|p| in_team(&p.namespace)) {
         out.entry(scope_of(pod)).or_default().push(pod);
     }
     out
@@ -271,7 +270,7 @@ pub fn queued(
     namespaces: &[String],
     class: &str,
 ) -> Vec<Workload> {
-    let in_team = |ns: &str| namespaces.iter().any(|n| n == ns);
+    let in_team = in_namespaces(namespaces);
     let charged: BTreeMap<(&str, &str), u64> = (claims.iter())
         .filter(|c| in_team(&c.namespace) && !c.allocated)
         .filter_map(|c| {
@@ -279,7 +278,7 @@ pub fn queued(
             Some(((&*c.namespace, &*c.name), *n))
         })
         .collect();
-    (by_scope(pods, namespaces).iter())
+    (by_scope(pods, &in_team).iter())
         .filter(|(_, pods)| pods.iter().all(|p| !p.bound && !p.terminating))
         .filter_map(|(scope, pods)| {
             let devices: u64 = (pods.iter())
@@ -316,12 +315,20 @@ fn released_claim(claim: &ClaimView, held: &[&DeviceId], node_of: NodeOf) -> Wor
 /// The namespaces outside `namespaces` (one team's) whose Pods carry the workload label
 /// `label` too: the label is read per team, so those Pods are not part of the team's workload.
 pub fn label_elsewhere(pods: &[Arc<PodView>], namespaces: &[String], label: &str) -> Vec<String> {
+    let in_team = in_namespaces(namespaces);
     let mut out: Vec<String> = (pods.iter())
         .filter(|p| matches!(&p.workload, WorkloadKey::Labelled(l) if **l == *label))
-        .filter(|p| !namespaces.iter().any(|n| **n == *p.namespace))
+        .filter(|p| !in_team(&p.namespace))
         .map(|p| p.namespace.to_string())
         .collect();
     out.sort();
     out.dedup();
     out
+}
+
+/// Whether a namespace is one of `namespaces` (a team's, up to thousands): looked up, not
+/// searched, as it is asked for every Pod and claim of the cluster.
+fn in_namespaces(namespaces: &[String]) -> impl Fn(&str) -> bool + '_ {
+    let set: FxHashSet<&str> = namespaces.iter().map(String::as_str).collect();
+    move |ns| set.contains(ns)
 }
