@@ -5,11 +5,10 @@
 //! budgets keep.
 
 use std::collections::{BTreeMap, BTreeSet};
-
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
+use rustc_hash::FxHashMap;
 
 use super::budgets::{BudgetView, BudgetedPod, Ledger, Overdrawn};
 use super::nodes;
@@ -94,7 +93,7 @@ impl<'a> PassBudgets<'a> {
 
 /// What reclaim takes for one waiting team: room on a node for its `unplaced` claims, else the
 /// devices `orders` say it is owed, from the `borrowers` (by [`nodes::choose_on_nodes`] or
-/// [`victims::choose`]), with a minimum runtime at the wall time `when`. Never what the
+/// [`victims::choose`]), with the minimum runtime at the wall time `wall`. Never what the
 /// `budgets` keep: they spend what is chosen, and the workloads they keep are named.
 pub(super) fn choose_within_budgets(
     borrowers: &mut [Borrower],

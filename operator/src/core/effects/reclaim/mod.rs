@@ -2,8 +2,9 @@
 //! waiting below its guarantee, and that team opted in, whole workloads of the borrowers are
 //! evicted (through the Eviction API, which enforces PodDisruptionBudgets) after a grace period.
 //! Which workloads: [`victims::choose`]; what a workload is: [`workload`]; whether budgets let
-//! all of a workload's Pods go: [`budgets`], counted as reclaim chooses ([`kept`]). A workload whose eviction was refused is passed
-//! over for a while, so that another may cover the shortfall.
+//! all of a workload's Pods go: [`budgets`], counted as reclaim chooses ([`kept`]). A workload
+//! whose eviction was refused is passed over for a while, so that another may cover the
+//! shortfall.
 
 pub mod budgets;
 mod kept;

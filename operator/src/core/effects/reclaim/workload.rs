@@ -7,10 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rustc_hash::{FxHashMap, FxHashSet};
-
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::budgets::BudgetedPod;
 use crate::core::plan::inventory::DeviceId;
