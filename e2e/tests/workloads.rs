@@ -264,6 +264,33 @@ impl World {
         }
     }
 
+    /// Creates PodDisruptionBudget `name` of `ns` with `spec`, and waits until the disruption
+    /// controller counts `healthy` Pods and allows `allowed` disruptions.
+    async fn budget(
+        &self,
+        ns: &str,
+        name: &str,
+        spec: Value,
+        (healthy, allowed): (i32, i32),
+    ) -> Api<PodDisruptionBudget> {
+        let budgets = Api::<PodDisruptionBudget>::namespaced(self.client.clone(), ns);
+        let budget = json!({"metadata": {"name": name}, "spec": spec});
+        let budget = serde_json::from_value(budget).unwrap();
+        budgets
+            .create(&PostParams::default(), &budget)
+            .await
+            .unwrap();
+        eventually(&format!("budget {name} counted"), CONVERGE, || async {
+            let b = budgets.get(name).await.map_err(|e| e.to_string())?;
+            match b.status.map(|s| (s.current_healthy, s.disruptions_allowed)) {
+                Some(counted) if counted == (healthy, allowed) => Ok(()),
+                other => Err(format!("(healthy, allowed) {other:?}")),
+            }
+        })
+        .await;
+        budgets
+    }
+
     async fn create_job(&self, ns: &str, job: Job) {
         Api::<Job>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &job)
@@ -436,25 +463,9 @@ async fn a_job_a_budget_would_split_is_left_whole_and_another_goes_instead() {
         return;
     };
     let (owner, borrower, before) = two_training_jobs(&world).await;
-    let budgets = Api::<PodDisruptionBudget>::namespaced(world.client.clone(), &borrower);
-    let budget = serde_json::from_value(json!({
-        "metadata": {"name": "train-low"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-low"}}}
-    }))
-    .unwrap();
-    budgets
-        .create(&PostParams::default(), &budget)
-        .await
-        .unwrap();
     // The disruption controller counts both Pods healthy: one may go.
-    eventually("the budget allows 1", CONVERGE, || async {
-        let b = budgets.get("train-low").await.map_err(|e| e.to_string())?;
-        match b.status.map(|s| s.disruptions_allowed) {
-            Some(1) => Ok(()),
-            other => Err(format!("disruptionsAllowed {other:?}")),
-        }
-    })
-    .await;
+    let spec = json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "train-low"}}});
+    world.budget(&borrower, "train-low", spec, (2, 1)).await;
 
     for i in 6..8 {
         world
@@ -486,25 +497,9 @@ async fn budgets_that_keep_every_borrowed_job_are_named_to_the_owner_and_reclaim
         return;
     };
     let (owner, borrower, before) = two_training_jobs(&world).await;
-    let budgets = Api::<PodDisruptionBudget>::namespaced(world.client.clone(), &borrower);
-    let budget = serde_json::from_value(json!({
-        "metadata": {"name": "training"},
-        "spec": {"minAvailable": 4, "selector": {"matchExpressions": [
-            {"key": "app", "operator": "In", "values": ["train-low", "train-high"]}]}}
-    }))
-    .unwrap();
-    budgets
-        .create(&PostParams::default(), &budget)
-        .await
-        .unwrap();
-    eventually("the budget counts 4 healthy", CONVERGE, || async {
-        let b = budgets.get("training").await.map_err(|e| e.to_string())?;
-        match b.status.map(|s| (s.current_healthy, s.disruptions_allowed)) {
-            Some((4, 0)) => Ok(()),
-            other => Err(format!("(healthy, allowed) {other:?}")),
-        }
-    })
-    .await;
+    let spec = json!({"minAvailable": 4, "selector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["train-low", "train-high"]}]}});
+    let budgets = world.budget(&borrower, "training", spec, (4, 0)).await;
     for i in 6..8 {
         world
             .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
@@ -542,6 +537,73 @@ async fn budgets_that_keep_every_borrowed_job_are_named_to_the_owner_and_reclaim
     world.holds(&owner, 8, Duration::from_secs(40)).await;
     let after = world.evicted_whole(&borrower, &before, "train-low").await;
     assert_eq!(of_job(&before, "train-high"), of_job(&after, "train-high"));
+}
+
+/// Two workloads one budget covers spend it together: with a budget allowing 1 disruption over
+/// the borrower's two serving Jobs, reclaim takes one of them and then the training Job, rather
+/// than asking for both serving Jobs and seeing the second eviction refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_chosen_together_spend_one_budget_and_the_next_goes_instead() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    // 16 GPUs on two nodes: owner is guaranteed 8 and holds 4, "other" holds its 4, borrower
+    // (guaranteed 2, so that it may give 6) holds 8: a serving Job of 1 Pod x 2 GPUs pinned to each node, low
+    // priority, and a high-priority training Job of 2 Pods x 2 GPUs, one on each node.
+    let owner = (world.team(
+        "owner",
+        json!({"guaranteed": 8, "limit": 8}),
+        json!({"enabled": true, "gracePeriodSeconds": 3}),
+    ))
+    .await;
+    let other = (world.team("other", json!({"guaranteed": 4, "limit": 4}), json!({}))).await;
+    let borrower = (world.team("borrower", json!({"guaranteed": 2, "limit": 12}), json!({}))).await;
+    let pinned = world.pinned().await;
+    let pools = ["gpu-b-01", "gpu-b-02"];
+    for i in 0..4 {
+        let pool = pools[i % 2];
+        (world.create_pod(&owner, pinned(&format!("serve-{i}"), POLICY, pool))).await;
+        (world.create_pod(&other, pinned(&format!("etl-{i}"), POLICY, pool))).await;
+    }
+    world.holds(&owner, 4, CONVERGE).await;
+    world.holds(&other, 4, CONVERGE).await;
+    let x2 = format!("{POLICY}-x2");
+    for (name, pool) in [("serve-a", pools[0]), ("serve-b", pools[1])] {
+        let mut serving = job(name, 1, &x2, Some("teamgpu-e2e-low"));
+        let template = &mut serving.spec.as_mut().unwrap().template;
+        let pod = pinned(name, &x2, pool);
+        template.spec.as_mut().unwrap().node_selector = pod.spec.unwrap().node_selector;
+        let labels = template.metadata.as_mut().unwrap().labels.as_mut().unwrap();
+        labels.insert("tier".into(), "serving".into());
+        world.create_job(&borrower, serving).await;
+    }
+    world.holds(&borrower, 4, CONVERGE).await;
+    let train = job("train", 2, &x2, Some("teamgpu-e2e-high"));
+    world.create_job(&borrower, train).await;
+    world.holds(&borrower, 8, CONVERGE).await;
+    let before = world.pods(&borrower).await;
+    let spec = json!({"minAvailable": 1, "selector": {"matchLabels": {"tier": "serving"}}});
+    world.budget(&borrower, "serving", spec, (2, 1)).await;
+
+    // The owner wants 4 more: one serving Job and the training Job make room for them.
+    for i in 4..8 {
+        world
+            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
+            .await;
+    }
+    world.holds(&owner, 8, Duration::from_secs(40)).await;
+    let after = world.evicted_whole(&borrower, &before, "train").await;
+    let serving_left = ["serve-a", "serve-b"]
+        .map(|job| of_job(&before, job).is_subset(&of_job(&after, job)))
+        .iter()
+        .filter(|kept| **kept)
+        .count();
+    assert_eq!(
+        serving_left, 1,
+        "one serving Job goes, the other stays: {after:?}"
+    );
+    let refused = world.events(&borrower, "EvictionRefused").await;
+    assert!(refused.is_empty(), "no eviction was refused: {refused:?}");
 }
 
 /// A young workload is spared until it has run the waiting team's minimum runtime; the team is
