@@ -28,7 +28,14 @@ pub struct PassBudgets<'a> {
 impl<'a> PassBudgets<'a> {
     pub fn new(budgets: &'a [Arc<BudgetView>], pods: &'a [Arc<PodView>]) -> Self {
         // Only budgets beside Pods that use claims count: most of a cluster's budgets cover
-        // other applications, and most borrowers have none.
+        // other applications, and most borrowers have none. With no budget at all, no Pod is
+        // looked at.
+        if budgets.is_empty() {
+            return PassBudgets {
+                ledger: Ledger::new([]),
+                pods: FxHashMap::default(),
+            };
+        }
         let budgeted = || pods.iter().filter(|p| p.budgeted.is_some());
         let with_pods: BTreeSet<&str> = budgeted().map(|p| &*p.namespace).collect();
         let budgets: Vec<&BudgetView> = (budgets.iter().map(|b| &**b))

@@ -261,7 +261,7 @@ impl ReclaimTracker {
                 (min_runtime, wall),
             );
             if !kept.is_empty() && choice.uncovered > 0 {
-                // Budgets are not watched for this: look again as a refusal is retried.
+                // A budget's change wakes no pass: look again when a refusal would be retried.
                 self.wake_at(now + RETRY_REFUSED);
             }
             if let Some(at) = choice.eligible_at {
