@@ -211,6 +211,7 @@ async fn replay(bench: &Bench, config: Configuration) -> Result<Figures, Error> 
     let setting = Setting {
         teams: &bench.teams,
         limits: config.limits(&bench.teams),
+        lending_limits: config.lending_limits(&bench.teams),
         team_of: setup::team_of(&namespaces),
         jobs: &bench.jobs,
         submitted,

@@ -17,6 +17,9 @@ pub struct Setting<'a> {
     pub teams: &'a [Team],
     /// Each team's limit in this configuration (`CAPACITY` when there are none).
     pub limits: Vec<u32>,
+    /// Each team's lending limit in this configuration (`None` when it lends everything, and
+    /// for every team without teamgpu).
+    pub lending_limits: Vec<Option<u32>>,
     /// Namespace to team index.
     pub team_of: HashMap<String, usize>,
     pub jobs: &'a [Job],
@@ -325,7 +328,7 @@ fn idle_while_wanted(
             .filter_map(|t| {
                 let unused =
                     (setting.teams[t].guaranteed).saturating_sub(charged[t][i].max(held[t][i]));
-                Some(unused.saturating_sub(setting.teams[t].lending_limit?))
+                Some(unused.saturating_sub(setting.lending_limits[t]?))
             })
             .sum();
         let above_quota = quota.min(idle.saturating_sub(placement));
@@ -442,7 +445,23 @@ fn team_figures(
 ) -> Vec<TeamFigures> {
     let grace_samples = (f64::from(GRACE_SECONDS) / STEP).round() as usize;
     let samples = held.first().map_or(0, Vec::len);
-    let fairness = fairness_deviations(setting, held, demand);
+    let fairness = fairness_deviations(setting, &setting.lending_limits, held, demand);
+    if setting.lending_limits.iter().any(Option::is_some) {
+        // Runs before 2026-12-06 (late) lent what a lending limit keeps in the fair shares too.
+        let lending_all = vec![None; setting.teams.len()];
+        let before = fairness_deviations(setting, &lending_all, held, demand);
+        eprintln!(
+            "replay: fairness with every guarantee lendable (as before 2026-12-06 late): {:.2}",
+            before.iter().map(Deviation::total).sum::<f64>() / before.len().max(1) as f64
+        );
+    }
+    for (team, d) in setting.teams.iter().zip(&fairness) {
+        eprintln!(
+            "replay: {}: mean GPUs above its share {:.2}, below it while as many were idle {:.2}, \
+             below it while other teams held them {:.2}",
+            team.name, d.above, d.below_beside_idle, d.below
+        );
+    }
     let idle: Vec<u32> = (0..samples)
         .map(|i| CAPACITY.saturating_sub(held.iter().map(|h| h[i]).sum()))
         .collect();
@@ -513,19 +532,44 @@ fn team_figures(
                 wanted_in_guarantee: (0..samples).map(|i| f64::from(want(i))).sum::<f64>() * STEP,
                 mean_held: held[t].iter().map(|&h| f64::from(h)).sum::<f64>()
                     / samples.max(1) as f64,
-                fairness_deviation: fairness[t],
+                fairness_deviation: fairness[t].total(),
                 evictions: 0,
             }
         })
         .collect()
 }
 
+/// One team's mean |allocated - fair share|, taken apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Deviation {
+    /// Held above the share.
+    above: f64,
+    /// Held below the share while at least as many devices were idle: the team's Pods were on
+    /// their way, or fitted no node.
+    below_beside_idle: f64,
+    /// Held below the share while other teams held the devices.
+    below: f64,
+}
+
+impl Deviation {
+    fn total(&self) -> f64 {
+        self.above + self.below_beside_idle + self.below
+    }
+}
+
 /// Per team, the mean |allocated - fair share| over the samples (every fifth, 0.5 s apart).
-fn fairness_deviations(setting: &Setting, held: &[Vec<u32>], demand: &[Vec<u32>]) -> Vec<f64> {
+/// The devices a lending limit keeps for an idle owner (its guarantee beyond what it wants and
+/// may lend) are nobody's share: the configuration says they stay idle.
+fn fairness_deviations(
+    setting: &Setting,
+    lending_limits: &[Option<u32>],
+    held: &[Vec<u32>],
+    demand: &[Vec<u32>],
+) -> Vec<Deviation> {
     let samples = held.first().map_or(0, Vec::len);
     let teams = setting.teams;
     let weights: Vec<f64> = teams.iter().map(|t| f64::from(t.weight)).collect();
-    let mut deviation = vec![0.0; teams.len()];
+    let mut deviation = vec![Deviation::default(); teams.len()];
     let mut counted = 0usize;
     for i in (0..samples).step_by(5) {
         let caps: Vec<f64> = (0..teams.len())
@@ -534,15 +578,33 @@ fn fairness_deviations(setting: &Setting, held: &[Vec<u32>], demand: &[Vec<u32>]
         let floors: Vec<f64> = (0..teams.len())
             .map(|t| f64::from(demand[t][i].min(teams[t].guaranteed)))
             .collect();
-        let shares = weighted_max_min(f64::from(CAPACITY), &floors, &caps, &weights);
+        let kept: u32 = (0..teams.len())
+            .filter_map(|t| {
+                let unused = teams[t].guaranteed.saturating_sub(demand[t][i]);
+                Some(unused.saturating_sub(lending_limits[t]?))
+            })
+            .sum();
+        let capacity = f64::from(CAPACITY - kept);
+        let shares = weighted_max_min(capacity, &floors, &caps, &weights);
+        let idle = f64::from(CAPACITY.saturating_sub(held.iter().map(|h| h[i]).sum()));
         for t in 0..teams.len() {
-            deviation[t] += (f64::from(held[t][i]) - shares[t]).abs();
+            let off = f64::from(held[t][i]) - shares[t];
+            let d = &mut deviation[t];
+            match off {
+                _ if off >= 0.0 => d.above += off,
+                _ if -off <= idle => d.below_beside_idle -= off,
+                _ => d.below -= off,
+            }
         }
         counted += 1;
     }
-    deviation
-        .iter()
-        .map(|d| d / counted.max(1) as f64)
+    let n = counted.max(1) as f64;
+    (deviation.iter())
+        .map(|d| Deviation {
+            above: d.above / n,
+            below_beside_idle: d.below_beside_idle / n,
+            below: d.below / n,
+        })
         .collect()
 }
 
@@ -834,6 +896,7 @@ mod tests {
         let setting = Setting {
             teams: &teams,
             limits: vec![120, 4, 16],
+            lending_limits: vec![None, None, Some(6)],
             team_of: HashMap::new(),
             jobs: &[],
             submitted: HashMap::new(),
@@ -864,6 +927,7 @@ mod tests {
         let setting = Setting {
             teams: &teams,
             limits: vec![64, 80],
+            lending_limits: vec![None; 2],
             team_of: HashMap::new(),
             jobs: &[],
             submitted: HashMap::new(),
@@ -942,6 +1006,7 @@ mod tests {
         let setting = Setting {
             teams: &teams,
             limits: vec![64],
+            lending_limits: vec![None],
             team_of: HashMap::from([("a-vision".into(), 0)]),
             jobs: std::slice::from_ref(&job),
             submitted: HashMap::from([("vision-000".into(), ("a-vision".into(), 10.0))]),
@@ -1028,6 +1093,55 @@ mod tests {
             .collect();
         delays.sort_by(f64::total_cmp);
         assert_eq!(delays, vec![9.4, 20.0]);
+    }
+
+    #[test]
+    fn what_a_lending_limit_keeps_idle_is_nobodys_share() {
+        // vision (guaranteed 32, lends none of it) wants 8; language wants every device. Of
+        // the 128, vision's 24 unused stay idle, so language's share is 96, not 120.
+        let teams = crate::workload::teams()[..2].to_vec();
+        let setting = Setting {
+            teams: &teams,
+            limits: vec![64, 128],
+            lending_limits: vec![Some(0), None],
+            team_of: HashMap::new(),
+            jobs: &[],
+            submitted: HashMap::new(),
+            end: 1.0,
+        };
+        let (held, demand) = ([vec![8; 10], vec![96; 10]], [vec![8; 10], vec![128; 10]]);
+        let kept = fairness_deviations(&setting, &setting.lending_limits, &held, &demand);
+        assert_eq!(kept, vec![Deviation::default(); 2]);
+        // Counting vision's 24 as language's share, language would seem 24 short, and as
+        // many idle.
+        let lent = fairness_deviations(&setting, &[None, None], &held, &demand);
+        assert!((lent[1].below_beside_idle - 24.0).abs() < 1e-6, "{lent:?}");
+        assert_eq!(lent[1].total(), lent[1].below_beside_idle);
+    }
+
+    #[test]
+    fn a_team_below_its_share_is_told_apart_by_whether_the_devices_were_idle() {
+        // vision and language (weights 3 and 3) each want 64: shares of 64. language holds 60
+        // throughout; in the first sample the other 4 are idle, in the second vision holds them.
+        let teams = crate::workload::teams()[..2].to_vec();
+        let setting = Setting {
+            teams: &teams,
+            limits: vec![64, 80],
+            lending_limits: vec![None; 2],
+            team_of: HashMap::new(),
+            jobs: &[],
+            submitted: HashMap::new(),
+            end: 1.0,
+        };
+        let mut vision = vec![64; 10];
+        vision[5..].fill(68);
+        let held = [vision, vec![60; 10]];
+        let demand = [vec![64; 10], vec![64; 10]];
+        let deviations = fairness_deviations(&setting, &[None, None], &held, &demand);
+        let (vision, language) = (deviations[0], deviations[1]);
+        assert_eq!((vision.above, vision.total()), (2.0, 2.0));
+        assert_eq!((language.below_beside_idle, language.below), (2.0, 2.0));
+        assert_eq!(language.above, 0.0);
     }
 
     #[test]

@@ -78,6 +78,13 @@ impl Configuration {
             .collect()
     }
 
+    /// Each team's lending limit: as its TeamGpuPolicy says, and none without teamgpu.
+    pub fn lending_limits(self, teams: &[Team]) -> Vec<Option<u32>> {
+        (teams.iter())
+            .map(|t| t.lending_limit.filter(|_| self.uses_teamgpu()))
+            .collect()
+    }
+
     pub fn uses_teamgpu(self) -> bool {
         self != Configuration::Plain
     }
