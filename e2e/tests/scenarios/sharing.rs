@@ -142,15 +142,16 @@ async fn idle_devices_go_first_to_the_team_whose_pods_wait() {
             .await;
     }
     let _operator = world.operator();
-    // Nothing waits: the 16 idle devices go by weight, 12 to alpha and beta's 4 beyond its 4.
-    world.hard_is("alpha", "pcie", "12").await;
-    world.hard_is("beta", "pcie", "8").await;
+    // Nothing waits: the 16 idle devices go by weight to the team holding the least for it.
+    // alpha (weight 3) rises to beta's 4 (weight 1) at 12, and the next device of each ties at
+    // level 5: 15 to alpha, and 1 to beta beyond its 4.
+    world.hard_is("alpha", "pcie", "15").await;
+    world.hard_is("beta", "pcie", "5").await;
 
-    // beta starts 14 one-GPU Pods: 8 fit its quota, 6 wait. Of the 8 idle devices, by weight
-    // alone alpha (nothing waiting) would be lent 6 and beta 2, pass after pass, and some of
-    // beta's Pods would still wait beside devices nobody uses (with this rule taken out, 13 of 14
-    // had a device after 60 s: the last 3 idle devices all go to alpha's weight). beta's waiting
-    // Pods are served first: 6 to beta, 2 to alpha.
+    // beta starts 14 one-GPU Pods: 5 fit its quota, 9 wait. By weight alone alpha (nothing
+    // waiting, holding nothing) would be lent the 11 idle devices, pass after pass, and beta's
+    // Pods would wait beside devices nobody uses. beta's waiting Pods are served first: all 14
+    // get a device, and alpha may claim the 2 left.
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), &world.ns("beta"));
     for i in 0..14 {
         pods.create(

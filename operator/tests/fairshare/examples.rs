@@ -39,18 +39,21 @@ fn one_team_idle_two_borrow_at_weights_1_and_3() {
             using("gamma", 8, 8, 1, 0),
         ],
     });
+    // Weighted max-min of what the teams hold: at weights 1 and 3 the 24 devices would be 6
+    // and 18; alpha's guarantee lifts it to 8, so beta's level is still below alpha's after
+    // all 8 idle devices (16 / 3 < 9 / 1).
     assert_eq!(out.idle, 8);
     assert_eq!(
         entitlements(&out),
-        [("alpha", 10), ("beta", 14), ("gamma", 8)]
+        [("alpha", 8), ("beta", 16), ("gamma", 8)]
     );
     assert_eq!(
         share(&out, "alpha").explanation.to_string(),
-        "8 guaranteed + 2 borrowed of 8 idle at weight 1/4"
+        "8 guaranteed; the idle devices went to other borrowers, who hold less for their weight"
     );
     assert_eq!(
         share(&out, "beta").explanation.to_string(),
-        "8 guaranteed + 6 borrowed of 8 idle at weight 3/4"
+        "8 guaranteed + 8 borrowed of 8 idle at weight 3/4"
     );
     // gamma can still claim its whole guarantee at once.
     assert_eq!(share(&out, "gamma").namespaces[0].hard, 8);
@@ -78,6 +81,27 @@ fn owner_returns_and_the_reclaim_is_named() {
     assert_eq!(
         reclaims(&out),
         [("alpha", 1, "gamma"), ("beta", 3, "gamma")]
+    );
+}
+
+#[test]
+fn borrowers_give_back_from_above_their_weighted_share_of_the_pool() {
+    // 24 devices, 16 guaranteed. gamma (8) waits for all of its guarantee while alpha (4,
+    // weight 1) holds 8 and beta (4, weight 3) holds 16. Their weighted shares of the 16 not
+    // guaranteed to gamma are 4 and 12: each holds 4 beyond its share, and each gives 4 back
+    // (split by weight on top of the guarantees, it would have been 2 and 6).
+    let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
+        capacity: 24,
+        teams: vec![
+            using("alpha", 4, 24, 1, 8),
+            using("beta", 4, 24, 3, 16),
+            team("gamma", 8, 8, 1, vec![ns("gamma-ns", 0, 0, 8)]),
+        ],
+    });
+    assert_eq!(
+        reclaims(&out),
+        [("alpha", 4, "gamma"), ("beta", 4, "gamma")]
     );
 }
 
@@ -218,9 +242,9 @@ fn teams_whose_pods_wait_borrow_the_idle_devices_first() {
         share(&out, "alpha").explanation.to_string(),
         "8 guaranteed; the idle devices went to teams whose Pods wait"
     );
-    // Nobody waits: by weight, 12 and 4.
+    // Nobody waits: by weight, the 32 are 24 and 8.
     let out = compute_pool(&pool(0));
-    assert_eq!(entitlements(&out), [("alpha", 20), ("beta", 12)]);
+    assert_eq!(entitlements(&out), [("alpha", 24), ("beta", 8)]);
 }
 
 #[test]

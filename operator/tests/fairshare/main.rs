@@ -400,7 +400,7 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
         let b = u64::from(t.entitlement) - base - u64::from(t.reused);
         assert!(b <= cap, "{} borrows {b} beyond its cap {cap}", t.team);
         lent_sum += b;
-        lent.push((b, cap, u64::from(t.weight)));
+        lent.push((b, cap, u64::from(t.weight), base));
         wanted.push(waits_for.min(cap));
     }
     // Never lent twice, and never a device a lending limit keeps.
@@ -415,7 +415,7 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     );
     if lent_sum < pool {
         assert!(
-            lent.iter().all(|&(b, cap, _)| b == cap),
+            lent.iter().all(|&(b, cap, _, _)| b == cap),
             "lendable idle left while a team may borrow"
         );
     }
@@ -423,31 +423,32 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     // Teams whose Pods wait borrow first, weighted max-min up to what they wait for. Only when
     // every such want is met is the rest lent, weighted max-min up to the caps, counting what
     // each team already borrowed: a team given more than it waits for sits no higher than the
-    // next device of any team below its cap.
+    // next device of any team below its cap. A team's level counts what it holds without
+    // borrowing (`base`): the weighted max-min share of what teams hold, guarantees as floors.
     let wanted_sum: u64 = wanted.iter().sum();
-    let rounds: Vec<(u64, u64, u64, u64)> = if wanted_sum >= pool {
+    let rounds: Vec<(u64, u64, u64, u64, u64)> = if wanted_sum >= pool {
         lent.iter()
             .zip(&wanted)
-            .map(|(&(b, _, w), &want)| (b, want, w, 0))
+            .map(|(&(b, _, w, base), &want)| (b, want, w, 0, base))
             .collect()
     } else {
         lent.iter()
             .zip(&wanted)
-            .map(|(&(b, cap, w), &want)| (b, cap, w, want))
+            .map(|(&(b, cap, w, base), &want)| (b, cap, w, want, base))
             .collect()
     };
-    for &(b, cap, _, floor) in &rounds {
+    for &(b, cap, _, floor, _) in &rounds {
         assert!(
             floor <= b && b <= cap,
             "a team's Pods wait while others borrow beyond theirs: {lent:?} {wanted:?}"
         );
     }
-    for &(bs, _, ws, floor) in &rounds {
-        for &(bt, capt, wt, _) in &rounds {
+    for &(bs, _, ws, floor, base_s) in &rounds {
+        for &(bt, capt, wt, _, base_t) in &rounds {
             if bs > floor && bt < capt {
-                // s's last device is at level bs/ws, t's next one at (bt+1)/wt.
+                // s's last device is at level (base + bs)/ws, t's next one at (base + bt + 1)/wt.
                 assert!(
-                    bs * wt <= (bt + 1) * ws,
+                    (base_s + bs) * wt <= (base_t + bt + 1) * ws,
                     "weighted max-min violated: {rounds:?}"
                 );
             }

@@ -119,7 +119,9 @@ impl fmt::Display for Explanation {
             } else if self.to_waiting > 0 && !self.waits {
                 f.write_str("; the idle devices went to teams whose Pods wait")?;
             } else {
-                f.write_str("; the idle devices went to other borrowers")?;
+                f.write_str(
+                    "; the idle devices went to other borrowers, who hold less for their weight",
+                )?;
             }
         }
         if self.kept_for_members > 0 {

@@ -1,6 +1,6 @@
 //! Rules 2 and 3 of one pool: which idle devices are lent, and to whom.
 
-use super::apportion::{water_fill, water_fill_above};
+use super::apportion::water_fill_above;
 use super::{Explanation, LevelRules, Team, to_u32};
 
 /// How one pool's idle devices are lent (rules 2 and 3), per team in the order of `teams`.
@@ -142,11 +142,12 @@ pub(super) fn lend(
     let wants: Vec<(u64, u32)> = (0..n)
         .map(|i| (caps[i].0.min(waits_for[i]), caps[i].1))
         .collect();
-    let mut lent = water_fill(pool, &wants);
+    let none = vec![0; n];
+    let mut lent = fill_over_holdings(pool, &base, &wants, &none);
     let to_waiting: u64 = lent.iter().sum();
     let waiting_take_all = to_waiting == pool && to_waiting > 0;
     if !waiting_take_all {
-        lent = water_fill_above(pool, &caps, &lent);
+        lent = fill_over_holdings(pool, &base, &caps, &lent);
     }
     let reused = reuse(teams, effective, (&base, &lent), &waits_for);
     let weighed = if waiting_take_all { &wants } else { &caps };
@@ -222,5 +223,24 @@ fn reuse(
             let within = effective[i].saturating_sub(t.requested - t.unplaceable);
             t.unplaceable.min(by_limit).min(waits).min(within)
         })
+        .collect()
+}
+
+/// Water-fills `pool` idle devices over the teams, each already `given` some (at most its cap
+/// in `items`), where a team's level counts what it holds without borrowing: its next device
+/// sits at (base + lent + 1) / weight. Idle devices go first to the teams holding the least per
+/// weight, guarantees as floors: the weighted max-min share of what teams hold, not of what
+/// each was lent this pass (a team that borrowed much waits behind one that borrowed little).
+fn fill_over_holdings(pool: u64, base: &[u64], items: &[(u64, u32)], given: &[u64]) -> Vec<u64> {
+    let held: u64 = base.iter().sum();
+    let shifted: Vec<(u64, u32)> = (items.iter().zip(base))
+        .map(|(&(cap, weight), b)| (b + cap, weight))
+        .collect();
+    let floors: Vec<u64> = base.iter().zip(given).map(|(b, g)| b + g).collect();
+    let filled = water_fill_above(pool + held, &shifted, &floors);
+    filled
+        .iter()
+        .zip(base)
+        .map(|(total, b)| total - b)
         .collect()
 }

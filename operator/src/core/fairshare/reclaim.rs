@@ -1,6 +1,6 @@
 //! Rule 6 of one pool: which borrowers give devices back to owners waiting below their guarantee.
 
-use super::apportion::water_fill;
+use super::apportion::{water_fill, water_fill_above};
 use super::{Reclaim, Team, to_u32};
 
 /// Rule 6: owners below their effective guarantee with pending demand, when the free devices do
@@ -19,24 +19,19 @@ pub(super) fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> 
     if need_sum <= free {
         return Vec::new();
     }
-    // Fair entitlement: effective guarantee plus a water-filled share of the capacity nobody is
-    // guaranteed. What a team holds above it (never counting below its guarantee) is excess.
-    let unguaranteed = capacity.saturating_sub(effective.iter().sum());
-    let room: Vec<(u64, u32)> = teams
+    // Fair entitlement: the weighted max-min share of the capacity, effective guarantees as
+    // floors and limits as caps (as idle devices are lent). What a team holds above it (never
+    // counting below its guarantee) is excess.
+    let limits: Vec<(u64, u32)> = teams
         .iter()
         .zip(effective)
-        .map(|(t, &eg)| (u64::from(t.limit).saturating_sub(eg), t.weight))
+        .map(|(t, &eg)| (u64::from(t.limit).max(eg), t.weight))
         .collect();
-    let fair_extra = water_fill(unguaranteed, &room);
+    let fair = water_fill_above(capacity, &limits, effective);
     let excess: Vec<(u64, u32)> = teams
         .iter()
         .enumerate()
-        .map(|(i, t)| {
-            (
-                t.allocated.saturating_sub(effective[i] + fair_extra[i]),
-                t.weight,
-            )
-        })
+        .map(|(i, t)| (t.allocated.saturating_sub(fair[i]), t.weight))
         .collect();
     let excess_sum: u64 = excess.iter().map(|e| e.0).sum();
     let wanted = (need_sum - free).min(excess_sum);
