@@ -113,7 +113,8 @@ pub struct TeamGpuPolicySpec {
         ]
     ))]
     pub namespaces: Vec<String>,
-    /// Fair-share weight when idle devices are lent out.
+    /// Fair-share weight: idle devices go to the teams holding the least for their weight, the
+    /// weighted max-min share of the pool with guarantees as floors.
     #[serde(default = "default_weight")]
     #[schemars(range(min = 1, max = 1000))]
     pub weight: u32,
