@@ -3,6 +3,26 @@
 use super::*;
 
 #[test]
+fn a_team_is_told_when_the_only_idle_devices_are_its_own_guarantee() {
+    // alpha uses 4 of its 8 guaranteed devices, and may hold 16: the 4 idle devices are its own,
+    // which it may claim without borrowing, and beta (guaranteed none) borrows them.
+    let out = compute_pool(&PoolInput {
+        departments: Vec::new(),
+        capacity: 8,
+        teams: vec![using("alpha", 8, 16, 1, 4), using("beta", 0, 16, 1, 0)],
+    });
+    assert_eq!(entitlements(&out), [("alpha", 8), ("beta", 4)]);
+    assert_eq!(
+        share(&out, "alpha").explanation.to_string(),
+        "8 guaranteed; the idle devices are its own unused guarantee"
+    );
+    assert_eq!(
+        share(&out, "beta").explanation.to_string(),
+        "0 guaranteed + 4 borrowed of 4 idle at weight 1/1"
+    );
+}
+
+#[test]
 fn no_contention_everyone_can_reach_its_limit() {
     let out = compute_pool(&PoolInput {
         departments: Vec::new(),

@@ -38,6 +38,11 @@ pub struct Explanation {
 }
 
 impl Explanation {
+    /// The team's unused guarantee that lies among the lendable idle devices.
+    fn own_lendable(&self) -> u32 {
+        (self.unused).saturating_sub(self.reserved + self.kept_for_members)
+    }
+
     /// Says who borrowed first when teams whose Pods wait were lent devices before the others.
     fn waiting_first(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.to_waiting, self.waits) {
@@ -118,6 +123,9 @@ impl fmt::Display for Explanation {
                 )?;
             } else if self.to_waiting > 0 && !self.waits {
                 f.write_str("; the idle devices went to teams whose Pods wait")?;
+            } else if self.lendable <= self.own_lendable() {
+                // Nobody borrows its own unused guarantee: it may claim it without borrowing.
+                f.write_str("; the idle devices are its own unused guarantee")?;
             } else {
                 f.write_str(
                     "; the idle devices went to other borrowers, who hold less for their weight",
