@@ -64,6 +64,9 @@ pub struct Figures {
     pub guaranteed_device_seconds: f64,
     /// Seconds from quota room to bound, for Pods whose claim quota had refused.
     pub headroom_to_bound: Vec<f64>,
+    /// Of it, the seconds from quota room to the Pod's claim created: the wake-up, before the
+    /// scheduler's part.
+    pub headroom_to_claim: Vec<f64>,
     /// Jobs: submit to all Pods bound; submit to Complete (for jobs unfinished at the end: to
     /// the end, a lower bound).
     pub job_wait: Vec<f64>,
@@ -179,6 +182,7 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
     let hards = quota_series(setting, timeline, samples, |q| q.hard);
     let charged = quota_series(setting, timeline, samples, |q| q.used);
     let idle_while_wanted = idle_while_wanted(setting, &held, &demand, &hards, &charged);
+    let (headroom_to_bound, headroom_to_claim) = headroom_to_bound(timeline, &most_free);
     Figures {
         end: setting.end,
         utilization,
@@ -186,7 +190,8 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         guaranteed_device_seconds: (setting.teams.iter())
             .map(|t| f64::from(t.guaranteed) * setting.end)
             .sum(),
-        headroom_to_bound: headroom_to_bound(timeline, &most_free),
+        headroom_to_bound,
+        headroom_to_claim,
         jobs_submitted: setting.submitted.len(),
         job_wait,
         job_completion,
@@ -731,9 +736,10 @@ fn first_claims(timeline: &Timeline) -> HashMap<&str, Seconds> {
 /// moment between the Pod's creation and its claim's), the seconds from the start of the room
 /// its claim was then created in (hard - used >= its GPUs, as the server reported) to the Pod
 /// being bound. Pods never bound are left out.
-fn headroom_to_bound(timeline: &Timeline, most_free: &[u32]) -> Vec<f64> {
+/// Also returns, for the same Pods, the seconds from that room to their claim created.
+fn headroom_to_bound(timeline: &Timeline, most_free: &[u32]) -> (Vec<f64>, Vec<f64>) {
     let claim_created = first_claims(timeline);
-    let mut out = Vec::new();
+    let (mut out, mut to_claim) = (Vec::new(), Vec::new());
     for (uid, pod) in &timeline.pods {
         let (Some(bound), Some(&claimed)) = (pod.bound, claim_created.get(uid.as_str())) else {
             continue;
@@ -760,9 +766,10 @@ fn headroom_to_bound(timeline: &Timeline, most_free: &[u32]) -> Vec<f64> {
                 );
             }
             out.push(waited);
+            to_claim.push((claimed - room).max(0.0));
         }
     }
-    out
+    (out, to_claim)
 }
 
 /// When the room `gpus` was created in began, if quota had refused them before: the last
@@ -953,6 +960,44 @@ mod tests {
             "{figures:?}"
         );
         assert_eq!(figures[1].shortfall, 0.0);
+    }
+
+    #[test]
+    fn headroom_to_bound_is_taken_apart_at_the_claim() {
+        // An 8-GPU Pod created at 10 s while its quota has room for 4; the quota has room for 8
+        // from 30 s, the claim is created at 30.2 s and the Pod bound at 37 s (no node had
+        // room until then). A 1-GPU Pod that always had room does not count.
+        let pod = |gpus, created, bound| PodTrace {
+            namespace: "a-vision".into(),
+            gpus,
+            created,
+            bound: Some(bound),
+            ..PodTrace::default()
+        };
+        let claim = |pod: &str, created| crate::observe::ClaimTrace {
+            namespace: "a-vision".into(),
+            pod: Some(pod.into()),
+            created,
+            allocated: Vec::new(),
+        };
+        let sample = |at, hard| crate::observe::QuotaSample { at, hard, used: 0 };
+        let timeline = Timeline {
+            pods: HashMap::from([
+                ("big".into(), pod(8, 10.0, 37.0)),
+                ("small".into(), pod(1, 12.0, 12.5)),
+            ]),
+            claims: HashMap::from([
+                ("c1".into(), claim("big", 30.2)),
+                ("c2".into(), claim("small", 12.1)),
+            ]),
+            quotas: BTreeMap::from([("a-vision".into(), vec![sample(0.0, 4), sample(30.0, 8)])]),
+            ..Timeline::default()
+        };
+        let (to_bound, to_claim) = headroom_to_bound(&timeline, &[0; 400]);
+        let rounded =
+            |v: Vec<f64>| -> Vec<f64> { v.iter().map(|s| (s * 10.0).round() / 10.0).collect() };
+        assert_eq!(rounded(to_bound), vec![7.0]);
+        assert_eq!(rounded(to_claim), vec![0.2]);
     }
 
     #[test]

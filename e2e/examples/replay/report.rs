@@ -160,14 +160,16 @@ fn rows(results: &[(Configuration, Figures)]) -> Vec<Row> {
             target("≤ 1%", borrowing.map(|a| shortfall_share(a) <= 0.01)),
         ),
         row(
-            "headroom → bound p50 / p99 (pods)",
+            "headroom → bound p50 / p99 (pods); of it, headroom → claim created p99 (the wake-up)",
             &|f| match (
                 quantile(&f.headroom_to_bound, 0.5),
                 p99(&f.headroom_to_bound),
+                p99(&f.headroom_to_claim),
             ) {
-                (Some(p50), Some(p99)) => {
-                    format!("{p50:.1} s / {p99:.1} s ({})", f.headroom_to_bound.len())
-                }
+                (Some(p50), Some(p99), Some(woken)) => format!(
+                    "{p50:.1} s / {p99:.1} s ({}); {woken:.1} s",
+                    f.headroom_to_bound.len()
+                ),
                 _ => "none waited for quota".to_owned(),
             },
             target(
