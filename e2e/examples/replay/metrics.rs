@@ -890,6 +890,24 @@ pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
 mod tests {
     use super::*;
 
+    /// A configuration of `teams` alone: no jobs, no namespaces.
+    fn bare<'a>(
+        teams: &'a [Team],
+        limits: Vec<u32>,
+        lending_limits: Vec<Option<u32>>,
+        end: Seconds,
+    ) -> Setting<'a> {
+        Setting {
+            teams,
+            limits,
+            lending_limits,
+            team_of: HashMap::new(),
+            jobs: &[],
+            submitted: HashMap::new(),
+            end,
+        }
+    }
+
     #[test]
     fn idle_devices_are_counted_within_quota_then_above_quota_then_above_limit() {
         // 128 devices; team 0 holds 100 of the 126 it wants (hard 110, limit 120), team 1
@@ -900,15 +918,7 @@ mod tests {
         let mut teams = crate::workload::teams()[..3].to_vec();
         teams[2].guaranteed = 16;
         teams[2].lending_limit = Some(6);
-        let setting = Setting {
-            teams: &teams,
-            limits: vec![120, 4, 16],
-            lending_limits: vec![None, None, Some(6)],
-            team_of: HashMap::new(),
-            jobs: &[],
-            submitted: HashMap::new(),
-            end: STEP,
-        };
+        let setting = bare(&teams, vec![120, 4, 16], vec![None, None, Some(6)], STEP);
         let lost = idle_while_wanted(
             &setting,
             &[vec![100], vec![0], vec![0]],
@@ -931,15 +941,7 @@ mod tests {
         // idle. Past the 4-s grace (the last 1 s, 10 samples) 8 are overdue, 4 of them while
         // idle.
         let teams = crate::workload::teams()[..2].to_vec();
-        let setting = Setting {
-            teams: &teams,
-            limits: vec![64, 80],
-            lending_limits: vec![None; 2],
-            team_of: HashMap::new(),
-            jobs: &[],
-            submitted: HashMap::new(),
-            end: 5.0,
-        };
+        let setting = bare(&teams, vec![64, 80], vec![None; 2], 5.0);
         let samples = 50;
         // In the first 4.5 s a waiting Pod of vision's fits a node, in the last 0.5 s none.
         let mut room = vec![vec![Fit::Claimed; samples], vec![Fit::NoNode; samples]];
@@ -1145,15 +1147,7 @@ mod tests {
         // vision (guaranteed 32, lends none of it) wants 8; language wants every device. Of
         // the 128, vision's 24 unused stay idle, so language's share is 96, not 120.
         let teams = crate::workload::teams()[..2].to_vec();
-        let setting = Setting {
-            teams: &teams,
-            limits: vec![64, 128],
-            lending_limits: vec![Some(0), None],
-            team_of: HashMap::new(),
-            jobs: &[],
-            submitted: HashMap::new(),
-            end: 1.0,
-        };
+        let setting = bare(&teams, vec![64, 128], vec![Some(0), None], 1.0);
         let (held, demand) = ([vec![8; 10], vec![96; 10]], [vec![8; 10], vec![128; 10]]);
         let kept = fairness_deviations(&setting, &setting.lending_limits, &held, &demand);
         assert_eq!(kept, vec![Deviation::default(); 2]);
@@ -1169,15 +1163,7 @@ mod tests {
         // vision and language (weights 3 and 3) each want 64: shares of 64. language holds 60
         // throughout; in the first sample the other 4 are idle, in the second vision holds them.
         let teams = crate::workload::teams()[..2].to_vec();
-        let setting = Setting {
-            teams: &teams,
-            limits: vec![64, 80],
-            lending_limits: vec![None; 2],
-            team_of: HashMap::new(),
-            jobs: &[],
-            submitted: HashMap::new(),
-            end: 1.0,
-        };
+        let setting = bare(&teams, vec![64, 80], vec![None; 2], 1.0);
         let mut vision = vec![64; 10];
         vision[5..].fill(68);
         let held = [vision, vec![60; 10]];
