@@ -358,6 +358,86 @@ fn copies(
     (quotas, templates)
 }
 
+/// The class a synthetic claim asks for.
+fn class_of(claim: &ResourceClaim) -> String {
+    let requests = claim
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref());
+    requests.expect("a claim's requests")[0]
+        .exactly
+        .as_ref()
+        .expect("an exact request")
+        .device_class_name
+        .clone()
+}
+
+/// The team whose selector takes namespace `ns` (by its labels).
+fn team_of(state: &teamgpu::core::state::ClusterState, ns: &str) -> String {
+    let labels = &(state.namespaces.iter())
+        .find(|n| n.name == ns)
+        .expect("the claim's namespace")
+        .labels;
+    (state.teams.iter())
+        .find(|t| {
+            t.spec
+                .namespace_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .is_some_and(|l| l.iter().all(|(k, v)| labels.get(k) == Some(v)))
+        })
+        .and_then(|t| t.metadata.name.clone())
+        .expect("the namespace's team")
+}
+
+/// What `team`'s status says its claims request of `policy` (0 without a status).
+async fn requested(teams: &Api<TeamGpuPolicy>, team: &str, policy: &str) -> u32 {
+    (teams.get(team).await.ok())
+        .and_then(|t| t.status)
+        .and_then(|s| s.quotas.into_iter().find(|q| q.sharing_policy == policy))
+        .map_or(0, |q| q.requested)
+}
+
+/// Status during the converge: a claim deleted `after` the operator started, until its team's
+/// status counts it (the synthetic claims ask for one device each). What the operator plans
+/// while it writes, and writes between its batches; None if not counted in 2 minutes.
+async fn deleted_during_converge(
+    client: &kube::Client,
+    state: &teamgpu::core::state::ClusterState,
+    after: Duration,
+) -> Option<Duration> {
+    // Not one of the claims the reactions below delete (every hundredth, from the first).
+    let claim = state.claims.get(1)?;
+    let ns = claim.metadata.namespace.clone()?;
+    let (team, class) = (team_of(state, &ns), class_of(claim));
+    let policy = class.trim_end_matches(".teamgpu.io");
+    let left = (state.claims.iter())
+        .filter(|c| class_of(c) == class)
+        .filter(|c| {
+            c.metadata
+                .namespace
+                .as_deref()
+                .is_some_and(|n| team_of(state, n) == team)
+        })
+        .count() as u32
+        - 1;
+    tokio::time::sleep(after).await;
+    let t = Instant::now();
+    Api::<ResourceClaim>::namespaced(client.clone(), &ns)
+        .delete(claim.metadata.name.as_deref()?, &Default::default())
+        .await
+        .expect("delete a claim");
+    let teams = Api::<TeamGpuPolicy>::all(client.clone());
+    while t.elapsed() < Duration::from_secs(120) {
+        if requested(&teams, &team, policy).await == left {
+            return Some(t.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i]
@@ -573,7 +653,8 @@ async fn benchmark() {
         planned.objects.resource_quotas.len(),
         planned.objects.claim_templates.len(),
     );
-    let (quotas_in_place, templates_in_place) = tokio::join!(
+    const DURING: Duration = Duration::from_secs(3);
+    let (quotas_in_place, templates_in_place, during) = tokio::join!(
         async {
             until_managed::<ResourceQuota>(&client, want_quotas).await;
             started.elapsed()
@@ -581,7 +662,8 @@ async fn benchmark() {
         async {
             until_managed::<ResourceClaimTemplate>(&client, want_templates).await;
             started.elapsed()
-        }
+        },
+        deleted_during_converge(&client, &state, DURING)
     );
     let in_place = started.elapsed();
     // Converged: no write for 3 s.
@@ -609,6 +691,14 @@ async fn benchmark() {
     println!(
         "  quotas in place after {quotas_in_place:.1?}, templates after {templates_in_place:.1?}"
     );
+    match during {
+        Some(took) => println!(
+            "  a claim deleted {DURING:?} into the converge, to its team's status counting it: {took:.1?}"
+        ),
+        None => println!(
+            "  a claim deleted {DURING:?} into the converge: not counted in its team's status after 2 minutes"
+        ),
+    }
     println!(
         "writes: {writes} for {wanted} objects and {statuses} statuses ({:.2} per object)",
         writes as f64 / (wanted + statuses) as f64
@@ -640,49 +730,12 @@ async fn benchmark() {
     let step = (state.claims.len() / 100).max(1);
     for (i, old) in state.claims.iter().step_by(step).take(100).enumerate() {
         let ns = old.metadata.namespace.clone().unwrap();
-        let class = old
-            .spec
-            .devices
-            .as_ref()
-            .unwrap()
-            .requests
-            .as_ref()
-            .unwrap()[0]
-            .exactly
-            .as_ref()
-            .unwrap()
-            .device_class_name
-            .clone();
+        let class = class_of(old);
         let policy = class.trim_end_matches(".teamgpu.io").to_owned();
-        let labels = &state
-            .namespaces
-            .iter()
-            .find(|n| n.name == ns)
-            .expect("the claim's namespace")
-            .labels;
-        let team_name = state
-            .teams
-            .iter()
-            .find(|t| {
-                t.spec
-                    .namespace_selector
-                    .as_ref()
-                    .and_then(|s| s.match_labels.as_ref())
-                    .is_some_and(|l| l.iter().all(|(k, v)| labels.get(k) == Some(v)))
-            })
-            .and_then(|t| t.metadata.name.clone())
-            .expect("the namespace's team");
+        let team_name = team_of(&state, &ns);
         let requested = || {
             let (teams, team_name, policy) = (teams.clone(), team_name.clone(), policy.clone());
-            async move {
-                teams
-                    .get(&team_name)
-                    .await
-                    .ok()
-                    .and_then(|t| t.status)
-                    .and_then(|s| s.quotas.into_iter().find(|q| q.sharing_policy == policy))
-                    .map_or(0, |q| q.requested)
-            }
+            async move { requested(&teams, &team_name, &policy).await }
         };
         // A reaction not seen in 2 minutes is reported, with what the status said, and the
         // measurement goes on (a loaded machine at 10,000 namespaces is not a test to fail).

@@ -376,6 +376,7 @@ fn bench_engine_take_in(events: &mut criterion::BenchmarkGroup<criterion::measur
             grace: std::time::Duration::from_secs(120),
             min_runtime: std::time::Duration::ZERO,
         },
+        writes_per_batch: teamgpu::core::engine::WRITES_PER_BATCH,
     });
     engine.take_in(Input::Pods(Taken::All(pods.clone())));
     events.bench_function("take in one Pod's change of 10,000 Pods", |b| {

@@ -142,6 +142,10 @@ struct RunArgs {
     /// that what a watch missed is repaired (they write nothing when nothing differs).
     #[arg(long, env = "TEAMGPU_RESYNC_SECONDS", default_value_t = 3600)]
     resync_seconds: u64,
+    /// Object writes one batch carries at most: a long converge goes out in batches, and what
+    /// changes meanwhile is written between them.
+    #[arg(long, env = "TEAMGPU_WRITES_PER_BATCH", default_value_t = teamgpu::core::engine::WRITES_PER_BATCH)]
+    writes_per_batch: usize,
     /// A group that may move any namespace into or out of any team and exempt namespaces from
     /// teamgpu (repeat, or comma-separated). Default: system:masters, kubeadm:cluster-admins.
     #[arg(
@@ -446,6 +450,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         reclaim_grace: std::time::Duration::from_secs(args.reclaim_grace_seconds),
         reclaim_min_runtime: std::time::Duration::from_secs(args.reclaim_min_runtime_seconds),
         resync: std::time::Duration::from_secs(args.resync_seconds.max(1)),
+        writes_per_batch: args.writes_per_batch.max(1),
         admin_groups: (!args.admin_groups.is_empty()).then_some(args.admin_groups),
         enforcement: args.enforcement,
         healthz_stall: std::time::Duration::from_secs(args.healthz_stall_seconds),

@@ -22,6 +22,11 @@ use teamgpu::core::plan::admission::Enforcement;
 use teamgpu::core::plan::outside_teams::GUARD_LABEL;
 
 fn engine() -> Engine {
+    engine_with(teamgpu::core::engine::WRITES_PER_BATCH)
+}
+
+/// An engine that hands out at most `writes_per_batch` object writes a pass.
+fn engine_with(writes_per_batch: usize) -> Engine {
     Engine::new(Settings {
         operator_user: "system:serviceaccount:teamgpu-system:teamgpu".into(),
         admin_groups: None,
@@ -31,6 +36,7 @@ fn engine() -> Engine {
             grace: Duration::from_secs(120),
             min_runtime: Duration::ZERO,
         },
+        writes_per_batch,
     })
 }
 
@@ -90,6 +96,15 @@ fn converge(engine: &mut Engine, server: &mut Server, start: Instant) -> Vec<Eff
     );
     assert_eq!(pass_and_settle(engine, server, at(start, 2)), []);
     first
+}
+
+/// A new engine (a restarted operator) that took in everything `server` holds.
+fn restarted_over(server: &mut Server) -> Engine {
+    let mut engine = engine();
+    for input in server.everything() {
+        engine.take_in(input);
+    }
+    engine
 }
 
 /// The example's cluster and an engine that converged it.
@@ -189,10 +204,7 @@ fn a_restart_over_a_converged_cluster_gets_no_effect() {
     converge(&mut first, &mut server, start);
 
     // A new operator: nothing kept but what the server holds.
-    let mut restarted = engine();
-    for input in server.everything() {
-        restarted.take_in(input);
-    }
+    let mut restarted = restarted_over(&mut server);
     let effects = pass(&mut restarted, &mut server, at(start, 600));
     assert_eq!(
         effects,
@@ -668,6 +680,68 @@ fn apply(server: &mut Server, change: &Change) {
     }
 }
 
+/// The devices `team`'s status written among `effects` says its claims request of `policy`.
+fn requested_in(effects: &[Effect], team: &str, policy: &str) -> Option<u64> {
+    effects.iter().find_map(|e| match e {
+        Effect::Status { name, status, .. } if name == team => (status["quotas"].as_array()?)
+            .iter()
+            .find(|q| q["sharingPolicy"] == policy)?["requested"]
+            .as_u64(),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_long_converge_goes_out_in_batches_and_what_changes_meanwhile_is_written_in_the_next() {
+    let start = Instant::now();
+    // The whole converge of the example, as one engine without a limit hands it out.
+    let whole = {
+        let (mut server, mut engine) = (Server::example(), engine());
+        let mut all = objects(&pass_and_settle(&mut engine, &mut server, at(start, 0)));
+        all.sort();
+        all
+    };
+    assert!(whole.len() > 12, "{whole:?}");
+
+    let (mut server, mut engine) = (Server::example(), engine_with(4));
+    let first = pass_and_settle(&mut engine, &mut server, at(start, 0));
+    assert_eq!(objects(&first).len(), 4, "{first:#?}");
+    let before = requested_in(&first, "inference", "a100-80gb").expect("inference's status");
+    // While the converge goes on, inference's service takes 2 more devices.
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "burst", "namespace": "inference-prod"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "a100-80gb.teamgpu.io", "allocationMode": "ExactCount", "count": 2}}]}}
+    }))
+    .unwrap();
+    server.put_claim(claim);
+    // The next batch says so, though the converge has objects left (`pass` also checks that
+    // the engine asks for this pass: writes are left).
+    let second = pass_and_settle(&mut engine, &mut server, at(start, 1));
+    assert_eq!(objects(&second).len(), 4, "{second:#?}");
+    assert_eq!(
+        requested_in(&second, "inference", "a100-80gb"),
+        Some(before + 2),
+        "{second:#?}"
+    );
+    // The rest, four at a time, until nothing is left: every object once.
+    let mut written = [objects(&first), objects(&second)].concat();
+    for second in 2.. {
+        let batch = objects(&pass_and_settle(
+            &mut engine,
+            &mut server,
+            at(start, second),
+        ));
+        assert!(batch.len() <= 4, "{batch:?}");
+        if batch.is_empty() {
+            break;
+        }
+        written.extend(batch);
+    }
+    written.sort();
+    assert_eq!(written, whole);
+}
+
 /// What must agree between a kept and a fresh engine: the writes of objects and statuses.
 /// Left out on purpose: Events (the kept engine does not publish again what it published),
 /// wake-ups of waiting Pods (it does not wake again a template it woke for the same room) and
@@ -677,6 +751,24 @@ fn writes(effects: Vec<Effect>) -> Vec<Effect> {
         .into_iter()
         .filter(|e| matches!(e, Effect::Object(_) | Effect::Status { .. }))
         .collect()
+}
+
+/// A first pass of `engine` at second 0, then `changes` on `server`, with a pass for each
+/// [`Change::Pass`] (at its second); each pass's effects performed and settled, and returned.
+fn passes_over(
+    engine: &mut Engine,
+    server: &mut Server,
+    start: Instant,
+    changes: &[Change],
+) -> Vec<Vec<Effect>> {
+    let mut passes = vec![pass_and_settle(engine, server, at(start, 0))];
+    for (second, change) in (1..).zip(changes) {
+        match change {
+            Change::Pass => passes.push(pass_and_settle(engine, server, at(start, second))),
+            change => apply(server, change),
+        }
+    }
+    passes
 }
 
 proptest::proptest! {
@@ -692,23 +784,43 @@ proptest::proptest! {
         let start = Instant::now();
         let mut server = Server::example();
         let mut kept = engine();
-        pass_and_settle(&mut kept, &mut server, at(start, 0));
-        for (second, change) in (1..).zip(&changes) {
-            match change {
-                Change::Pass => {
-                    pass_and_settle(&mut kept, &mut server, at(start, second));
-                }
-                change => apply(&mut server, change),
-            }
-        }
+        passes_over(&mut kept, &mut server, start, &changes);
         let now = at(start, 1_000);
         let from_kept = writes(pass(&mut kept, &mut server, now));
-        let mut fresh = engine();
-        for input in server.everything() {
-            fresh.take_in(input);
-        }
+        let mut fresh = restarted_over(&mut server);
         let from_fresh = writes(pass(&mut fresh, &mut server, now));
         proptest::prop_assert_eq!(from_kept, from_fresh);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// The same with at most 3 object writes a pass: no pass hands out more, and once the kept
+    /// engine has handed out everything, a fresh engine finds no object to write.
+    #[test]
+    fn an_engine_that_writes_in_small_batches_converges_as_well(
+        changes in proptest::collection::vec(change(), 1..16),
+    ) {
+        let start = Instant::now();
+        let mut server = Server::example();
+        let mut kept = engine_with(3);
+        let mut batches = passes_over(&mut kept, &mut server, start, &changes);
+        for second in 100..200 {
+            let batch = pass_and_settle(&mut kept, &mut server, at(start, second));
+            let done = objects(&batch).is_empty();
+            batches.push(batch);
+            if done {
+                break;
+            }
+        }
+        for batch in &batches {
+            proptest::prop_assert!(objects(batch).len() <= 3, "{:?}", objects(batch));
+        }
+        proptest::prop_assert!(objects(batches.last().unwrap()).is_empty(), "never done");
+        let mut fresh = restarted_over(&mut server);
+        let from_fresh = objects(&pass(&mut fresh, &mut server, at(start, 1_000)));
+        proptest::prop_assert_eq!(from_fresh, Vec::<String>::new());
     }
 }
 

@@ -3,8 +3,10 @@
 //! One reconciler, woken by watch events (debounced), takes in only the caches that changed,
 //! plans with the kept [`Planner`] (which recomputes only what changed inputs feed) and hands
 //! what the kept [`Differ`] finds different, with the statuses, Events and evictions of
-//! [`crate::core::effects`], to the executor, the only code that writes. A steady state makes
-//! no write. Only the leader writes; every replica keeps warm caches. See docs/operator.md.
+//! [`crate::core::effects`], to the executor, the only code that writes, in a task of its own:
+//! passes go on while it writes, and the one after its report hands out what differs then. A
+//! steady state makes no write. Only the leader writes; every replica keeps warm caches. See
+//! docs/operator.md.
 //!
 //! [`Planner`]: crate::core::plan::Planner
 //! [`Differ`]: crate::core::diff::Differ
@@ -83,6 +85,8 @@ pub struct Config {
     pub enforcement: crate::core::plan::admission::Enforcement,
     /// /healthz fails once work has waited this long without a pass finishing; zero: never.
     pub healthz_stall: Duration,
+    /// Object writes one batch carries at most (see [`crate::core::engine::WRITES_PER_BATCH`]).
+    pub writes_per_batch: usize,
 }
 
 impl Default for Config {
@@ -103,6 +107,7 @@ impl Default for Config {
             admin_groups: None,
             enforcement: crate::core::plan::admission::Enforcement::Deny,
             healthz_stall: DEFAULT_HEALTHZ_STALL,
+            writes_per_batch: crate::core::engine::WRITES_PER_BATCH,
         }
     }
 }
@@ -128,6 +133,8 @@ pub enum Error {
     NotSynced,
     #[error("the API server does not say who this operator is (anonymous access?)")]
     Anonymous,
+    #[error("the executor's task stopped (a bug): nothing could be written")]
+    ExecutorStopped,
 }
 
 /// The user name this operator writes as (a SelfSubjectReview, which every authenticated user
@@ -266,6 +273,7 @@ pub async fn run(
         reporter,
         stores.own_writes.clone(),
     );
+    let executor = (executor, leader.clone());
     let notify = wake.notify.clone();
     let reconciler = Reconciler::new(
         &config,
@@ -275,13 +283,19 @@ pub async fn run(
         wake.changes.clone(),
         operator_user,
     );
-    tokio::select! {
-        () = reconcile_loop(reconciler, &config, &notify, leader, &metrics, &progress) => {}
-        () = shutdown => tracing::info!("shutting down"),
-    }
+    let executor_stopped = tokio::select! {
+        () = reconcile_loop(reconciler, &config, &notify, leader, &metrics, &progress) => true,
+        () = shutdown => {
+            tracing::info!("shutting down");
+            false
+        }
+    };
     watches.shutdown().await;
     if let Some(lease) = lease {
         lease.release().await;
+    }
+    if executor_stopped {
+        return Err(Error::ExecutorStopped);
     }
     Ok(())
 }
@@ -373,7 +387,8 @@ async fn elect_leader(
 }
 
 /// Passes, each after a debounced watch event, a change of leadership, a retry or reclaim
-/// that is due, or the resync interval. Never returns.
+/// that is due, the resync interval, or the executor's report on a batch (settled first).
+/// Returns only if the executor's task stopped.
 async fn reconcile_loop(
     mut reconciler: Reconciler,
     config: &Config,
@@ -386,14 +401,15 @@ async fn reconcile_loop(
     let mut next_resync = Instant::now() + config.resync;
     let mut budget = PassBudget::new(Instant::now(), config.debounce);
     loop {
-        let wake_at = [
-            reconciler.executor.next_retry(),
-            reconciler.engine.next_wake(),
-        ]
-        .into_iter()
-        .flatten()
-        .fold(next_resync, Instant::min);
+        let wake_at = (reconciler.next_wake()).map_or(next_resync, |at| at.min(next_resync));
+        let in_flight = reconciler.in_flight();
         tokio::select! {
+            // What the executor did is settled, and the pass that follows hands out what
+            // differs now.
+            ran = reconciler.ran(), if in_flight => {
+                let Some(ran) = ran else { return };
+                reconciler.settle(ran);
+            }
             () = notify.notified() => {
                 tokio::time::sleep_until(budget.due(Instant::now()).into()).await;
             }
@@ -408,7 +424,10 @@ async fn reconcile_loop(
             reconciler.resync();
         }
         metrics.leader.set(i64::from(*leader.borrow()));
-        let planning = reconciler.reconcile().await;
+        let (planning, running) = reconciler.reconcile();
+        if !running {
+            return;
+        }
         budget.spend(Instant::now(), planning);
         progress.pass_finished();
     }

@@ -1,25 +1,32 @@
 //! One pass, as I/O around the [`Engine`]: read the caches whose watch changed into
-//! [`Input`]s, run the engine's pass, hand its effects to the executor and settle what the
-//! executor did. Nothing here decides.
+//! [`Input`]s, run the engine's pass, hand its effects to the executor's task and settle what
+//! it did when it reports. While a batch is in flight, passes go on planning (as a follower
+//! would: nothing is handed out), and the pass after the report hands out what differs then.
+//! Nothing here decides.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::executor::Executor;
+use super::executor::{Executor, Ran, Task};
 use super::metrics::{self, Metrics};
 use super::observe::{self, Stores, Watch};
 use super::{Config, resident_mib};
 use crate::core::effects::ReclaimDefaults;
 use crate::core::engine::{Engine, Input, Now, Pass, Planned, Role, Settings};
+use tokio::sync::watch;
 
 /// Runs the engine on what the watches changed, and has the executor do what it asks for.
 pub(super) struct Reconciler {
     stores: Stores,
     metrics: Arc<Metrics>,
-    /// Does every write.
-    pub(super) executor: Executor,
+    /// The executor's task, which does every write.
+    executor: Task,
+    /// Whether this replica holds the lease.
+    leader: watch::Receiver<bool>,
+    /// When the executor's next retry of a failed write is due, as its last report said.
+    next_retry: Option<Instant>,
     /// Which watches saw events since the last pass.
     changes: Arc<observe::Changes>,
     pub(super) engine: Engine,
@@ -35,7 +42,7 @@ impl Reconciler {
         config: &Config,
         stores: Stores,
         metrics: Arc<Metrics>,
-        executor: Executor,
+        (executor, leader): (Executor, watch::Receiver<bool>),
         changes: Arc<observe::Changes>,
         operator_user: String,
     ) -> Self {
@@ -48,6 +55,7 @@ impl Reconciler {
                 grace: config.reclaim_grace,
                 min_runtime: config.reclaim_min_runtime,
             },
+            writes_per_batch: config.writes_per_batch,
         });
         // The slices may be listing already (asked for early, see `Stores::list_slices_early`).
         if let Some(reads) = stores.slice_reads.borrow().as_deref() {
@@ -56,10 +64,41 @@ impl Reconciler {
         Self {
             stores,
             metrics,
-            executor,
+            executor: executor.spawn(),
+            leader,
+            next_retry: None,
             changes,
             engine,
         }
+    }
+
+    /// Whether a batch is being performed.
+    pub(super) fn in_flight(&self) -> bool {
+        self.executor.in_flight()
+    }
+
+    /// The executor's report on the batch in flight; None if its task stopped.
+    pub(super) async fn ran(&mut self) -> Option<Ran> {
+        self.executor.ran().await
+    }
+
+    /// Takes in what the executor did of a batch; a pass should follow at once (what the
+    /// batch left, or what changed while it ran).
+    pub(super) fn settle(&mut self, ran: Ran) {
+        self.next_retry = ran.next_retry;
+        self.engine.settle(ran.done, Timestamp::now());
+    }
+
+    /// When a pass must run though nothing changes: a retry of a failed write or one of the
+    /// engine's wake-ups. None while a batch is in flight: its report wakes the loop.
+    pub(super) fn next_wake(&self) -> Option<Instant> {
+        if self.in_flight() {
+            return None;
+        }
+        [self.next_retry, self.engine.next_wake()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Hands the engine every cache whose watch saw an event since the last pass; whether a
@@ -147,12 +186,13 @@ impl Reconciler {
         self.engine.resync();
     }
 
-    /// One pass; returns how long it spent reading the caches and planning, without the writes.
-    pub(super) async fn reconcile(&mut self) -> std::time::Duration {
+    /// One pass; returns how long it spent reading the caches and planning. Hands its effects
+    /// to the executor's task if none is in flight; false if that task has stopped.
+    pub(super) fn reconcile(&mut self) -> (std::time::Duration, bool) {
         let started = Instant::now();
         if !self.take_in_changes() {
             tracing::debug!("only namespace labels that nothing reads changed: no pass");
-            return started.elapsed();
+            return (started.elapsed(), true);
         }
         let taken_in = started.elapsed();
         let labels = metrics::ControllerLabels {
@@ -163,11 +203,17 @@ impl Reconciler {
             instant: Instant::now(),
             wall: Timestamp::now(),
         };
-        let role = if self.executor.is_leader() {
+        // A pass hands out what is due by now, the retries of failed writes among it.
+        self.next_retry = self.next_retry.filter(|at| *at > now.instant);
+        let leader = *self.leader.borrow();
+        // While a batch is in flight a pass plans and asks for nothing (as a follower's): the
+        // pass after the batch's report compares what it wrote.
+        let role = if leader && !self.in_flight() {
             Role::Leader
         } else {
             Role::Follower
         };
+        let mut running = true;
         let mut planned_in = None;
         match self.engine.pass(now, role) {
             Pass::ListSlices(reads) => {
@@ -189,9 +235,8 @@ impl Reconciler {
                     resident_mib = resident_mib(),
                     "planned"
                 );
-                if role == Role::Leader {
-                    let done = self.executor.run(effects).await;
-                    self.engine.settle(done, Timestamp::now());
+                if role == Role::Leader && !effects.is_empty() {
+                    running = self.executor.send(effects);
                 }
             }
         }
@@ -199,7 +244,8 @@ impl Reconciler {
             .reconcile_seconds
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
-        // Where a pass's time goes: reading the caches, planning, then the writes.
+        // Where a pass's time goes: reading the caches, then planning (the writes are the
+        // executor's task's).
         tracing::debug!(
             seconds = started.elapsed().as_secs_f64(),
             take_in_ms = taken_in.as_millis(),
@@ -207,6 +253,6 @@ impl Reconciler {
             resident_mib = resident_mib(),
             "pass done"
         );
-        planned_in.unwrap_or_else(|| started.elapsed())
+        (planned_in.unwrap_or_else(|| started.elapsed()), running)
     }
 }

@@ -1,17 +1,17 @@
 //! The only code that writes: performs a pass's [`Effect`]s, the same way for every kind. Only
 //! the leader writes; each request has a timeout; each failure is logged with its object,
 //! counted, and backed off per object (exponential, with jitter), so one object the API server
-//! refuses never holds up the others or hammers the server. Needs a client.
+//! refuses never holds up the others or hammers the server. It runs as a task of its own
+//! ([`Executor::spawn`]), one batch at a time, off the planning path. Needs a client.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::runtime::events::Reporter;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
+mod backoff;
 mod error;
 mod requests;
 
@@ -19,6 +19,7 @@ use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
 use crate::core::diff::{Kind, OwnWrites, Write};
 use crate::core::effects::{Effect, Eviction, FailedWrite, eviction_events};
 use crate::core::engine::Done;
+use backoff::Backoff;
 pub use error::WriteError;
 use requests::Requests;
 
@@ -30,70 +31,58 @@ const WRITE_CONCURRENCY: usize = 16;
 /// How long one write may take before it counts as failed (and is retried with backoff).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The soonest the loop wakes for a retry that is already due (see [`Backoff::next_retry`]).
-const RETRY_FLOOR: Duration = Duration::from_millis(100);
-
-/// Per-object retry state for failed writes.
-#[derive(Debug, Default)]
-pub struct Backoff {
-    failures: HashMap<String, (u32, Instant)>,
-    jitter: RandomState,
-    /// When the last run started: a retry due before it was offered to that run.
-    offered_until: Option<Instant>,
-}
-
-impl Backoff {
-    fn ready(&self, id: &str, now: Instant) -> bool {
-        self.failures.get(id).is_none_or(|(_, at)| now >= *at)
-    }
-
-    /// How long `id` waits after its `attempts`-th failure in a row: a base of 0.4 s doubling
-    /// up to 51.2 s, less up to half of it as jitter (a hash of the id and attempt with this
-    /// process's random seed), so that objects that failed together are not retried together.
-    fn delay(&self, id: &str, attempts: u32) -> Duration {
-        let base = Duration::from_millis(200)
-            .saturating_mul(1 << attempts.min(8))
-            .min(Duration::from_secs(60));
-        let jitter_ms = self.jitter.hash_one((id, attempts)) % (base.as_millis() as u64 / 2 + 1);
-        base / 2 + Duration::from_millis(jitter_ms)
-    }
-
-    fn failed(&mut self, id: &str, now: Instant) {
-        let attempts = self.failures.get(id).map_or(0, |(n, _)| *n) + 1;
-        let at = now + self.delay(id, attempts);
-        self.failures.insert(id.to_owned(), (attempts, at));
-    }
-
-    fn succeeded(&mut self, id: &str) {
-        self.failures.remove(id);
-    }
-
-    /// Forgets the objects whose retry was due at `started` (the start of a run that tried
-    /// every object due) but that were not tried again: they are no longer wanted.
-    fn forget_due(&mut self, started: Instant) {
-        self.failures.retain(|_, (_, at)| *at > started);
-        self.offered_until = Some(started);
-    }
-
-    /// When the loop must wake for the next retry. A retry that came due while the last run
-    /// went on (its write failed early in a long run) was offered to no run: it is due at once,
-    /// but no sooner than [`RETRY_FLOOR`] from `now`, so that passes that run nothing (a
-    /// follower's, one waiting for slices) poll slowly instead of spinning. A retry due before
-    /// the last run started was offered to it, and is forgotten or backing off again.
-    pub fn next_retry(&self, now: Instant) -> Option<Instant> {
-        let offered = |at: Instant| self.offered_until.is_some_and(|until| at <= until);
-        (self.failures.values())
-            .map(|(_, at)| *at)
-            .filter(|at| !offered(*at))
-            .map(|at| at.max(now + RETRY_FLOOR))
-            .min()
-    }
-}
-
 /// What one effect did.
 enum Outcome {
     Applied(Option<String>),
     Done,
+}
+
+/// What the executor's task did of one batch.
+#[derive(Debug)]
+pub struct Ran {
+    pub done: Done,
+    /// When the next failed write is due for a retry (see [`Executor::next_retry`]).
+    pub next_retry: Option<Instant>,
+}
+
+/// The executor's task ([`Executor::spawn`]): batches go in through a channel of one, and
+/// what it did of each comes back. Stopped when dropped.
+#[derive(Debug)]
+pub struct Task {
+    batches: mpsc::Sender<Vec<Effect>>,
+    ran: mpsc::Receiver<Ran>,
+    /// A batch was sent and its report has not been taken.
+    in_flight: bool,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Task {
+    /// Whether a batch is being performed.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    /// Hands `effects` to the task; false if it has stopped (a bug: it never returns while
+    /// batches can come). Only one batch is in flight at once.
+    pub fn send(&mut self, effects: Vec<Effect>) -> bool {
+        debug_assert!(!self.in_flight, "a batch is in flight already");
+        self.in_flight = self.batches.try_send(effects).is_ok();
+        self.in_flight
+    }
+
+    /// What the task did of the batch in flight, once it is done; None if the task stopped.
+    /// Cancel-safe: a report not taken stays for the next call.
+    pub async fn ran(&mut self) -> Option<Ran> {
+        let ran = self.ran.recv().await;
+        self.in_flight = false;
+        ran
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Effects of one phase may run concurrently; phases run one after another, in the order the
@@ -250,6 +239,29 @@ impl Executor {
             return None;
         }
         self.backoff.next_retry(Instant::now())
+    }
+
+    /// Runs as a task of its own, off the planning path: it performs each batch sent to
+    /// [`Task::send`] and reports what it did, while passes go on planning.
+    pub fn spawn(mut self) -> Task {
+        // One batch at a time: a pass hands out a batch only once the one before is reported.
+        let (batches, mut to_run) = mpsc::channel::<Vec<Effect>>(1);
+        let (report, ran) = mpsc::channel(1);
+        let task = tokio::spawn(async move {
+            while let Some(effects) = to_run.recv().await {
+                let done = self.run(effects).await;
+                let next_retry = self.next_retry();
+                if report.send(Ran { done, next_retry }).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Task {
+            batches,
+            ran,
+            in_flight: false,
+            task,
+        }
     }
 
     /// Performs `effects` in their order, skipping those still backing off, and stops starting
@@ -416,61 +428,6 @@ mod tests {
     use super::*;
     use crate::core::diff::ObjectKey;
     use crate::core::effects::PolicyKind;
-
-    #[test]
-    fn a_failing_object_waits_longer_each_time_and_a_success_clears_it() {
-        let mut backoff = Backoff::default();
-        let t0 = Instant::now();
-        assert!(backoff.ready("q", t0));
-        backoff.failed("q", t0);
-        // First failure: 0.4 s, half of it jitter: due between 0.2 s and 0.4 s.
-        assert!(!backoff.ready("q", t0 + Duration::from_millis(199)));
-        assert!(backoff.ready("q", t0 + Duration::from_millis(401)));
-        assert!(backoff.ready("other", t0));
-        for _ in 0..20 {
-            backoff.failed("q", t0);
-        }
-        // Capped: due between 25.6 s and 51.2 s.
-        let due = backoff.next_retry(t0).unwrap() - t0;
-        assert!(
-            due >= Duration::from_millis(25_600) && due <= Duration::from_millis(51_200),
-            "{due:?}"
-        );
-        backoff.succeeded("q");
-        assert!(backoff.ready("q", t0));
-        assert_eq!(backoff.next_retry(t0), None);
-    }
-
-    #[test]
-    fn a_retry_that_was_due_but_not_tried_is_forgotten() {
-        let mut backoff = Backoff::default();
-        let t0 = Instant::now();
-        backoff.failed("gone", t0);
-        backoff.failed("failing", t0 + Duration::from_secs(1));
-        let later = t0 + Duration::from_secs(1);
-        backoff.forget_due(later);
-        assert!(
-            !backoff.ready("failing", later),
-            "tried in that run, still backing off"
-        );
-        assert!(backoff.ready("gone", later));
-        assert_eq!(backoff.failures.len(), 1);
-    }
-
-    #[test]
-    fn a_retry_that_came_due_during_a_run_wakes_the_loop_and_one_offered_does_not() {
-        let mut backoff = Backoff::default();
-        let started = Instant::now();
-        // A write refused early in a run that went on for a second: due before the run ended,
-        // offered to no run.
-        backoff.failed("quota", started);
-        backoff.forget_due(started);
-        let ended = started + Duration::from_secs(1);
-        assert_eq!(backoff.next_retry(ended), Some(ended + RETRY_FLOOR));
-        // The next run was offered it (and retried it, or it is no longer wanted).
-        backoff.forget_due(ended);
-        assert_eq!(backoff.next_retry(ended), None);
-    }
 
     #[test]
     fn the_event_recorder_is_replaced_after_its_share_of_events() {

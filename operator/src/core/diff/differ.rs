@@ -232,12 +232,41 @@ pub struct Differ {
     /// Objects to compare at the next [`Differ::writes`]: a side changed, or the last
     /// comparison asked for a write.
     dirty: BTreeSet<ObjectKey>,
-    /// The live resourceVersion each apply asked for by the last [`Differ::writes`] was decided
-    /// on, and the fingerprint of what it applies (see [`Differ::applied`]).
-    applying: HashMap<ObjectKey, (String, u64)>,
+    /// What each write handed out by the last [`Differ::writes`] (or kept in the backlog) was
+    /// decided on (see [`Differ::written`]).
+    handed: HashMap<ObjectKey, Handed>,
+    /// Writes found and not handed out yet: a call hands out at most `batch_limit`, so that
+    /// a long converge goes out in batches and what changes meanwhile is written between
+    /// them. Not compared again until a side of theirs changes.
+    backlog: BTreeMap<ObjectKey, Write>,
+    /// At most this many writes per call (none: no limit).
+    batch_limit: Option<usize>,
+}
+
+/// What a write was decided on: the live object's resourceVersion then (none: there was
+/// none), and for an apply the fingerprint of what it applies.
+#[derive(Debug)]
+struct Handed {
+    version: Option<String>,
+    applies: Option<u64>,
 }
 
 impl Differ {
+    /// A differ whose [`Differ::writes`] hands out at most `limit` writes a call, the
+    /// dependency order kept: the rest come in the next calls, after the writes that a
+    /// change found in between.
+    pub fn with_batch_limit(limit: usize) -> Self {
+        Self {
+            batch_limit: Some(limit.max(1)),
+            ..Self::default()
+        }
+    }
+
+    /// How many writes were found and are not handed out yet.
+    pub fn backlog(&self) -> usize {
+        self.backlog.len()
+    }
+
     /// Takes in the live objects of `kind` (all of them). Kinds whose watch saw no event since
     /// the last call need not be passed again.
     pub fn update_live(&mut self, kind: Kind, objects: impl IntoIterator<Item = LiveObject>) {
@@ -328,9 +357,10 @@ impl Differ {
             self.retained_owners.clone_from(&objects.retained_owners);
         }
         let mut out = Vec::new();
-        // A new table, not a cleared one: a first converge's 10,000 applies would keep theirs.
-        self.applying = HashMap::new();
         for key in std::mem::take(&mut self.dirty) {
+            // Compared now: what the backlog held for it is replaced by what this finds.
+            self.backlog.remove(&key);
+            self.handed.remove(&key);
             let desired = match self.desired.get(&key).map(|(o, _)| o.to_json()) {
                 Some(Some(value)) => Some(value),
                 // Wanted but not serializable (a bug, never seen): neither applied nor deleted.
@@ -376,15 +406,13 @@ impl Differ {
             });
             match (write, live) {
                 (Some(write), live) => {
-                    if let (Write::Apply { .. }, Some(version), Some(f)) = (
-                        &write,
-                        live.and_then(|l| l.object.resource_version().map(str::to_owned)),
-                        desired_fingerprint,
-                    ) {
-                        self.applying.insert(key.clone(), (version, f));
-                    }
+                    let handed = Handed {
+                        version: live.and_then(|l| l.object.resource_version().map(str::to_owned)),
+                        applies: desired_fingerprint
+                            .filter(|_| matches!(write, Write::Apply { .. })),
+                    };
+                    self.handed.insert(key, handed);
                     out.push(write);
-                    self.dirty.insert(key);
                 }
                 // Settled: what was found is remembered, the content is no longer needed.
                 (None, Some(entry)) if desired_fingerprint.is_some() => {
@@ -394,24 +422,56 @@ impl Differ {
                 (None, _) => {}
             }
         }
-        in_safe_order(out)
+        self.hand_out(out)
     }
 
-    /// An apply of `key` succeeded and the server answered with `resource_version`. The same
-    /// version the apply was decided on means the server already stored what teamgpu manages,
-    /// and whatever the comparison saw (a field the server normalises, say) is no difference:
-    /// the object is settled until one of its sides changes, instead of being applied again
-    /// and again. A new version is compared again when the watch brings it.
-    pub fn applied(&mut self, key: &ObjectKey, resource_version: Option<&str>) {
-        let Some((known, desired)) = self.applying.get(key) else {
+    /// Of the `found` writes and the backlog, the first [`Differ::batch_limit`] in the safe
+    /// order (within a kind, those just found before the backlog's); the rest are kept. A
+    /// write handed out is compared again at the next call: until it is settled or its watch
+    /// event comes, the object may still differ.
+    fn hand_out(&mut self, found: Vec<Write>) -> Vec<Write> {
+        let mut all = found;
+        all.extend(std::mem::take(&mut self.backlog).into_values());
+        let mut out = in_safe_order(all);
+        let rest = match self.batch_limit {
+            Some(limit) if out.len() > limit => out.split_off(limit),
+            _ => Vec::new(),
+        };
+        self.dirty.extend(out.iter().map(|w| w.key().clone()));
+        self.backlog = rest.into_iter().map(|w| (w.key().clone(), w)).collect();
+        // A new table, not the old one retained: a first converge's 10,000 applies would keep
+        // its capacity.
+        let (dirty, backlog) = (&self.dirty, &self.backlog);
+        self.handed = std::mem::take(&mut self.handed)
+            .into_iter()
+            .filter(|(key, _)| dirty.contains(key) || backlog.contains_key(key))
+            .collect();
+        out
+    }
+
+    /// A write of `key` handed out succeeded; an apply's answer is the `resource_version` the
+    /// server stored (none for a deletion). While the cache still holds the version the write
+    /// was decided on, the object is not compared again until one of its sides changes: the
+    /// next pass may come before the write's watch event, and would write it again. The same
+    /// version as the answer means the server already stored what teamgpu manages, and
+    /// whatever the comparison saw (a field the server normalises, say) is no difference: the
+    /// object is settled, instead of being applied again and again. A version the watch
+    /// brought meanwhile is compared as usual.
+    pub fn written(&mut self, key: &ObjectKey, resource_version: Option<&str>) {
+        let Some(handed) = self.handed.remove(key) else {
             return;
         };
-        if resource_version == Some(known.as_str()) {
-            self.dirty.remove(key);
-            if let Some(entry) = self.live.get_mut(key) {
-                entry.holds = Some(*desired);
-                entry.object.compared();
-            }
+        let entry = self.live.get_mut(key);
+        if entry.as_ref().and_then(|e| e.object.resource_version()) != handed.version.as_deref() {
+            return;
+        }
+        self.dirty.remove(key);
+        if let (Some(entry), Some(applied)) = (entry, handed.applies)
+            && resource_version.is_some()
+            && resource_version == handed.version.as_deref()
+        {
+            entry.holds = Some(applied);
+            entry.object.compared();
         }
     }
 

@@ -76,9 +76,13 @@ impl Engine {
         let namespaces: BTreeSet<&str> =
             self.waiting.iter().map(|w| w.namespace.as_str()).collect();
         let in_waiting = namespaces.iter().flat_map(|ns| self.planner.claims_in(ns));
-        let room = effects::room(plan, in_waiting, &namespaces);
-        let requeues = (self.requeuer).requeues(&self.waiting, &room, now.instant, now.wall);
-        out.extend(requeues.into_iter().map(Effect::Requeue));
+        // A wake-up follows the quotas that make its room: none while some are still in the
+        // backlog (a long converge), where they may be.
+        if self.differ.backlog() == 0 {
+            let room = effects::room(plan, in_waiting, &namespaces);
+            let requeues = (self.requeuer).requeues(&self.waiting, &room, now.instant, now.wall);
+            out.extend(requeues.into_iter().map(Effect::Requeue));
+        }
         let mut events = effects::event_transitions(plan, sharing, teams);
         events.extend(refused.events(sharing, teams));
         events.extend(reclaimed.events);

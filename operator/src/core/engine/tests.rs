@@ -47,6 +47,7 @@ fn a_malformed_policy_gets_a_status_that_says_so_once_the_slices_are_in() {
             grace: std::time::Duration::from_secs(120),
             min_runtime: std::time::Duration::ZERO,
         },
+        writes_per_batch: WRITES_PER_BATCH,
     });
     engine.take_in(Input::Teams(vec![team_object(
         "bad",
