@@ -665,7 +665,7 @@ async fn benchmark() {
         },
         deleted_during_converge(&client, &state, DURING)
     );
-    let in_place = started.elapsed();
+    let in_place = quotas_in_place.max(templates_in_place);
     // Converged: no write for 3 s.
     let (mut last, mut last_change) = (operator_writes(&cluster).await, Instant::now());
     while last_change.elapsed() < Duration::from_secs(3) {

@@ -724,15 +724,20 @@ fn a_long_converge_goes_out_in_batches_and_what_changes_meanwhile_is_written_in_
         Some(before + 2),
         "{second:#?}"
     );
-    // The rest, four at a time, until nothing is left: every object once.
+    // The rest, four at a time, until nothing is left: every object once. Events wait while
+    // writes are left (a first converge's thousand would hold up the batches), then go out.
+    let events = |effects: &[Effect]| count(effects, |e| matches!(e, Effect::Event(_)));
+    assert_eq!(events(&first) + events(&second), 0, "{first:#?}");
     let mut written = [objects(&first), objects(&second)].concat();
+    let mut published = 0;
     for second in 2.. {
-        let batch = objects(&pass_and_settle(
-            &mut engine,
-            &mut server,
-            at(start, second),
-        ));
+        let effects = pass_and_settle(&mut engine, &mut server, at(start, second));
+        let batch = objects(&effects);
         assert!(batch.len() <= 4, "{batch:?}");
+        if batch.len() == 4 {
+            assert_eq!(events(&effects), 0, "{effects:#?}");
+        }
+        published += events(&effects);
         if batch.is_empty() {
             break;
         }
@@ -740,6 +745,10 @@ fn a_long_converge_goes_out_in_batches_and_what_changes_meanwhile_is_written_in_
     }
     written.sort();
     assert_eq!(written, whole);
+    assert!(
+        published > 0,
+        "the converge's Events are published at its end"
+    );
 }
 
 /// What must agree between a kept and a fresh engine: the writes of objects and statuses.

@@ -4,8 +4,8 @@
 //! plans with the kept [`Planner`] (which recomputes only what changed inputs feed) and hands
 //! what the kept [`Differ`] finds different, with the statuses, Events and evictions of
 //! [`crate::core::effects`], to the executor, the only code that writes, in a task of its own:
-//! passes go on while it writes, and the one after its report hands out what differs then. A
-//! steady state makes no write. Only the leader writes; every replica keeps warm caches. See
+//! events are taken in while it writes, and planned after its report. A steady state makes no
+//! write. Only the leader writes; every replica keeps warm caches. See
 //! docs/operator.md.
 //!
 //! [`Planner`]: crate::core::plan::Planner
@@ -36,7 +36,7 @@ use tokio::task::JoinSet;
 use crate::api::{GpuSharingPolicy, TeamGpuPolicy};
 use executor::Executor;
 pub use metrics::Metrics;
-use reconciler::Reconciler;
+use reconciler::{AfterBatch, Reconciler};
 
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "teamgpu";
@@ -404,11 +404,17 @@ async fn reconcile_loop(
         let wake_at = (reconciler.next_wake()).map_or(next_resync, |at| at.min(next_resync));
         let in_flight = reconciler.in_flight();
         tokio::select! {
-            // What the executor did is settled, and the pass that follows hands out what
-            // differs now.
+            // What the executor did is settled; the next batch follows at once, what changed
+            // meanwhile after the events that come with the batch's own.
             ran = reconciler.ran(), if in_flight => {
                 let Some(ran) = ran else { return };
-                reconciler.settle(ran);
+                match reconciler.settle(ran) {
+                    AfterBatch::PassNow => {}
+                    AfterBatch::PassSoon => {
+                        tokio::time::sleep_until(budget.due(Instant::now()).into()).await;
+                    }
+                    AfterBatch::Wait => continue,
+                }
             }
             () = notify.notified() => {
                 tokio::time::sleep_until(budget.due(Instant::now()).into()).await;

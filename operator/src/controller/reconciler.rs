@@ -1,8 +1,7 @@
 //! One pass, as I/O around the [`Engine`]: read the caches whose watch changed into
 //! [`Input`]s, run the engine's pass, hand its effects to the executor's task and settle what
-//! it did when it reports. While a batch is in flight, passes go on planning (as a follower
-//! would: nothing is handed out), and the pass after the report hands out what differs then.
-//! Nothing here decides.
+//! it did when it reports. While a batch is in flight, what changes is taken in, and the pass
+//! after the report plans it and hands out what differs then. Nothing here decides.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,6 +16,18 @@ use crate::core::effects::ReclaimDefaults;
 use crate::core::engine::{Engine, Input, Now, Pass, Planned, Role, Settings};
 use tokio::sync::watch;
 
+/// What follows the executor's report on a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AfterBatch {
+    /// A pass at once: writes wait in the backlog (the next batch), or a wake-up is due.
+    PassNow,
+    /// A pass after the events that come with the batch's own (as for any event): what was
+    /// taken in meanwhile needs one.
+    PassSoon,
+    /// No pass: the batch's own watch events, or a timer, will ask for one.
+    Wait,
+}
+
 /// Runs the engine on what the watches changed, and has the executor do what it asks for.
 pub(super) struct Reconciler {
     stores: Stores,
@@ -27,6 +38,8 @@ pub(super) struct Reconciler {
     leader: watch::Receiver<bool>,
     /// When the executor's next retry of a failed write is due, as its last report said.
     next_retry: Option<Instant>,
+    /// Something that needs a pass was taken in while a batch was in flight.
+    taken_in_flight: bool,
     /// Which watches saw events since the last pass.
     changes: Arc<observe::Changes>,
     pub(super) engine: Engine,
@@ -67,6 +80,7 @@ impl Reconciler {
             executor: executor.spawn(),
             leader,
             next_retry: None,
+            taken_in_flight: false,
             changes,
             engine,
         }
@@ -84,9 +98,16 @@ impl Reconciler {
 
     /// Takes in what the executor did of a batch; a pass should follow at once (what the
     /// batch left, or what changed while it ran).
-    pub(super) fn settle(&mut self, ran: Ran) {
+    pub(super) fn settle(&mut self, ran: Ran) -> AfterBatch {
         self.next_retry = ran.next_retry;
         self.engine.settle(ran.done, Timestamp::now());
+        if (self.engine.next_wake()).is_some_and(|at| at <= Instant::now()) {
+            AfterBatch::PassNow
+        } else if std::mem::take(&mut self.taken_in_flight) {
+            AfterBatch::PassSoon
+        } else {
+            AfterBatch::Wait
+        }
     }
 
     /// When a pass must run though nothing changes: a retry of a failed write or one of the
@@ -169,9 +190,12 @@ impl Reconciler {
             }
         }
         let mut due = inputs.is_empty();
+        let mut planned = false;
         for input in inputs {
-            due |= self.engine.take_in(input);
+            planned |= self.engine.take_in(input);
         }
+        due |= planned;
+        self.taken_in_flight |= planned && self.in_flight();
         due
     }
 
@@ -186,10 +210,16 @@ impl Reconciler {
         self.engine.resync();
     }
 
-    /// One pass; returns how long it spent reading the caches and planning. Hands its effects
-    /// to the executor's task if none is in flight; false if that task has stopped.
+    /// One pass; returns how long it spent reading the caches and planning, and false if the
+    /// executor's task has stopped. While a batch is in flight, what changed is only taken in
+    /// (each event into the planner's indexes): the pass after the batch's report plans it.
+    /// Passes meanwhile would share the one thread with the writes and slow them.
     pub(super) fn reconcile(&mut self) -> (std::time::Duration, bool) {
         let started = Instant::now();
+        if self.in_flight() {
+            self.take_in_changes();
+            return (started.elapsed(), true);
+        }
         if !self.take_in_changes() {
             tracing::debug!("only namespace labels that nothing reads changed: no pass");
             return (started.elapsed(), true);
@@ -205,10 +235,7 @@ impl Reconciler {
         };
         // A pass hands out what is due by now, the retries of failed writes among it.
         self.next_retry = self.next_retry.filter(|at| *at > now.instant);
-        let leader = *self.leader.borrow();
-        // While a batch is in flight a pass plans and asks for nothing (as a follower's): the
-        // pass after the batch's report compares what it wrote.
-        let role = if leader && !self.in_flight() {
+        let role = if *self.leader.borrow() {
             Role::Leader
         } else {
             Role::Follower

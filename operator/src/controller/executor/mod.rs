@@ -122,15 +122,6 @@ impl Phase {
         }
     }
 
-    fn in_flight(self) -> usize {
-        match self {
-            // One after another: the recorder folds a repeated Event into a series only when
-            // it knows of the first.
-            Phase::Event => 1,
-            _ => WRITE_CONCURRENCY,
-        }
-    }
-
     /// The lane of an apply that runs beside the other lane's. The admission policies and
     /// their bindings need nothing of the quotas and templates, nor these of them (teamgpu's
     /// own writes are exempt from its policies): a policy the API server takes seconds to
@@ -179,6 +170,14 @@ fn steps(effects: Vec<Effect>) -> Vec<Lanes> {
                     lanes[lane].push(batch);
                 }
             }
+            None if phase == Phase::Event => {
+                steps.extend(
+                    series_rounds(batch)
+                        .into_iter()
+                        .map(|round| vec![vec![round]]),
+                );
+                in_lanes = false;
+            }
             None => {
                 steps.push(vec![vec![batch]]);
                 in_lanes = false;
@@ -186,6 +185,31 @@ fn steps(effects: Vec<Effect>) -> Vec<Lanes> {
         }
     }
     steps
+}
+
+/// Events in rounds that run one after another, each with at most one Event of a series (the
+/// object, reason, action and type the recorder folds a repeat by): the recorder makes a
+/// repeat part of its series only when it knows of the first. A first converge at 1,000 team
+/// namespaces publishes over a thousand Events, each in its own series; one at a time they
+/// held up the next batch for seconds.
+fn series_rounds(events: Vec<Effect>) -> Vec<Vec<Effect>> {
+    let mut rounds: Vec<Vec<Effect>> = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for effect in events {
+        let series = match &effect {
+            Effect::Event(e) => {
+                format!("{:?}/{}/{}/{:?}", e.regarding, e.reason, e.action, e.type_)
+            }
+            other => other.id(),
+        };
+        let round: &mut usize = seen.entry(series).or_default();
+        if rounds.len() <= *round {
+            rounds.push(Vec::new());
+        }
+        rounds[*round].push(effect);
+        *round += 1;
+    }
+    rounds
 }
 
 /// Performs effects: server-side apply as [`super::FIELD_MANAGER`], status patches, Events,
@@ -242,7 +266,7 @@ impl Executor {
     }
 
     /// Runs as a task of its own, off the planning path: it performs each batch sent to
-    /// [`Task::send`] and reports what it did, while passes go on planning.
+    /// [`Task::send`] and reports what it did, while the reconciler goes on taking in events.
     pub fn spawn(mut self) -> Task {
         // One batch at a time: a pass hands out a batch only once the one before is reported.
         let (batches, mut to_run) = mpsc::channel::<Vec<Effect>>(1);
@@ -302,8 +326,8 @@ impl Executor {
         follow_ups
     }
 
-    /// The results of a lane's phases, one phase after another, each with up to its
-    /// [`Phase::in_flight`] requests; all lanes together have at most [`WRITE_CONCURRENCY`].
+    /// The results of a lane's phases, one phase after another; all lanes together have at
+    /// most [`WRITE_CONCURRENCY`] requests in flight.
     fn lane(
         &self,
         phases: Vec<Vec<Effect>>,
@@ -313,7 +337,6 @@ impl Executor {
         let leader = self.leader.clone();
         let requests = self.requests.clone();
         Box::pin(futures::stream::iter(phases).flat_map(move |phase| {
-            let in_flight = phase.first().map_or(1, |e| Phase::of(e).in_flight());
             let (leader, requests) = (leader.clone(), requests.clone());
             futures::stream::iter(phase)
                 // Checked before every write: a replica that lost the lease starts no more.
@@ -326,7 +349,7 @@ impl Executor {
                         (effect, result)
                     }
                 })
-                .buffer_unordered(in_flight)
+                .buffer_unordered(WRITE_CONCURRENCY)
         }))
     }
 
@@ -423,121 +446,4 @@ impl Executor {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::requests::Rotating;
-    use super::*;
-    use crate::core::diff::ObjectKey;
-    use crate::core::effects::PolicyKind;
-
-    #[test]
-    fn the_event_recorder_is_replaced_after_its_share_of_events() {
-        let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut recorders = Rotating::new(3, {
-            let made = made.clone();
-            move || made.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        });
-        let handed: Vec<usize> = (0..7).map(|_| recorders.next()).collect();
-        assert_eq!(handed, [0, 0, 0, 1, 1, 1, 2]);
-        assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 3);
-    }
-
-    #[test]
-    fn admission_objects_are_written_beside_quotas_and_templates_each_in_its_order() {
-        let apply = |kind, name: &str| {
-            Effect::Object(Write::Apply {
-                key: ObjectKey {
-                    kind,
-                    namespace: None,
-                    name: name.into(),
-                },
-                object: serde_json::Value::Null.into(),
-            })
-        };
-        let effects = vec![
-            apply(Kind::DeviceClass, "class"),
-            apply(Kind::ValidatingAdmissionPolicy, "policy"),
-            apply(Kind::ValidatingAdmissionPolicyBinding, "binding"),
-            apply(Kind::ResourceQuota, "quota-1"),
-            apply(Kind::ResourceQuota, "quota-2"),
-            apply(Kind::ResourceClaimTemplate, "template"),
-            Effect::Object(Write::Delete {
-                key: ObjectKey {
-                    kind: Kind::ResourceClaimTemplate,
-                    namespace: None,
-                    name: "old".into(),
-                },
-            }),
-            Effect::Status {
-                kind: PolicyKind::TeamGpuPolicy,
-                name: "claimant".into(),
-                status: serde_json::Value::Null,
-                urgent: true,
-            },
-            Effect::Status {
-                kind: PolicyKind::TeamGpuPolicy,
-                name: "team".into(),
-                status: serde_json::Value::Null,
-                urgent: false,
-            },
-        ];
-        let names: Vec<Vec<Vec<Vec<String>>>> = steps(effects)
-            .into_iter()
-            .map(|lanes| {
-                lanes
-                    .into_iter()
-                    .map(|lane| {
-                        lane.into_iter()
-                            .map(|phase| phase.iter().map(Effect::id).collect())
-                            .collect()
-                    })
-                    .collect()
-            })
-            .collect();
-        let id = |kind: Kind, name: &str| {
-            ObjectKey {
-                kind,
-                namespace: None,
-                name: name.into(),
-            }
-            .to_string()
-        };
-        assert_eq!(
-            names,
-            vec![
-                vec![vec![vec![id(Kind::DeviceClass, "class")]]],
-                vec![
-                    vec![
-                        vec![id(Kind::ValidatingAdmissionPolicy, "policy")],
-                        vec![id(Kind::ValidatingAdmissionPolicyBinding, "binding")],
-                    ],
-                    vec![
-                        vec![
-                            id(Kind::ResourceQuota, "quota-1"),
-                            id(Kind::ResourceQuota, "quota-2")
-                        ],
-                        vec![id(Kind::ResourceClaimTemplate, "template")],
-                    ],
-                ],
-                vec![vec![vec![id(Kind::ResourceClaimTemplate, "old")]]],
-                vec![vec![vec![
-                    Effect::Status {
-                        kind: PolicyKind::TeamGpuPolicy,
-                        name: "claimant".into(),
-                        status: serde_json::Value::Null,
-                        urgent: true,
-                    }
-                    .id()
-                ]]],
-                vec![vec![vec![
-                    Effect::Status {
-                        kind: PolicyKind::TeamGpuPolicy,
-                        name: "team".into(),
-                        status: serde_json::Value::Null,
-                        urgent: false,
-                    }
-                    .id()
-                ]]],
-            ]
-        );
-    }
-}
+mod tests;

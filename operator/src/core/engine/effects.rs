@@ -6,7 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeSet;
 
 use super::{Engine, Now};
-use crate::core::effects::{self, Effect, PolicyStatuses, ReclaimInput, RefusedByOwner};
+use crate::core::effects::{
+    self, Effect, Event, EventKey, PolicyStatuses, ReclaimInput, RefusedByOwner,
+};
 use crate::core::plan::Plan;
 
 impl Engine {
@@ -87,10 +89,31 @@ impl Engine {
         events.extend(refused.events(sharing, teams));
         events.extend(reclaimed.events);
         events.extend(effects::waiting_events(plan, &self.waiting));
-        out.extend(
-            (self.published.unpublished(events).into_iter()).map(|e| Effect::Event(Box::new(e))),
-        );
+        let unpublished = self.published.unpublished(events);
+        let waiting_writes = self.differ.backlog() > 0;
+        let events = held_while_writes_wait(&mut self.held_events, unpublished, waiting_writes);
+        out.extend(events.into_iter().map(|e| Effect::Event(Box::new(e))));
         out.extend((reclaimed.evictions.into_iter()).map(|e| Effect::Evict(Box::new(e))));
         out
     }
+}
+
+/// The Events to publish now, of `found` and those `held` before: none while writes wait in
+/// the differ's backlog. A first converge at 1,000 team namespaces finds over a thousand
+/// Events, which published in its first batch held up the next one for seconds; held, they go
+/// out after the last batch, as they did when the converge was one batch. One found is
+/// published even if the status shows its finding by then.
+fn held_while_writes_wait(
+    held: &mut Vec<Event>,
+    found: Vec<Event>,
+    waiting_writes: bool,
+) -> Vec<Event> {
+    let mut events = std::mem::take(held);
+    let known: BTreeSet<EventKey> = events.iter().map(Event::key).collect();
+    events.extend(found.into_iter().filter(|e| !known.contains(&e.key())));
+    if waiting_writes {
+        *held = events;
+        return Vec::new();
+    }
+    events
 }
