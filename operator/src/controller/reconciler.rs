@@ -96,8 +96,8 @@ impl Reconciler {
         self.executor.ran().await
     }
 
-    /// Takes in what the executor did of a batch; a pass should follow at once (what the
-    /// batch left, or what changed while it ran).
+    /// Takes in what the executor did of a batch, and says what follows it: the next batch at
+    /// once, a pass for what was taken in meanwhile, or nothing.
     pub(super) fn settle(&mut self, ran: Ran) -> AfterBatch {
         self.next_retry = ran.next_retry;
         self.engine.settle(ran.done, Timestamp::now());

@@ -467,7 +467,6 @@ impl Differ {
         }
         self.dirty.remove(key);
         if let (Some(entry), Some(applied)) = (entry, handed.applies)
-            && resource_version.is_some()
             && resource_version == handed.version.as_deref()
         {
             entry.holds = Some(applied);
