@@ -1163,3 +1163,89 @@ async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
     );
     eprintln!("owner's 2-GPU Pod holds its devices {served:?} after asking");
 }
+
+/// Issue 22's fragmentation with nobody borrowing (the replay, seed 22: 23 devices free, no team
+/// above its guarantee, an 8-GPU Pod waiting 18 s): the other team, within its guarantee, has a
+/// 1-GPU Job alone on one node and full or nearly full nodes elsewhere, so the owner's 8-GPU
+/// claim, within its guarantee, fits no node and there is no borrower to take from. After the
+/// owner's grace period the Job's Pod is moved: evicted (`Moved`), the owner's Pod is bound on
+/// the node it left, and the Job's Pod made again runs on another node; the other team holds
+/// what it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
+    let Some(world) = World::with_policy("sxm", "NVIDIA A100-SXM4-80GB", &[1, 8]).await else {
+        return;
+    };
+    let owner = (world.team(
+        "owner",
+        json!({"guaranteed": 8, "limit": 8}),
+        json!({"enabled": true, "gracePeriodSeconds": 3, "minRuntimeSeconds": 0}),
+    ))
+    .await;
+    let other = (world.team("other", json!({"guaranteed": 24, "limit": 24}), json!({}))).await;
+    let pinned = world.pinned().await;
+    // gpu-a-02 and gpu-a-03 full, gpu-a-04 full for now: the Job can only go to gpu-a-01.
+    for node in ["gpu-a-02", "gpu-a-03"] {
+        let p = pinned(&format!("full-{node}"), "sxm-x8", node);
+        world.create_pod(&other, p).await;
+    }
+    for i in 0..8 {
+        let p = pinned(&format!("part-gpu-a-04-{i}"), "sxm", "gpu-a-04");
+        world.create_pod(&other, p).await;
+    }
+    world.holds(&other, 24, Duration::from_secs(60)).await;
+    let pods = Api::<Pod>::namespaced(world.client.clone(), &other);
+    pods.delete("part-gpu-a-04-7", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.holds(&other, 23, CONVERGE).await;
+    world.create_job(&other, job("small", 1, "sxm", None)).await;
+    world.holds(&other, 24, CONVERGE).await;
+    // Now 2 free on gpu-a-04 (the Job's next home), 7 on gpu-a-01 beside the Job.
+    for i in 5..7 {
+        let name = format!("part-gpu-a-04-{i}");
+        pods.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+    world.holds(&other, 22, CONVERGE).await;
+    // The node of the Job's Pod not being deleted, once it has one.
+    let small_node = || async {
+        let list = pods.list(&ListParams::default()).await.unwrap();
+        (list.items.into_iter())
+            .filter(|p| {
+                p.name_any().starts_with("small-") && p.metadata.deletion_timestamp.is_none()
+            })
+            .find_map(|p| p.spec.and_then(|s| s.node_name))
+    };
+    let first_node = small_node().await.expect("the Job's Pod on a node");
+
+    let asked = Instant::now();
+    world.create_pod(&owner, pod("train", "sxm-x8", None)).await;
+    world.holds(&owner, 8, Duration::from_secs(30)).await;
+    let bound = asked.elapsed();
+    let train = world.pod_named(&owner, "train").await;
+    assert_eq!(
+        train.spec.and_then(|s| s.node_name).as_deref(),
+        Some(first_node.as_str()),
+        "the owner's Pod is bound on the node the Job left"
+    );
+    eventually("the move told on the Job's Pod", CONVERGE, || async {
+        let told = world.events(&other, "Moved").await;
+        let about = "owner waits for a claim of 8 devices within its guarantee";
+        if told.iter().any(|n| n.contains("Job ") && n.contains(about)) {
+            Ok(())
+        } else {
+            Err(format!("{told:?}"))
+        }
+    })
+    .await;
+    // The Job controller makes its Pod again (after its failure backoff, 10 s) and it runs on
+    // another node: the other team holds its 22 again, nothing else of it was evicted.
+    world.holds(&other, 22, Duration::from_secs(60)).await;
+    let now = world.pods(&other).await;
+    let second_node = small_node()
+        .await
+        .expect("the Job's Pod made again, on a node");
+    assert_ne!(second_node, first_node);
+    assert_eq!(now.len(), 2 + 5 + 1, "{now:?}");
+    eprintln!("owner's 8-GPU Pod bound {bound:?} after asking (3 s grace)");
+}

@@ -90,8 +90,13 @@ const SELECTOR_WORDS: &[&str] = &[
     "SELECTOR_VALID",
 ];
 
-/// Label selectors (a team's `namespaceSelector`) are named as such.
-const LABEL_SELECTOR_PREFIXES: &[&str] = &["LabelSelector", "label_selector", "namespace_selector"];
+/// Label selectors (a team's `namespaceSelector`, a Pod's `nodeSelector`) are named as such.
+const LABEL_SELECTOR_PREFIXES: &[&str] = &[
+    "LabelSelector",
+    "label_selector",
+    "namespace_selector",
+    "node_selector",
+];
 
 #[test]
 fn selector_means_the_hardware_selector_or_a_label_selector_and_class_cel_is_expressions() {

@@ -22,6 +22,7 @@
 //! its default, which spreads (see [`NodeScoring`]); with `TEAMGPU_E2E_KUBECONFIG` the cluster's
 //! own scheduler decides and the option is refused.
 
+mod diagnose;
 mod metrics;
 mod observe;
 mod report;
@@ -250,7 +251,7 @@ async fn record(
 }
 
 /// By Pod (namespace, name), why the operator evicted or removed it: the reason and note of its
-/// `Reclaimed` or `Dequeued` Event (read before the namespaces go; a failed list only leaves the
+/// `Reclaimed`, `Dequeued` or `Moved` Event (read before the namespaces go; a failed list only leaves the
 /// notes out). A Pod removed while queued for room can be bound by the time it goes.
 async fn reclaim_notes(
     client: &Client,
@@ -267,10 +268,16 @@ async fn reclaim_notes(
             let pod = (event.regarding.as_ref())
                 .filter(|r| r.kind.as_deref() == Some("Pod"))
                 .and_then(|r| r.name.clone());
-            if let (Some(name), Some(reason @ ("Reclaimed" | "Dequeued")), Some(note)) =
+            if let (Some(name), Some(reason @ ("Reclaimed" | "Dequeued" | "Moved")), Some(note)) =
                 (pod, event.reason.as_deref(), event.note.as_deref())
             {
                 notes.insert((namespace.clone(), name), format!("{reason}: {note}"));
+            } else if let (Some(reason @ ("ReclaimBlocked" | "ReclaimWaiting")), Some(note)) =
+                (event.reason.as_deref(), event.note.as_deref())
+            {
+                // Why reclaim did not cover a team's shortfall, for a reader of one run.
+                let times = event.series.as_ref().map_or(1, |s| s.count);
+                eprintln!("replay: {namespace}: {reason} ({times} times): {note}");
             }
         }
     }

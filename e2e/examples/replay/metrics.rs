@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::diagnose;
 use crate::observe::{PodTrace, QuotaSample, Seconds, Timeline};
 use crate::workload::{CAPACITY, GPUS_PER_NODE, GRACE_SECONDS, Job, NODES, Team};
 
@@ -165,7 +166,11 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
     let most_free = most_free_series(timeline, samples);
     let room = room_series(setting, timeline, &most_free);
     let mut teams = team_figures(setting, &held, &demand, &room);
-    let evictions = evictions(setting, timeline, &held, &demand);
+    let no_node: Vec<Vec<bool>> = (room.iter())
+        .map(|team| team.iter().map(|fit| *fit == Fit::NoNode).collect())
+        .collect();
+    diagnose::print_longest_no_node_waits(setting, timeline, &held, &demand, &no_node);
+    let evictions = evictions(setting, timeline, (&held, &demand), &no_node);
     let mut replaced = replacement_delays(timeline);
     replaced.sort_by(f64::total_cmp);
     eprintln!(
@@ -353,7 +358,7 @@ fn idle_while_wanted(
 
 /// When a Pod stopped holding its devices, as far as the watch tells: succeeded, being deleted
 /// or disrupted, whichever came first.
-fn ended(pod: &PodTrace) -> Seconds {
+pub fn ended(pod: &PodTrace) -> Seconds {
     [pod.succeeded, pod.deleting, pod.disrupted]
         .into_iter()
         .flatten()
@@ -664,7 +669,9 @@ fn replacement_delays(timeline: &Timeline) -> Vec<f64> {
 #[derive(Debug)]
 struct Eviction {
     lost_gpu_seconds: f64,
-    /// Some other team waited below its guarantee, and the victim's team held more than its own.
+    /// Some other team waited below its guarantee, and the victim's team held more than its own
+    /// (reclaim), or none of the waiting team's Pods fitted a node (a move: the victim's team
+    /// keeps its share, its Pod made again runs elsewhere).
     needed: bool,
 }
 
@@ -672,13 +679,14 @@ struct Eviction {
 fn evictions(
     setting: &Setting,
     timeline: &Timeline,
-    held: &[Vec<u32>],
-    demand: &[Vec<u32>],
+    (held, demand): (&[Vec<u32>], &[Vec<u32>]),
+    no_node: &[Vec<bool>],
 ) -> Vec<(usize, Eviction)> {
     let samples = held.first().map_or(0, Vec::len);
     let below_guarantee =
         |t: usize, i: usize| held[t][i] < demand[t][i].min(setting.teams[t].guaranteed);
     let mut out = Vec::new();
+    let mut moves = 0;
     for pod in timeline.pods.values() {
         let Some(&team) = setting.team_of.get(&pod.namespace) else {
             continue;
@@ -696,11 +704,17 @@ fn evictions(
         let i = sample_of(ended, samples.saturating_sub(1));
         let someone_waits = (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i));
         let victim_borrowed = held[team][i] > setting.teams[team].guaranteed;
-        if !(someone_waits && victim_borrowed) {
+        let someone_fits_no_node =
+            (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i) && no_node[u][i]);
+        let needed = someone_waits && (victim_borrowed || someone_fits_no_node);
+        if !victim_borrowed && needed {
+            moves += 1;
+        }
+        if !needed {
             let why = (timeline
                 .reclaimed
                 .get(&(pod.namespace.clone(), pod.name.clone())))
-            .map_or("no Reclaimed or Dequeued Event", String::as_str);
+            .map_or("no Reclaimed, Dequeued or Moved Event", String::as_str);
             eprintln!(
                 "replay: eviction no guarantee needed: {}/{} ({} GPUs) at {ended:.1} s, its team \
                  held {} (guaranteed {}), another team below its guarantee: {someone_waits}; the \
@@ -712,10 +726,14 @@ fn evictions(
             team,
             Eviction {
                 lost_gpu_seconds: f64::from(pod.gpus) * (ended - bound).max(0.0),
-                needed: someone_waits && victim_borrowed,
+                needed,
             },
         ));
     }
+    eprintln!(
+        "replay: evictions of Pods whose team held no more than its guarantee while another \
+         team's Pods, below its guarantee, fitted no node (moves): {moves}"
+    );
     out
 }
 

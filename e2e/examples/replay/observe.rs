@@ -73,8 +73,8 @@ pub struct Timeline {
     pub quotas: BTreeMap<String, Vec<QuotaSample>>,
     /// (namespace, Job name) to when its `Complete` condition appeared.
     pub jobs_complete: HashMap<(String, String), Seconds>,
-    /// By Pod (namespace, name): the note of the operator's `Reclaimed` Event on it (why it
-    /// was evicted).
+    /// By Pod (namespace, name): the note of the operator's `Reclaimed`, `Dequeued` or `Moved`
+    /// Event on it (why it went).
     pub reclaimed: HashMap<(String, String), String>,
 }
 

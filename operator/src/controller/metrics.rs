@@ -59,10 +59,12 @@ pub struct BuildLabels {
 pub struct EvictionLabels {
     /// The team whose Pods are evicted.
     pub team: String,
-    /// Why: `reclaim` (a team's guarantee).
+    /// Why: `reclaim` (a team's guarantee), `queued` (removed before it started, so as not to
+    /// take the room reclaim makes) or `move` (run again on another node, so that a waiting
+    /// team's claim fits its node).
     pub reason: &'static str,
     pub sharing_policy: String,
-    /// The team the devices go back to.
+    /// The team the devices go back to (for a move, the team the room is made for).
     pub for_team: String,
 }
 

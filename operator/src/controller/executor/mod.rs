@@ -408,7 +408,11 @@ impl Executor {
     fn evicted(&self, e: &Eviction, error: Option<WriteError>, done: &mut Done) -> Vec<Effect> {
         let labels = EvictionLabels {
             team: e.order.borrower.clone(),
-            reason: if e.queued { "queued" } else { "reclaim" },
+            reason: match (e.queued, e.moved) {
+                (true, _) => "queued",
+                (_, true) => "move",
+                _ => "reclaim",
+            },
             sharing_policy: e.order.sharing_policy.clone(),
             for_team: e.order.for_team.clone(),
         };

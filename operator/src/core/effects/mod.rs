@@ -161,6 +161,9 @@ pub struct Eviction {
     /// Its Pods have no node yet: they hold nothing, and go so as not to take the room made
     /// for the waiting team ([`reclaim::workload::queued`]).
     pub queued: bool,
+    /// It goes to run again on another node, so that a waiting team's claim fits this one
+    /// ([`reclaim::moves`]); `order.borrower` is its team, which keeps its share.
+    pub moved: bool,
     /// The reclaim the eviction serves; `devices` is what the waiting team is short.
     pub order: ReclaimOrder,
     /// Where the outcome is told, each with the prefix of its note: the Pods, the borrowing

@@ -59,9 +59,10 @@ impl Engine {
             &mut self.written,
             now.instant,
         ));
-        // Reclaim reads the claims and Pods only for the reclaims the plan orders, room only
-        // in the namespaces where a Pod waits: most passes read neither.
-        let (claims, pods) = if plan.reclaims.is_empty() {
+        // Reclaim reads the claims and Pods only for the reclaims the plan orders and the
+        // claims that fit no node (which moves may make room for), room only in the namespaces
+        // where a Pod waits: most passes read neither.
+        let (claims, pods) = if plan.reclaims.is_empty() && plan.placements.is_empty() {
             (Vec::new(), Vec::new())
         } else {
             (self.planner.claim_views(), self.pods.all())

@@ -98,33 +98,41 @@ impl<'a> PassBudgets<'a> {
     }
 }
 
-/// What reclaim takes for one waiting team: room on a node for its `unplaced` claims, else the
-/// devices `orders` say it is owed, from the `borrowers` (by [`nodes::choose_on_nodes`] or
-/// [`victims::choose`]), with the minimum runtime at the wall time `wall`. Never what the
-/// `budgets` keep: they spend what is chosen, and the workloads they keep are named.
+/// How reclaim chooses for one waiting team: room on a node for its `unplaced` claims, else the
+/// devices `orders` say it is owed ([`nodes::choose_on_nodes`] or [`victims::choose`]), with the
+/// minimum runtime at the wall time `wall`. Gives the shortfall covered and the choice.
+pub(super) fn from_borrowers<'a>(
+    unplaced: Option<(&'a Placement, &'a Vec<u32>)>,
+    orders: &'a [&'a ReclaimOrder],
+    (min_runtime, wall): (u64, Timestamp),
+) -> impl Fn(&[Borrower]) -> (u64, Choice) + 'a {
+    move |borrowers: &[Borrower]| match unplaced {
+        Some((placement, claims)) => {
+            let free = nodes::free_of(placement);
+            let choice = nodes::choose_on_nodes(borrowers, &free, claims, min_runtime, wall);
+            (claims.iter().copied().map(u64::from).sum(), choice)
+        }
+        None => {
+            let shortfall = orders.iter().map(|o| u64::from(o.devices)).sum();
+            (
+                shortfall,
+                victims::choose(borrowers, shortfall, min_runtime, wall),
+            )
+        }
+    }
+}
+
+/// What reclaim takes for one waiting team, as `choose` picks it from the `borrowers` (the
+/// shortfall it covers, and the choice). Never what the `budgets` keep: they spend what is
+/// chosen, and the workloads they keep are named.
 pub(super) fn choose_within_budgets(
     borrowers: &mut [Borrower],
     budgets: &mut PassBudgets<'_>,
-    unplaced: Option<(&Placement, &Vec<u32>)>,
-    orders: &[&ReclaimOrder],
-    (min_runtime, wall): (u64, Timestamp),
+    choose: &dyn Fn(&[Borrower]) -> (u64, Choice),
 ) -> (u64, Choice, Vec<(String, Overdrawn)>) {
     let mut kept = budgets.keep(borrowers);
     loop {
-        let (shortfall, choice) = match unplaced {
-            Some((placement, claims)) => {
-                let free = (placement.free.iter())
-                    .map(|(node, n)| (node.clone(), u64::from(*n)))
-                    .collect();
-                let choice = nodes::choose_on_nodes(borrowers, &free, claims, min_runtime, wall);
-                (claims.iter().copied().map(u64::from).sum(), choice)
-            }
-            None => {
-                let shortfall = orders.iter().map(|o| u64::from(o.devices)).sum();
-                let choice = victims::choose(borrowers, shortfall, min_runtime, wall);
-                (shortfall, choice)
-            }
-        };
+        let (shortfall, choice) = choose(borrowers);
         match budgets.spend(&choice, borrowers) {
             Err((b, Some(place), why)) => {
                 let w = borrowers[b].workloads.remove(place);

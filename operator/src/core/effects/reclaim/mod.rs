@@ -8,6 +8,7 @@
 
 pub mod budgets;
 mod kept;
+pub mod moves;
 pub mod nodes;
 pub mod victims;
 pub mod workload;
@@ -26,7 +27,7 @@ use crate::core::plan::inventory::{DeviceId, PoolKey};
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
 use budgets::{BudgetView, Overdrawn};
-use kept::{PassBudgets, choose_within_budgets, kept_by_budgets};
+use kept::{PassBudgets, choose_within_budgets, from_borrowers, kept_by_budgets};
 use victims::{Borrower, Choice};
 use workload::{NodeOf, PodView, Workload, label_elsewhere, queued, workloads};
 
@@ -86,6 +87,8 @@ pub struct ReclaimTracker {
     released: BTreeMap<String, (Instant, Instant)>,
     /// Workloads whose eviction was refused (their Pods), and when.
     refused: BTreeMap<Vec<(String, String)>, Instant>,
+    /// Workloads moved to make room on their node ([`moves`]), by name, and when.
+    moved: BTreeMap<String, Instant>,
 }
 
 impl ReclaimTracker {
@@ -197,6 +200,27 @@ impl ReclaimTracker {
             .collect()
     }
 
+    /// The waiting `team`'s policy and minimum runtime, if it reclaims and has waited its grace
+    /// period for devices of `policy` (a wait seen for the first time starts it; a pass is woken
+    /// when it ends).
+    fn due<'t>(
+        &mut self,
+        input: ReclaimInput<'t>,
+        defaults: ReclaimDefaults,
+        (policy, team): (&str, &str),
+        now: Instant,
+    ) -> Option<(&'t TeamGpuPolicy, u64)> {
+        let waiting = input.teams.iter().find(|t| t.name_any() == team)?;
+        let (grace, min_runtime) = opted_in(waiting, defaults)?;
+        let key = (policy.to_owned(), team.to_owned());
+        let since = *self.waiting_since.entry(key).or_insert(now);
+        if now.duration_since(since) < grace {
+            self.wake_at(since + grace);
+            return None;
+        }
+        Some((waiting, min_runtime))
+    }
+
     fn wake_at(&mut self, at: Instant) {
         self.next_attempt = Some(self.next_attempt.map_or(at, |t| t.min(at)));
     }
@@ -214,32 +238,16 @@ impl ReclaimTracker {
         wall: Timestamp,
     ) -> Reclaimed {
         let owed = owed_by_team(&input.plan.reclaims);
-        self.waiting_since.retain(|k, _| owed.contains_key(k));
+        let fragmented = moves::fragmented(input.plan, &owed);
+        (self.waiting_since).retain(|k, _| owed.contains_key(k) || fragmented.contains_key(k));
         self.next_attempt = None;
         let mut out = Reclaimed::default();
         let mut budgets = PassBudgets::new(input.budgets, input.pods);
         for ((policy, team), orders) in &owed {
-            let Some(waiting) = input.teams.iter().find(|t| t.name_any() == *team) else {
+            let Some((waiting, min_runtime)) = self.due(input, defaults, (policy, team), now)
+            else {
                 continue;
             };
-            let settings = waiting.spec.reclaim.clone().unwrap_or_default();
-            if !settings.enabled.unwrap_or(defaults.enabled) {
-                continue;
-            }
-            let grace = settings
-                .grace_period_seconds
-                .map_or(defaults.grace, |s| Duration::from_secs(s.into()));
-            let min_runtime = settings
-                .min_runtime_seconds
-                .map_or(defaults.min_runtime.as_secs(), u64::from);
-            let since = *self
-                .waiting_since
-                .entry((policy.clone(), team.clone()))
-                .or_insert(now);
-            if now.duration_since(since) < grace {
-                self.wake_at(since + grace);
-                continue;
-            }
             // Where the team's claims fit no node, room is made on a node; else by count.
             let placement = (input.plan.placements.iter()).find(|p| p.sharing_policy == *policy);
             let unplaced = placement.and_then(|p| Some((p, p.unplaced.get(team)?)));
@@ -253,13 +261,9 @@ impl ReclaimTracker {
             let mut borrowers = borrowers(input, policy, orders, &node_of);
             self.count_in_flight(input.pods, &mut borrowers, now);
             self.pass_over_refused(&mut borrowers, now);
-            let (shortfall, choice, kept) = choose_within_budgets(
-                &mut borrowers,
-                &mut budgets,
-                unplaced,
-                orders,
-                (min_runtime, wall),
-            );
+            let choose = from_borrowers(unplaced, orders, (min_runtime, wall));
+            let (shortfall, choice, kept) =
+                choose_within_budgets(&mut borrowers, &mut budgets, &choose);
             if !kept.is_empty() && choice.uncovered > 0 {
                 // A budget's change wakes no pass: look again when a refusal would be retried.
                 self.wake_at(now + RETRY_REFUSED);
@@ -298,9 +302,30 @@ impl ReclaimTracker {
                     .map(|(b, w)| eviction(input, order(&borrowers[*b]), w, team.namespaces)),
             );
         }
+        self.move_for(
+            input,
+            &fragmented,
+            defaults,
+            (now, wall),
+            &mut budgets,
+            &mut out,
+        );
         self.released.retain(|_, (_, seen)| *seen == now);
         out
     }
+}
+
+/// The grace period and minimum runtime (seconds) of a team that reclaims: its `spec.reclaim`,
+/// else `defaults`; `None` when it does not.
+fn opted_in(team: &TeamGpuPolicy, defaults: ReclaimDefaults) -> Option<(Duration, u64)> {
+    let settings = team.spec.reclaim.clone().unwrap_or_default();
+    settings.enabled.unwrap_or(defaults.enabled).then(|| {
+        let grace = (settings.grace_period_seconds)
+            .map_or(defaults.grace, |s| Duration::from_secs(s.into()));
+        let min_runtime =
+            (settings.min_runtime_seconds).map_or(defaults.min_runtime.as_secs(), u64::from);
+        (grace, min_runtime)
+    })
 }
 
 /// The reclaims of `orders` per (sharing policy, waiting team).
@@ -421,6 +446,7 @@ fn eviction(
         priority: priority_text(w),
         also_labelled_in: shared_label,
         queued: false,
+        moved: false,
         order,
         notify,
     }
@@ -512,6 +538,16 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         )
     };
     let (reason, note) = match outcome {
+        Ok(()) if e.moved => (
+            "Moved",
+            format!(
+                "evicting {what} so that it runs again on another node: {} waits for a claim of \
+                 {} devices within its guarantee, which no node has room for although devices \
+                 are free; this workload fits the free devices of other nodes, and its node then \
+                 has room; {} keeps its share{elsewhere}",
+                order.for_team, order.devices, order.borrower
+            ),
+        ),
         Ok(()) if e.queued => (
             "Dequeued",
             format!(

@@ -18,9 +18,27 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::victims::{Borrower, Choice, eligible_at, runtime};
 use super::workload::Workload;
+use crate::core::plan::placement::Placement;
 
 /// Free devices per node (`None`: devices reached from any node).
 pub type Free = BTreeMap<Option<Arc<str>>, u64>;
+
+/// The free devices per node of `placement`.
+pub fn free_of(placement: &Placement) -> Free {
+    (placement.free.iter())
+        .map(|(node, n)| (node.clone(), u64::from(*n)))
+        .collect()
+}
+
+/// Places `size` devices on the node with the fewest free that hold them (of equals, the first
+/// by name), taking them from `free`; the node, or `None` when no node holds them.
+pub(super) fn fit(free: &mut Free, size: u64) -> Option<Option<Arc<str>>> {
+    let (node, left) = (free.iter_mut())
+        .filter(|(_, f)| **f >= size)
+        .min_by_key(|(_, f)| **f)?;
+    *left -= size;
+    Some(node.clone())
+}
 
 /// At most this many workloads on one node are weighed for a claim (the lowest priority, most
 /// recently started first): every subset of them is tried.
@@ -133,13 +151,8 @@ impl State {
         self.release(w);
     }
 
-    /// Places `size` devices on the node with the fewest free that hold them.
     fn fit(&mut self, size: u64) -> Option<Option<Arc<str>>> {
-        let (node, left) = (self.free.iter_mut())
-            .filter(|(_, f)| **f >= size)
-            .min_by_key(|(_, f)| **f)?;
-        *left -= size;
-        Some(node.clone())
+        fit(&mut self.free, size)
     }
 
     /// The nodes some workload not taken yet holds devices on.

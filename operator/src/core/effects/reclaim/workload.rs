@@ -59,6 +59,10 @@ pub struct PodView {
     /// What a PodDisruptionBudget reads of it (its labels, whether it asks its budget), for a
     /// Pod that uses claims; `None` for the others, which reclaim counts as covered by none.
     pub budgeted: Option<Box<BudgetedPod>>,
+    /// Whether evicting it moves it rather than ends it: a controller makes it again, and no
+    /// node selector or required node affinity ties it to some nodes (reclaim cannot tell
+    /// which nodes those are, so it does not move such a Pod).
+    pub movable: bool,
 }
 
 impl PodView {
@@ -92,6 +96,13 @@ impl PodView {
         };
         let spec = pod.spec.as_ref();
         let bound = spec.is_some_and(|s| s.node_name.is_some());
+        let tied_to_nodes = spec.is_some_and(|s| {
+            s.node_selector.as_ref().is_some_and(|n| !n.is_empty())
+                || (s.affinity.as_ref().and_then(|a| a.node_affinity.as_ref())).is_some_and(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .is_some()
+                })
+        });
         let uses_claims = spec.is_some_and(|s| s.resource_claims.iter().flatten().next().is_some())
             || (pod.status.as_ref()).is_some_and(|s| s.extended_resource_claim_status.is_some());
         let queued_claims = (crate::core::plan::pending::pod_claims(pod))
@@ -114,6 +125,7 @@ impl PodView {
             bound,
             queued_claims,
             budgeted: uses_claims.then(|| Box::new(BudgetedPod::project(pod))),
+            movable: controller.is_some() && !tied_to_nodes,
         }
     }
 }
@@ -141,6 +153,9 @@ pub struct Workload {
     pub started: Option<Timestamp>,
     /// Every Pod is being deleted already.
     pub terminating: bool,
+    /// Every Pod is [`PodView::movable`]: evicted, the workload runs again wherever there is
+    /// room.
+    pub movable: bool,
 }
 
 /// Where a workload's Pods belong together: a label across the team, else one namespace.
@@ -256,6 +271,7 @@ fn assemble(scope: &Scope, pods: &[&PodView]) -> Option<Workload> {
         priority_class: top.priority_class.clone(),
         started: None,
         terminating: false,
+        movable: pods.iter().all(|p| p.movable),
     })
 }
 
@@ -308,6 +324,7 @@ fn released_claim(claim: &ClaimView, held: &[&DeviceId], node_of: NodeOf) -> Wor
         priority_class: None,
         started: None,
         terminating: true,
+        movable: false,
     }
 }
 

@@ -87,6 +87,7 @@ fn workload(name: &str, on: &[(Option<&str>, u64)], priority: i32, started: &str
         priority_class: None,
         started: Some(at(started)),
         terminating: false,
+        movable: true,
     }
 }
 
@@ -114,6 +115,7 @@ fn room_left(borrowers: &[Borrower]) -> Vec<u64> {
 }
 
 mod kept;
+mod moves;
 mod tracker;
 mod victims;
 mod workloads;

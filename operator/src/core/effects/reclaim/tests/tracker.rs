@@ -81,6 +81,11 @@ impl Waiting {
         Self::with(json!({"enabled": true, "gracePeriodSeconds": 30}), OFF)
     }
 
+    /// The team says nothing of reclaim, and the operator's default is off.
+    pub(super) fn off() -> Self {
+        Self::with(json!({}), OFF)
+    }
+
     /// The team's `spec.reclaim` is `reclaim`; the operator's defaults are `defaults`.
     fn with(reclaim: Value, defaults: ReclaimDefaults) -> Self {
         Waiting {

@@ -169,6 +169,7 @@ proptest! {
                 priority_class: None,
                 started: Timestamp::from_second(now.as_second() - age).ok(),
                 terminating: *terminating,
+                movable: true,
             }).collect();
             borrower(&format!("t{t}"), *owes, *above, workloads)
         }).collect();

@@ -141,3 +141,44 @@ fn a_workload_frees_the_claims_only_its_pods_hold() {
     assert_eq!(label_elsewhere(&pods, &team, "sweep"), ["o"]);
     assert!(workloads(&pods, &claims, &team, ("other.teamgpu.io", &|_| None)).is_empty());
 }
+
+#[test]
+fn a_pod_moves_only_if_a_controller_makes_it_again_and_nothing_ties_it_to_nodes() {
+    let pods = views(&[
+        pod("b", "job-0", Some(("Job", "job")), json!({}), json!({})),
+        pod(
+            "b",
+            "web-x",
+            Some(("ReplicaSet", "web")),
+            json!({}),
+            json!({}),
+        ),
+        pod("b", "bare", None, json!({}), json!({})),
+        pod(
+            "b",
+            "selected",
+            Some(("Job", "selected")),
+            json!({}),
+            json!({"spec": {"nodeSelector": {"pool": "a100"}}}),
+        ),
+        pod(
+            "b",
+            "affine",
+            Some(("Job", "affine")),
+            json!({}),
+            json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}}),
+        ),
+    ]);
+    let movable: Vec<(&str, bool)> = pods.iter().map(|p| (&*p.name, p.movable)).collect();
+    assert_eq!(
+        movable,
+        [
+            ("job-0", true),
+            ("web-x", true),
+            ("bare", false),
+            ("selected", false),
+            ("affine", false)
+        ]
+    );
+}

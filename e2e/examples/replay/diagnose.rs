@@ -1,0 +1,144 @@
+//! What the nodes held during a team's longest wait below its guarantee while none of its
+//! waiting Pods fitted a node. With what other teams borrowed meanwhile, it tells
+//! fragmentation reclaim may not undo (every node also holds devices of teams within their
+//! guarantees) from room reclaim could have made and did not. Printed to stderr for a reader of
+//! one run; no figure depends on it.
+
+use std::collections::BTreeMap;
+
+use crate::metrics::{STEP, Setting, ended};
+use crate::observe::{Seconds, Timeline};
+use crate::workload::{GPUS_PER_NODE, GRACE_SECONDS};
+
+/// Waits shorter than this are left out: reclaim's grace.
+const SHORTEST: Seconds = GRACE_SECONDS as Seconds;
+
+/// Prints, per team, its longest such wait and, at its middle, each node's devices by team.
+/// `no_node[team][sample]`: none of the team's waiting Pods fitted the free devices of a node.
+pub fn print_longest_no_node_waits(
+    setting: &Setting,
+    timeline: &Timeline,
+    held: &[Vec<u32>],
+    demand: &[Vec<u32>],
+    no_node: &[Vec<bool>],
+) {
+    let samples = held.first().map_or(0, Vec::len);
+    for (t, team) in setting.teams.iter().enumerate() {
+        let lacks = |i: usize| demand[t][i].min(team.guaranteed).saturating_sub(held[t][i]);
+        let borrowed = |i: usize| -> u32 {
+            (setting.teams.iter().enumerate())
+                .filter(|&(u, _)| u != t)
+                .map(|(u, other)| held[u][i].saturating_sub(other.guaranteed))
+                .sum()
+        };
+        let stuck = |i: usize| no_node[t][i] && lacks(i) > 0;
+        let Some((from, until)) = longest_run(samples, stuck) else {
+            continue;
+        };
+        let (start, end) = (from as f64 * STEP, until as f64 * STEP);
+        if end - start < SHORTEST {
+            continue;
+        }
+        let middle = (from + until) / 2;
+        let at = middle as f64 * STEP;
+        let waiting: Vec<String> = (timeline.pods.values())
+            .filter(|p| setting.team_of.get(&p.namespace) == Some(&t))
+            .filter(|p| p.created <= at && p.bound.is_none_or(|b| b > at) && at < ended(p))
+            .map(|p| format!("{} ({} GPUs, since {:.1} s)", p.name, p.gpus, p.created))
+            .collect();
+        eprintln!(
+            "replay: {}: longest wait below its guarantee with no node for its Pods: \
+             {start:.1}-{end:.1} s; at {at:.1} s it held {} and lacked {}, others borrowed {}; \
+             waiting: {}",
+            team.name,
+            held[t][middle],
+            lacks(middle),
+            borrowed(middle),
+            waiting.join(", ")
+        );
+        for (node, by_team) in holdings_at(setting, timeline, at) {
+            let used: u32 = by_team.values().sum();
+            let teams: Vec<String> = (by_team.iter())
+                .map(|(&u, devices)| {
+                    let other = &setting.teams[u];
+                    let above = held[u][middle].saturating_sub(other.guaranteed);
+                    format!("{} {devices} (above its guarantee by {above})", other.name)
+                })
+                .collect();
+            eprintln!(
+                "replay:   {node}: {} free; {}",
+                GPUS_PER_NODE.saturating_sub(used),
+                teams.join(", ")
+            );
+        }
+        for pod in timeline.pods.values() {
+            if let Some(evicted) = pod.disrupted.filter(|&d| start <= d && d <= end) {
+                let owner = setting
+                    .team_of
+                    .get(&pod.namespace)
+                    .map(|&u| setting.teams[u].name);
+                eprintln!(
+                    "replay:   evicted meanwhile at {evicted:.1} s: {}/{} ({}, {} GPUs)",
+                    pod.namespace,
+                    pod.name,
+                    owner.unwrap_or("?"),
+                    pod.gpus
+                );
+            }
+        }
+    }
+}
+
+/// The longest run of consecutive samples where `holds`, as [from, until).
+fn longest_run(samples: usize, holds: impl Fn(usize) -> bool) -> Option<(usize, usize)> {
+    let mut longest: Option<(usize, usize)> = None;
+    let mut start = None;
+    for i in 0..=samples {
+        if i < samples && holds(i) {
+            start.get_or_insert(i);
+        } else if let Some(s) = start.take()
+            && longest.is_none_or(|(a, b)| i - s > b - a)
+        {
+            longest = Some((s, i));
+        }
+    }
+    longest
+}
+
+/// Per node with devices allocated at `at`, the devices by team index.
+fn holdings_at(
+    setting: &Setting,
+    timeline: &Timeline,
+    at: Seconds,
+) -> BTreeMap<String, BTreeMap<usize, u32>> {
+    let mut nodes = BTreeMap::<String, BTreeMap<usize, u32>>::new();
+    for claim in timeline.claims.values() {
+        let node = (claim.pod.as_deref())
+            .and_then(|uid| timeline.pods.get(uid))
+            .and_then(|pod| pod.node.clone());
+        let (Some(node), Some(&team)) = (node, setting.team_of.get(&claim.namespace)) else {
+            continue;
+        };
+        let devices = (claim.allocated.iter().rev())
+            .find(|(from, _)| *from <= at)
+            .map_or(0, |&(_, devices)| devices);
+        if devices > 0 {
+            *nodes.entry(node).or_default().entry(team).or_default() += devices;
+        }
+    }
+    nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::longest_run;
+
+    #[test]
+    fn the_longest_run_is_found_wherever_it_lies() {
+        let series = [false, true, true, false, true, true, true];
+        assert_eq!(longest_run(series.len(), |i| series[i]), Some((4, 7)));
+        let series = [true, true, false, true];
+        assert_eq!(longest_run(series.len(), |i| series[i]), Some((0, 2)));
+        assert_eq!(longest_run(3, |_| false), None);
+    }
+}
