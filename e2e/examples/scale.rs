@@ -726,7 +726,7 @@ async fn benchmark() {
     let mut deleted = Vec::new();
     let mut refused = BTreeMap::<String, usize>::new();
     let mut missed = 0;
-    let mut quota_not_yet_replenished = 0;
+    let mut refused_for_a_moment = 0;
     let teams: Api<TeamGpuPolicy> = Api::all(client.clone());
     let step = (state.claims.len() / 100).max(1);
     for (i, old) in state.claims.iter().step_by(step).take(100).enumerate() {
@@ -776,17 +776,19 @@ async fn benchmark() {
                 "deviceClassName": class, "count": 1}}]}}
         }))
         .unwrap();
-        // The quota admission counts the quota's `status.used`, which kube-controller-manager's
-        // quota controller lowers only after it sees the deletion: a creation right after the
-        // team's status counted the deletion can still be refused for it. Such a creation is
-        // tried again (and counted); the reaction is timed from the creation that went in.
+        // A creation right after the team's status counted the deletion can be refused for a
+        // moment: quota admission counts the quota's `status.used`, which kube-controller-manager
+        // lowers only once it sees the deletion, and teamgpu's admission refuses claims while the
+        // quota it just rewrote (the deletion moved what is lent) is not in force yet ("try
+        // again in a moment"; 9 of 100 in one run at 1,000 namespaces). Such a creation is tried
+        // again (and counted); the reaction is timed from the creation that went in.
         let mut t = Instant::now();
         let mut created_at_last = claims.create(&PostParams::default(), &claim).await;
         while let Err(kube::Error::Api(s)) = &created_at_last
-            && s.message.contains("exceeded quota")
+            && (s.message.contains("exceeded quota") || s.message.contains("try again in a moment"))
             && t.elapsed() < Duration::from_secs(30)
         {
-            quota_not_yet_replenished += 1;
+            refused_for_a_moment += 1;
             tokio::time::sleep(Duration::from_millis(10)).await;
             t = Instant::now();
             created_at_last = claims.create(&PostParams::default(), &claim).await;
@@ -801,17 +803,17 @@ async fn benchmark() {
             }
             Err(error) => {
                 let reason = match error {
-                    kube::Error::Api(s) => s.reason,
+                    kube::Error::Api(s) => format!("{}: {}", s.reason, s.message),
                     other => other.to_string(),
                 };
                 *refused.entry(reason).or_default() += 1;
             }
         }
     }
-    if quota_not_yet_replenished > 0 {
+    if refused_for_a_moment > 0 {
         println!(
-            "reaction claims refused by a quota that still counted the deleted claim, then \
-             created: {quota_not_yet_replenished} refusals"
+            "reaction claims refused for a moment (quota not yet counting the deletion, or not \
+             in force yet), then created: {refused_for_a_moment} refusals"
         );
     }
     if !refused.is_empty() {

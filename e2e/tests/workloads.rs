@@ -1230,7 +1230,7 @@ async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
     );
     eventually("the move told on the Job's Pod", CONVERGE, || async {
         let told = world.events(&other, "Moved").await;
-        let about = "owner waits for a claim of 8 devices within its guarantee";
+        let about = "owner waits, within its guarantee, for 8 devices in claims";
         if told.iter().any(|n| n.contains("Job ") && n.contains(about)) {
             Ok(())
         } else {

@@ -170,7 +170,8 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         .map(|team| team.iter().map(|fit| *fit == Fit::NoNode).collect())
         .collect();
     diagnose::print_longest_no_node_waits(setting, timeline, &held, &demand, &no_node);
-    let evictions = evictions(setting, timeline, (&held, &demand), &no_node);
+    let unfitting = unfitting_series(setting, timeline, &most_free);
+    let evictions = evictions(setting, timeline, (&held, &demand), &unfitting);
     let mut replaced = replacement_delays(timeline);
     replaced.sort_by(f64::total_cmp);
     eprintln!(
@@ -447,6 +448,25 @@ fn room_series(setting: &Setting, timeline: &Timeline, most_free: &[u32]) -> Vec
     fits
 }
 
+/// Per team and sample, whether one of the team's waiting Pods (created, not yet bound, not
+/// ended) fitted the free devices of no node.
+fn unfitting_series(setting: &Setting, timeline: &Timeline, most_free: &[u32]) -> Vec<Vec<bool>> {
+    let mut unfit = vec![vec![false; most_free.len()]; setting.teams.len()];
+    for (i, &free) in most_free.iter().enumerate() {
+        let at = i as f64 * STEP;
+        for pod in timeline.pods.values() {
+            let waiting = pod.created <= at && pod.bound.is_none_or(|b| b > at) && at < ended(pod);
+            if let Some(&team) = setting.team_of.get(&pod.namespace)
+                && waiting
+                && pod.gpus > free
+            {
+                unfit[team][i] = true;
+            }
+        }
+    }
+    unfit
+}
+
 fn team_figures(
     setting: &Setting,
     held: &[Vec<u32>],
@@ -670,8 +690,8 @@ fn replacement_delays(timeline: &Timeline) -> Vec<f64> {
 struct Eviction {
     lost_gpu_seconds: f64,
     /// Some other team waited below its guarantee, and the victim's team held more than its own
-    /// (reclaim), or none of the waiting team's Pods fitted a node (a move: the victim's team
-    /// keeps its share, its Pod made again runs elsewhere).
+    /// (reclaim), or a Pod of the waiting team fitted no node (a move: the victim's team keeps
+    /// its share, its Pod made again runs elsewhere).
     needed: bool,
 }
 
@@ -680,7 +700,7 @@ fn evictions(
     setting: &Setting,
     timeline: &Timeline,
     (held, demand): (&[Vec<u32>], &[Vec<u32>]),
-    no_node: &[Vec<bool>],
+    unfitting: &[Vec<bool>],
 ) -> Vec<(usize, Eviction)> {
     let samples = held.first().map_or(0, Vec::len);
     let below_guarantee =
@@ -705,7 +725,7 @@ fn evictions(
         let someone_waits = (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i));
         let victim_borrowed = held[team][i] > setting.teams[team].guaranteed;
         let someone_fits_no_node =
-            (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i) && no_node[u][i]);
+            (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i) && unfitting[u][i]);
         let needed = someone_waits && (victim_borrowed || someone_fits_no_node);
         if !victim_borrowed && needed {
             moves += 1;
@@ -731,8 +751,8 @@ fn evictions(
         ));
     }
     eprintln!(
-        "replay: evictions of Pods whose team held no more than its guarantee while another \
-         team's Pods, below its guarantee, fitted no node (moves): {moves}"
+        "replay: evictions of Pods whose team held no more than its guarantee while a Pod of \
+         another team below its guarantee fitted no node (moves): {moves}"
     );
     out
 }

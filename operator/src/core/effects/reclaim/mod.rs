@@ -541,8 +541,8 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         Ok(()) if e.moved => (
             "Moved",
             format!(
-                "evicting {what} so that it runs again on another node: {} waits for a claim of \
-                 {} devices within its guarantee, which no node has room for although devices \
+                "evicting {what} so that it runs again on another node: {} waits, within its \
+                 guarantee, for {} devices in claims that no node has room for although devices \
                  are free; this workload fits the free devices of other nodes, and its node then \
                  has room; {} keeps its share{elsewhere}",
                 order.for_team, order.devices, order.borrower

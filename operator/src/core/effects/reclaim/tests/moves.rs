@@ -219,7 +219,9 @@ fn a_team_within_its_guarantee_gets_a_node_by_a_move_once_its_grace_has_passed()
     let on_pod = on_pod.expect("an Event on the moved Pod");
     assert_eq!(on_pod.reason, "Moved");
     assert!(
-        on_pod.note.contains("owner waits for a claim of 8 devices"),
+        on_pod
+            .note
+            .contains("owner waits, within its guarantee, for 8 devices in claims"),
         "{}",
         on_pod.note
     );
