@@ -164,13 +164,12 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         .sum::<f64>()
         / window;
     let most_free = most_free_series(timeline, samples);
-    let room = room_series(setting, timeline, &most_free);
+    let (room, unfitting) = room_series(setting, timeline, &most_free);
     let mut teams = team_figures(setting, &held, &demand, &room);
     let no_node: Vec<Vec<bool>> = (room.iter())
         .map(|team| team.iter().map(|fit| *fit == Fit::NoNode).collect())
         .collect();
     diagnose::print_longest_no_node_waits(setting, timeline, &held, &demand, &no_node);
-    let unfitting = unfitting_series(setting, timeline, &most_free);
     let evictions = evictions(setting, timeline, (&held, &demand), &unfitting);
     let mut replaced = replacement_delays(timeline);
     replaced.sort_by(f64::total_cmp);
@@ -421,50 +420,39 @@ enum Fit {
 /// How long a Pod may take from creation to binding before its wait is told apart.
 const YOUNG: Seconds = 2.0;
 
-/// Per team and sample, whether one of the team's waiting Pods (created, not yet bound, not
-/// ended) fitted the free devices of some node, and how far the oldest that fitted had got.
-fn room_series(setting: &Setting, timeline: &Timeline, most_free: &[u32]) -> Vec<Vec<Fit>> {
+/// Per team and sample: whether one of the team's waiting Pods (created, not yet bound, not
+/// ended) fitted the free devices of some node, and if so how far the oldest that fitted had
+/// got; and whether one of them fitted no node.
+fn room_series(
+    setting: &Setting,
+    timeline: &Timeline,
+    most_free: &[u32],
+) -> (Vec<Vec<Fit>>, Vec<Vec<bool>>) {
     let claimed = first_claims(timeline);
     let mut fits = vec![vec![Fit::NoNode; most_free.len()]; setting.teams.len()];
+    let mut unfit = vec![vec![false; most_free.len()]; setting.teams.len()];
     for (i, &free) in most_free.iter().enumerate() {
         let at = i as f64 * STEP;
         for (uid, pod) in &timeline.pods {
             let waiting = pod.created <= at && pod.bound.is_none_or(|b| b > at) && at < ended(pod);
-            if let Some(&team) = setting.team_of.get(&pod.namespace)
-                && waiting
-                && pod.gpus <= free
-            {
-                let fit = if at - pod.created < YOUNG {
-                    Fit::Young
-                } else if claimed.get(uid.as_str()).is_some_and(|&c| c <= at) {
-                    Fit::Claimed
-                } else {
-                    Fit::Unclaimed
-                };
-                fits[team][i] = fits[team][i].max(fit);
-            }
-        }
-    }
-    fits
-}
-
-/// Per team and sample, whether one of the team's waiting Pods (created, not yet bound, not
-/// ended) fitted the free devices of no node.
-fn unfitting_series(setting: &Setting, timeline: &Timeline, most_free: &[u32]) -> Vec<Vec<bool>> {
-    let mut unfit = vec![vec![false; most_free.len()]; setting.teams.len()];
-    for (i, &free) in most_free.iter().enumerate() {
-        let at = i as f64 * STEP;
-        for pod in timeline.pods.values() {
-            let waiting = pod.created <= at && pod.bound.is_none_or(|b| b > at) && at < ended(pod);
-            if let Some(&team) = setting.team_of.get(&pod.namespace)
-                && waiting
-                && pod.gpus > free
-            {
+            let Some(&team) = setting.team_of.get(&pod.namespace).filter(|_| waiting) else {
+                continue;
+            };
+            if pod.gpus > free {
                 unfit[team][i] = true;
+                continue;
             }
+            let fit = if at - pod.created < YOUNG {
+                Fit::Young
+            } else if claimed.get(uid.as_str()).is_some_and(|&c| c <= at) {
+                Fit::Claimed
+            } else {
+                Fit::Unclaimed
+            };
+            fits[team][i] = fits[team][i].max(fit);
         }
     }
-    unfit
+    (fits, unfit)
 }
 
 fn team_figures(

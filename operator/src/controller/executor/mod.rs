@@ -408,11 +408,7 @@ impl Executor {
     fn evicted(&self, e: &Eviction, error: Option<WriteError>, done: &mut Done) -> Vec<Effect> {
         let labels = EvictionLabels {
             team: e.order.borrower.clone(),
-            reason: match (e.queued, e.moved) {
-                (true, _) => "queued",
-                (_, true) => "move",
-                _ => "reclaim",
-            },
+            reason: e.why.label(),
             sharing_policy: e.order.sharing_policy.clone(),
             for_team: e.order.for_team.clone(),
         };

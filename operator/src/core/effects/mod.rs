@@ -145,6 +145,30 @@ pub struct Event {
     pub note: String,
 }
 
+/// Why a workload is evicted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionWhy {
+    /// Its team borrows devices that a team below its guarantee needs back.
+    Reclaim,
+    /// Its Pods have no node yet: they hold nothing, and go with a reclaim's evictions so as not
+    /// to take the room made for the waiting team ([`reclaim::workload::queued`]).
+    Queued,
+    /// It goes to run again on another node, so that a waiting team's claim fits this one
+    /// ([`reclaim::moves`]); `order.borrower` is its team, which keeps its share.
+    Move,
+}
+
+impl EvictionWhy {
+    /// The `reason` label of `teamgpu_evictions_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            EvictionWhy::Reclaim => "reclaim",
+            EvictionWhy::Queued => "queued",
+            EvictionWhy::Move => "move",
+        }
+    }
+}
+
 /// One workload to evict, all its Pods or none, and whom to tell of the outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Eviction {
@@ -158,12 +182,8 @@ pub struct Eviction {
     pub priority: String,
     /// Namespaces of other teams whose Pods carry the same workload label (and stay).
     pub also_labelled_in: Vec<String>,
-    /// Its Pods have no node yet: they hold nothing, and go so as not to take the room made
-    /// for the waiting team ([`reclaim::workload::queued`]).
-    pub queued: bool,
-    /// It goes to run again on another node, so that a waiting team's claim fits this one
-    /// ([`reclaim::moves`]); `order.borrower` is its team, which keeps its share.
-    pub moved: bool,
+    /// Why it goes.
+    pub why: EvictionWhy,
     /// The reclaim the eviction serves; `devices` is what the waiting team is short.
     pub order: ReclaimOrder,
     /// Where the outcome is told, each with the prefix of its note: the Pods, the borrowing

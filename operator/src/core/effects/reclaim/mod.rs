@@ -21,9 +21,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
-use super::{Event, EventType, Eviction, in_team_namespaces};
+use super::{Event, EventType, Eviction, EvictionWhy, in_team_namespaces};
 use crate::api::TeamGpuPolicy;
-use crate::core::plan::inventory::{DeviceId, PoolKey};
+use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
 use budgets::{BudgetView, Overdrawn};
@@ -193,9 +193,13 @@ impl ReclaimTracker {
         (borrowers.iter())
             .flat_map(|b| b.queued.iter().map(move |w| (b, w)))
             .filter(|(_, w)| !w.pods.iter().all(|p| self.is_evicted(p)))
-            .map(|(b, w)| Eviction {
-                queued: true,
-                ..eviction(input, order(b), w, waiting_namespaces)
+            .map(|(b, w)| {
+                eviction(
+                    input,
+                    order(b),
+                    w,
+                    (waiting_namespaces, EvictionWhy::Queued),
+                )
             })
             .collect()
     }
@@ -251,13 +255,7 @@ impl ReclaimTracker {
             // Where the team's claims fit no node, room is made on a node; else by count.
             let placement = (input.plan.placements.iter()).find(|p| p.sharing_policy == *policy);
             let unplaced = placement.and_then(|p| Some((p, p.unplaced.get(team)?)));
-            let node_of = |id: &DeviceId| {
-                let pool = PoolKey {
-                    driver: id.driver.clone(),
-                    pool: id.pool.clone(),
-                };
-                placement.and_then(|p| p.nodes.get(&pool).cloned())
-            };
+            let node_of = |id: &DeviceId| placement.and_then(|p| nodes::node_of(p, id));
             let mut borrowers = borrowers(input, policy, orders, &node_of);
             self.count_in_flight(input.pods, &mut borrowers, now);
             self.pass_over_refused(&mut borrowers, now);
@@ -295,12 +293,10 @@ impl ReclaimTracker {
             // same in two teams).
             let taken: Vec<_> = out.evictions.iter().map(|e| e.pods.clone()).collect();
             (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.pods)));
-            out.evictions.extend(
-                choice
-                    .evict
-                    .iter()
-                    .map(|(b, w)| eviction(input, order(&borrowers[*b]), w, team.namespaces)),
-            );
+            out.evictions.extend(choice.evict.iter().map(|(b, w)| {
+                let why = EvictionWhy::Reclaim;
+                eviction(input, order(&borrowers[*b]), w, (team.namespaces, why))
+            }));
         }
         self.move_for(
             input,
@@ -396,13 +392,13 @@ fn borrowers(
     out.into_iter().map(|(_, b)| b).collect()
 }
 
-/// The eviction of workload `w` for `order`, with whom to tell: its Pods, the borrowing team,
+/// The eviction of workload `w` for `order` and `why`, with whom to tell: its Pods, its team,
 /// and the quota in every namespace of both teams.
 fn eviction(
     input: ReclaimInput<'_>,
     order: ReclaimOrder,
     w: &Workload,
-    waiting_namespaces: &[String],
+    (waiting_namespaces, why): (&[String], EvictionWhy),
 ) -> Eviction {
     let borrower = TeamInPlan::of(input.plan, &order.borrower);
     let mut notify: Vec<(ObjectReference, String)> = (w.pods.iter())
@@ -445,8 +441,7 @@ fn eviction(
         devices: w.devices,
         priority: priority_text(w),
         also_labelled_in: shared_label,
-        queued: false,
-        moved: false,
+        why,
         order,
         notify,
     }
@@ -523,7 +518,11 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         1 => "1 Pod".to_owned(),
         n => format!("{n} Pods"),
     };
-    let holds = if e.queued { "waiting for " } else { "" };
+    let holds = if e.why == EvictionWhy::Queued {
+        "waiting for "
+    } else {
+        ""
+    };
     let what = format!(
         "{} ({pods}, {holds}{} devices of {}, priority {})",
         e.workload, e.devices, order.sharing_policy, e.priority
@@ -538,7 +537,7 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         )
     };
     let (reason, note) = match outcome {
-        Ok(()) if e.moved => (
+        Ok(()) if e.why == EvictionWhy::Move => (
             "Moved",
             format!(
                 "evicting {what} so that it runs again on another node: {} waits, within its \
@@ -548,7 +547,7 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
                 order.for_team, order.devices, order.borrower
             ),
         ),
-        Ok(()) if e.queued => (
+        Ok(()) if e.why == EvictionWhy::Queued => (
             "Dequeued",
             format!(
                 "removing {what} before it starts: {} holds devices above its guarantee that {} \

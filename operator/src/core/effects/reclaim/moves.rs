@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 
 use super::kept::{PassBudgets, choose_within_budgets};
-use super::nodes::{self, Free, fit};
+use super::nodes::{self, Free, MOST_WEIGHED, fit};
 use super::victims::{Borrower, Choice, eligible_at, runtime};
 use super::workload::{Workload, workloads};
 use super::{
-    Eviction, ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, TeamInPlan, eviction,
+    EvictionWhy, ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, TeamInPlan, eviction,
 };
-use crate::core::plan::inventory::{DeviceId, PoolKey};
+use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::placement::Placement;
 use crate::core::plan::{Plan, ReclaimOrder, objects};
 
@@ -77,13 +77,7 @@ impl ReclaimTracker {
             let Some((_, min_runtime)) = self.due(input, defaults, (policy, team), now) else {
                 continue;
             };
-            let node_of = |id: &DeviceId| {
-                let pool = PoolKey {
-                    driver: id.driver.clone(),
-                    pool: id.pool.clone(),
-                };
-                placement.nodes.get(&pool).cloned()
-            };
+            let node_of = |id: &DeviceId| nodes::node_of(placement, id);
             let class = objects::device_class_name(policy);
             let mut others: Vec<Borrower> = (input.plan.teams.iter())
                 .filter(|t| t.name != *team)
@@ -127,10 +121,7 @@ impl ReclaimTracker {
                     devices: u32::try_from(wanted).unwrap_or(u32::MAX),
                     for_team: team.clone(),
                 };
-                let e = Eviction {
-                    moved: true,
-                    ..eviction(input, order, w, waiting_namespaces)
-                };
+                let e = eviction(input, order, w, (waiting_namespaces, EvictionWhy::Move));
                 if !taken.contains(&e.pods) {
                     self.moved.insert(w.name.clone(), now);
                     out.evictions.push(e);
@@ -139,10 +130,6 @@ impl ReclaimTracker {
         }
     }
 }
-
-/// At most this many workloads on one node are weighed for a claim (the lowest priority, most
-/// recently started first): every subset of them is tried.
-const MOST_WEIGHED: usize = 10;
 
 /// How a set of moved workloads ranks for one claim: lower is better.
 type Cost = (i32, u64, Reverse<Timestamp>, Reverse<String>);

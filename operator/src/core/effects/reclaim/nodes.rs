@@ -18,6 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::victims::{Borrower, Choice, eligible_at, runtime};
 use super::workload::Workload;
+use crate::core::plan::inventory::{DeviceId, PoolKey};
 use crate::core::plan::placement::Placement;
 
 /// Free devices per node (`None`: devices reached from any node).
@@ -28,6 +29,15 @@ pub fn free_of(placement: &Placement) -> Free {
     (placement.free.iter())
         .map(|(node, n)| (node.clone(), u64::from(*n)))
         .collect()
+}
+
+/// The node of device `id`, by the pools of `placement` (`None`: its pool has none).
+pub fn node_of(placement: &Placement, id: &DeviceId) -> Option<Arc<str>> {
+    let pool = PoolKey {
+        driver: id.driver.clone(),
+        pool: id.pool.clone(),
+    };
+    placement.nodes.get(&pool).cloned()
 }
 
 /// Places `size` devices on the node with the fewest free that hold them (of equals, the first
@@ -42,7 +52,7 @@ pub(super) fn fit(free: &mut Free, size: u64) -> Option<Option<Arc<str>>> {
 
 /// At most this many workloads on one node are weighed for a claim (the lowest priority, most
 /// recently started first): every subset of them is tried.
-const MOST_WEIGHED: usize = 10;
+pub(super) const MOST_WEIGHED: usize = 10;
 
 /// Which of the `borrowers`' workloads to evict so that each of `claims` (devices per claim,
 /// largest first) fits a node, given the `free` devices per node, at `now` with a minimum

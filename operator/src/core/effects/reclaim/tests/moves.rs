@@ -7,6 +7,7 @@ use super::tracker::Waiting;
 use super::*;
 use crate::core::effects::reclaim::moves::{MOVED_AGAIN_AFTER, choose_moves};
 use crate::core::effects::reclaim::nodes::Free;
+use crate::core::plan::inventory::PoolKey;
 use crate::core::plan::placement::Placement;
 
 fn node(n: &str) -> Option<Arc<str>> {
@@ -209,7 +210,7 @@ fn a_team_within_its_guarantee_gets_a_node_by_a_move_once_its_grace_has_passed()
     assert_eq!(first.len(), 1);
     let e = &first[0];
     assert_eq!(
-        (e.workload.as_str(), e.moved, e.devices),
+        (e.workload.as_str(), e.why == EvictionWhy::Move, e.devices),
         ("Job b/small", true, 1)
     );
     let events = eviction_events(e, Ok(()));

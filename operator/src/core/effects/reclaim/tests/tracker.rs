@@ -441,7 +441,7 @@ fn a_borrowers_workloads_queued_for_room_go_with_the_evictions_and_lose_no_work(
     );
     let reclaimed = waiting.reclaimed_in(&plan(), 30, cluster());
     let what: Vec<(&str, bool, u64)> = (reclaimed.evictions.iter())
-        .map(|e| (e.workload.as_str(), e.queued, e.devices))
+        .map(|e| (e.workload.as_str(), e.why == EvictionWhy::Queued, e.devices))
         .collect();
     // The queued workloads first, each whole (before the evictions make room). h (a Pod
     // running, one waiting) is a running workload, started first: j3, the newest, covers the
@@ -506,7 +506,7 @@ fn a_queued_workload_is_asked_for_once_when_two_teams_wait_on_its_borrower() {
     waiting.reclaimed_in(&plan, 0, (pods.clone(), claims.clone()));
     let reclaimed = waiting.reclaimed_in(&plan, 30, (pods, claims));
     let queued: Vec<&str> = (reclaimed.evictions.iter())
-        .filter(|e| e.queued)
+        .filter(|e| e.why == EvictionWhy::Queued)
         .map(|e| e.workload.as_str())
         .collect();
     assert_eq!(queued, ["Job b/q"]);
