@@ -811,11 +811,29 @@ async fn the_claims_of_a_deleted_team_go_with_their_pods() {
     .await;
 }
 
-/// The fixture's four A100 SXM nodes (pools gpu-a-01 .. gpu-a-04, 8 GPUs each), an owner
-/// guaranteed 8 that reclaims after 3 s, and a borrower guaranteed none (limit 32) running six
-/// 1-GPU Pods pinned to each node, 2 free on each; those on gpu-a-03's node (`low-gpu-a-03-N`)
-/// are low priority, the others high. Returns the world and the two namespaces.
-async fn scattered() -> Option<(World, String, String)> {
+/// The owner's 8-GPU Pod `train`, created and waited for until its team holds 8 devices (30 s
+/// at most): how long that took, and its node.
+async fn train_on_a_whole_node(world: &World, owner: &str) -> (Duration, Option<String>) {
+    let asked = Instant::now();
+    world.create_pod(owner, pod("train", "sxm-x8", None)).await;
+    world.holds(owner, 8, Duration::from_secs(30)).await;
+    let bound = asked.elapsed();
+    let train = world.pod_named(owner, "train").await;
+    (bound, train.spec.and_then(|s| s.node_name))
+}
+
+/// The node of Job `small`'s Pod not being deleted, once it has one.
+async fn small_jobs_node(pods: &Api<Pod>) -> Option<String> {
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    (list.items.into_iter())
+        .filter(|p| p.name_any().starts_with("small-") && p.metadata.deletion_timestamp.is_none())
+        .find_map(|p| p.spec.and_then(|s| s.node_name))
+}
+
+/// A control plane with policy `sxm` (A100s, templates of 1 and 8 GPUs) and the owner team:
+/// guaranteed 8, its limit, reclaiming after 3 s with no minimum runtime. Returns the world and
+/// the owner's namespace; `None` without a control plane.
+async fn whole_nodes_and_an_owner() -> Option<(World, String)> {
     let world = World::with_policy("sxm", "NVIDIA A100-SXM4-80GB", &[1, 8]).await?;
     let owner = (world.team(
         "owner",
@@ -823,6 +841,15 @@ async fn scattered() -> Option<(World, String, String)> {
         json!({"enabled": true, "gracePeriodSeconds": 3, "minRuntimeSeconds": 0}),
     ))
     .await;
+    Some((world, owner))
+}
+
+/// The fixture's four A100 SXM nodes (pools gpu-a-01 .. gpu-a-04, 8 GPUs each), an owner
+/// guaranteed 8 that reclaims after 3 s, and a borrower guaranteed none (limit 32) running six
+/// 1-GPU Pods pinned to each node, 2 free on each; those on gpu-a-03's node (`low-gpu-a-03-N`)
+/// are low priority, the others high. Returns the world and the two namespaces.
+async fn scattered() -> Option<(World, String, String)> {
+    let (world, owner) = whole_nodes_and_an_owner().await?;
     let borrower = (world.team("borrower", json!({"guaranteed": 0, "limit": 32}), json!({}))).await;
     let pinned = world.pinned().await;
     for node in ["gpu-a-01", "gpu-a-02", "gpu-a-03", "gpu-a-04"] {
@@ -1173,15 +1200,9 @@ async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
 /// what it held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
-    let Some(world) = World::with_policy("sxm", "NVIDIA A100-SXM4-80GB", &[1, 8]).await else {
+    let Some((world, owner)) = whole_nodes_and_an_owner().await else {
         return;
     };
-    let owner = (world.team(
-        "owner",
-        json!({"guaranteed": 8, "limit": 8}),
-        json!({"enabled": true, "gracePeriodSeconds": 3, "minRuntimeSeconds": 0}),
-    ))
-    .await;
     let other = (world.team("other", json!({"guaranteed": 24, "limit": 24}), json!({}))).await;
     let pinned = world.pinned().await;
     // gpu-a-02 and gpu-a-03 full, gpu-a-04 full for now: the Job can only go to gpu-a-01.
@@ -1207,24 +1228,13 @@ async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
         pods.delete(&name, &DeleteParams::default()).await.unwrap();
     }
     world.holds(&other, 22, CONVERGE).await;
-    // The node of the Job's Pod not being deleted, once it has one.
-    let small_node = || async {
-        let list = pods.list(&ListParams::default()).await.unwrap();
-        (list.items.into_iter())
-            .filter(|p| {
-                p.name_any().starts_with("small-") && p.metadata.deletion_timestamp.is_none()
-            })
-            .find_map(|p| p.spec.and_then(|s| s.node_name))
-    };
-    let first_node = small_node().await.expect("the Job's Pod on a node");
+    let first_node = small_jobs_node(&pods)
+        .await
+        .expect("the Job's Pod on a node");
 
-    let asked = Instant::now();
-    world.create_pod(&owner, pod("train", "sxm-x8", None)).await;
-    world.holds(&owner, 8, Duration::from_secs(30)).await;
-    let bound = asked.elapsed();
-    let train = world.pod_named(&owner, "train").await;
+    let (bound, train_node) = train_on_a_whole_node(&world, &owner).await;
     assert_eq!(
-        train.spec.and_then(|s| s.node_name).as_deref(),
+        train_node.as_deref(),
         Some(first_node.as_str()),
         "the owner's Pod is bound on the node the Job left"
     );
@@ -1242,10 +1252,85 @@ async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
     // another node: the other team holds its 22 again, nothing else of it was evicted.
     world.holds(&other, 22, Duration::from_secs(60)).await;
     let now = world.pods(&other).await;
-    let second_node = small_node()
+    let second_node = small_jobs_node(&pods)
         .await
         .expect("the Job's Pod made again, on a node");
     assert_ne!(second_node, first_node);
     assert_eq!(now.len(), 2 + 5 + 1, "{now:?}");
+    eprintln!("owner's 8-GPU Pod bound {bound:?} after asking (3 s grace)");
+}
+
+/// Reclaim and a move together. The owner (guaranteed 8) asks for an 8-GPU claim. The
+/// borrower holds 6 above its guarantee: six 1-GPU Pods on gpu-a-01 and a whole node, but its
+/// 6 on gpu-a-01 share the node with a 1-GPU Job of another team within its guarantee (and 1
+/// free), so taking the borrower's back alone clears no node (what reclaim did before: nothing,
+/// and `ReclaimBlocked`). After the grace period the borrower's six are taken back
+/// (`Reclaimed`), the Job is moved (`Moved`) to the free device of gpu-a-04, and the owner's Pod
+/// is bound on gpu-a-01.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrowers_pods_taken_back_and_a_small_job_moved_clear_a_node_for_an_eight_gpu_claim() {
+    let Some((world, owner)) = whole_nodes_and_an_owner().await else {
+        return;
+    };
+    let borrower = (world.team("borrower", json!({"guaranteed": 8, "limit": 24}), json!({}))).await;
+    let other = (world.team("other", json!({"guaranteed": 16, "limit": 16}), json!({}))).await;
+    let pinned = world.pinned().await;
+    let node_of = |pool: &str| {
+        let p = pinned("probe", "sxm", pool);
+        let selector = p.spec.and_then(|s| s.node_selector).unwrap_or_default();
+        selector["kubernetes.io/hostname"].clone()
+    };
+    // gpu-a-02 the borrower's, gpu-a-03 the other team's; gpu-a-04: 7 of the other team and a
+    // placeholder of the borrower; gpu-a-01: 7 of the borrower. The Job can only go to gpu-a-01.
+    world
+        .create_pod(&borrower, pinned("full-gpu-a-02", "sxm-x8", "gpu-a-02"))
+        .await;
+    world
+        .create_pod(&other, pinned("full-gpu-a-03", "sxm-x8", "gpu-a-03"))
+        .await;
+    for i in 0..7 {
+        let p = pinned(&format!("part-gpu-a-04-{i}"), "sxm", "gpu-a-04");
+        world.create_pod(&other, p).await;
+        let p = pinned(&format!("part-gpu-a-01-{i}"), "sxm", "gpu-a-01");
+        world.create_pod(&borrower, p).await;
+    }
+    (world.create_pod(&borrower, pinned("placeholder", "sxm", "gpu-a-04"))).await;
+    world.holds(&other, 15, Duration::from_secs(60)).await;
+    world.holds(&borrower, 16, Duration::from_secs(60)).await;
+    world.create_job(&other, job("small", 1, "sxm", None)).await;
+    world.holds(&other, 16, CONVERGE).await;
+    let borrower_pods = Api::<Pod>::namespaced(world.client.clone(), &borrower);
+    for name in ["placeholder", "part-gpu-a-01-6"] {
+        borrower_pods
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    // Now 1 free on gpu-a-01 (beside the borrower's six and the Job) and 1 on gpu-a-04.
+    world.holds(&borrower, 14, CONVERGE).await;
+
+    let (bound, train_node) = train_on_a_whole_node(&world, &owner).await;
+    assert_eq!(
+        train_node.as_deref(),
+        Some(node_of("gpu-a-01").as_str()),
+        "the owner's Pod is bound on the node cleared for it"
+    );
+    for (namespace, reason, what) in [(&other, "Moved", "Job "), (&borrower, "Reclaimed", "Pod ")] {
+        eventually(&format!("{reason} told"), CONVERGE, || async {
+            let told = world.events(namespace, reason).await;
+            if told.iter().any(|n| n.contains(what) && n.contains("owner")) {
+                Ok(())
+            } else {
+                Err(format!("{told:?}"))
+            }
+        })
+        .await;
+    }
+    // The borrower is back at its guarantee (its bare Pods are not made again); the Job's Pod
+    // made again runs on gpu-a-04, and the other team holds its 16 again.
+    world.holds(&borrower, 8, CONVERGE).await;
+    world.holds(&other, 16, Duration::from_secs(60)).await;
+    let pods = Api::<Pod>::namespaced(world.client.clone(), &other);
+    assert_eq!(small_jobs_node(&pods).await, Some(node_of("gpu-a-04")));
     eprintln!("owner's 8-GPU Pod bound {bound:?} after asking (3 s grace)");
 }

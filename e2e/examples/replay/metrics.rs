@@ -683,6 +683,41 @@ struct Eviction {
     needed: bool,
 }
 
+/// How soon after a move the waiting team's Pod must be bound on the node the moved Pod left for
+/// the move to have given it that node: the grace of the next pass and the scheduler's retry.
+const MOVE_PAID_OFF: Seconds = 15.0;
+
+/// The note of the operator's `Moved` Event on `pod`, if it was moved.
+fn move_note<'t>(timeline: &'t Timeline, pod: &PodTrace) -> Option<&'t String> {
+    (timeline
+        .reclaimed
+        .get(&(pod.namespace.clone(), pod.name.clone())))
+    .filter(|n| n.starts_with("Moved:"))
+}
+
+/// Whether `pod` was moved (`Moved`) and, within [`MOVE_PAID_OFF`] of `ended`, a Pod of the team
+/// the Event names as waiting was bound on the node `pod` left.
+fn moved_for(setting: &Setting, timeline: &Timeline, pod: &PodTrace, ended: Seconds) -> bool {
+    let Some(note) = move_note(timeline, pod) else {
+        return false;
+    };
+    // "... so that it runs again on another node: <team> waits, within its guarantee, ..."
+    let waiting =
+        (note.split("another node: ").nth(1)).and_then(|rest| rest.split(" waits").next());
+    let Some(team) = waiting.and_then(|w| setting.teams.iter().position(|t| t.name == w)) else {
+        return false;
+    };
+    let Some(node) = pod.node.as_deref() else {
+        return false;
+    };
+    timeline.pods.values().any(|p| {
+        setting.team_of.get(&p.namespace) == Some(&team)
+            && p.node.as_deref() == Some(node)
+            && p.bound
+                .is_some_and(|b| b >= ended && b <= ended + MOVE_PAID_OFF)
+    })
+}
+
 /// The replay's Pods that were evicted or deleted while bound and unfinished, by team.
 fn evictions(
     setting: &Setting,
@@ -695,6 +730,8 @@ fn evictions(
         |t: usize, i: usize| held[t][i] < demand[t][i].min(setting.teams[t].guaranteed);
     let mut out = Vec::new();
     let mut moves = 0;
+    // Moved Pods, and those after which the waiting team's Pod was bound on the node they left.
+    let mut moved = (0, 0);
     for pod in timeline.pods.values() {
         let Some(&team) = setting.team_of.get(&pod.namespace) else {
             continue;
@@ -714,9 +751,14 @@ fn evictions(
         let victim_borrowed = held[team][i] > setting.teams[team].guaranteed;
         let someone_fits_no_node =
             (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i) && unfitting[u][i]);
-        let needed = someone_waits && (victim_borrowed || someone_fits_no_node);
+        let paid_off = moved_for(setting, timeline, pod, ended);
+        let needed = someone_waits && (victim_borrowed || someone_fits_no_node || paid_off);
         if !victim_borrowed && needed {
             moves += 1;
+        }
+        if move_note(timeline, pod).is_some() {
+            moved.0 += 1;
+            moved.1 += u32::from(paid_off);
         }
         if !needed {
             let why = (timeline
@@ -740,7 +782,13 @@ fn evictions(
     }
     eprintln!(
         "replay: evictions of Pods whose team held no more than its guarantee while a Pod of \
-         another team below its guarantee fitted no node (moves): {moves}"
+         another team below its guarantee fitted no node, or whose move gave it a node (moves): \
+         {moves}"
+    );
+    eprintln!(
+        "replay: Pods moved (a `Moved` Event): {}; of them, followed within {MOVE_PAID_OFF} s by \
+         a Pod of the team the Event names bound on the node they left: {}",
+        moved.0, moved.1
     );
     out
 }

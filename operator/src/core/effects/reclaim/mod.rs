@@ -10,8 +10,11 @@ pub mod budgets;
 mod kept;
 pub mod moves;
 pub mod nodes;
+mod notes;
 pub mod victims;
 pub mod workload;
+
+pub use notes::eviction_events;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,14 +24,15 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
-use super::{Event, EventType, Eviction, EvictionWhy, in_team_namespaces};
+use super::{Event, Eviction, EvictionWhy, in_team_namespaces};
 use crate::api::TeamGpuPolicy;
 use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
-use budgets::{BudgetView, Overdrawn};
-use kept::{PassBudgets, choose_within_budgets, from_borrowers, kept_by_budgets};
-use victims::{Borrower, Choice};
+use budgets::BudgetView;
+use kept::{PassBudgets, choose_within_budgets, from_borrowers};
+use notes::waiting_note;
+use victims::Borrower;
 use workload::{NodeOf, PodView, Workload, label_elsewhere, queued, workloads};
 
 /// How soon a refused eviction (a PodDisruptionBudget) is tried again; meanwhile its workload is
@@ -245,58 +249,15 @@ impl ReclaimTracker {
         let fragmented = moves::fragmented(input.plan, &owed);
         (self.waiting_since).retain(|k, _| owed.contains_key(k) || fragmented.contains_key(k));
         self.next_attempt = None;
+        (self.moved).retain(|_, at| now.duration_since(*at) < moves::MOVED_AGAIN_AFTER);
         let mut out = Reclaimed::default();
         let mut budgets = PassBudgets::new(input.budgets, input.pods);
         for ((policy, team), orders) in &owed {
-            let Some((waiting, min_runtime)) = self.due(input, defaults, (policy, team), now)
-            else {
+            let Some(waiting) = self.due(input, defaults, (policy, team), now) else {
                 continue;
             };
-            // Where the team's claims fit no node, room is made on a node; else by count.
-            let placement = (input.plan.placements.iter()).find(|p| p.sharing_policy == *policy);
-            let unplaced = placement.and_then(|p| Some((p, p.unplaced.get(team)?)));
-            let node_of = |id: &DeviceId| placement.and_then(|p| nodes::node_of(p, id));
-            let mut borrowers = borrowers(input, policy, orders, &node_of);
-            self.count_in_flight(input.pods, &mut borrowers, now);
-            self.pass_over_refused(&mut borrowers, now);
-            let choose = from_borrowers(unplaced, orders, (min_runtime, wall));
-            let (shortfall, choice, kept) =
-                choose_within_budgets(&mut borrowers, &mut budgets, &choose);
-            if !kept.is_empty() && choice.uncovered > 0 {
-                // A budget's change wakes no pass: look again when a refusal would be retried.
-                self.wake_at(now + RETRY_REFUSED);
-            }
-            if let Some(at) = choice.eligible_at {
-                let wait = (at.as_second() - wall.as_second()).max(0);
-                self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
-            }
-            let team = TeamInPlan::of(input.plan, team);
-            if let Some(note) = waiting_note(waiting, policy, &choice, min_runtime, &kept) {
-                // Its members read it in their own namespaces.
-                let copies = in_team_namespaces(&note.regarding, team.namespaces);
-                out.events
-                    .extend(copies.into_iter().map(|(regarding, prefix)| Event {
-                        regarding,
-                        note: format!("{prefix}{}", note.note),
-                        ..note.clone()
-                    }));
-                out.events.push(note);
-            }
-            let order = |borrower: &Borrower| ReclaimOrder {
-                sharing_policy: policy.clone(),
-                borrower: borrower.team.clone(),
-                devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
-                for_team: team.name.to_owned(),
-            };
-            let queued = self.dequeue(input, &borrowers, &order, team.namespaces);
-            // Asked for already for another waiting team: by its Pods (a label's name is the
-            // same in two teams).
-            let taken: Vec<_> = out.evictions.iter().map(|e| e.pods.clone()).collect();
-            (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.pods)));
-            out.evictions.extend(choice.evict.iter().map(|(b, w)| {
-                let why = EvictionWhy::Reclaim;
-                eviction(input, order(&borrowers[*b]), w, (team.namespaces, why))
-            }));
+            let owed = (policy.as_str(), team.as_str(), orders.as_slice());
+            self.reclaim_for(input, owed, waiting, (now, wall), &mut budgets, &mut out);
         }
         self.move_for(
             input,
@@ -308,6 +269,87 @@ impl ReclaimTracker {
         );
         self.released.retain(|_, (_, seen)| *seen == now);
         out
+    }
+
+    /// What reclaim takes for `team`, owed devices of `policy` by the borrowers of `orders`, that
+    /// reclaims (`waiting`, its minimum runtime) and has waited its grace period: the borrowers'
+    /// workloads, where its claims fit no node those that make room on one, with other teams'
+    /// workloads moved where the borrowers' alone do not ([`moves`]); and an Event that says why
+    /// when that does not cover its shortfall.
+    fn reclaim_for(
+        &mut self,
+        input: ReclaimInput<'_>,
+        (policy, team, orders): (&str, &str, &[&ReclaimOrder]),
+        (waiting, min_runtime): (&TeamGpuPolicy, u64),
+        (now, wall): (Instant, Timestamp),
+        budgets: &mut PassBudgets<'_>,
+        out: &mut Reclaimed,
+    ) {
+        // Where the team's claims fit no node, room is made on a node; else by count.
+        let placement = (input.plan.placements.iter()).find(|p| p.sharing_policy == *policy);
+        let unplaced = placement.and_then(|p| Some((p, p.unplaced.get(team)?)));
+        let node_of = |id: &DeviceId| placement.and_then(|p| nodes::node_of(p, id));
+        let mut borrowers = borrowers(input, policy, orders, &node_of);
+        self.count_in_flight(input.pods, &mut borrowers, now);
+        self.pass_over_refused(&mut borrowers, now);
+        let choose = from_borrowers(unplaced, orders, (min_runtime, wall));
+        let (shortfall, mut choice, kept) = choose_within_budgets(&mut borrowers, budgets, &choose);
+        if !kept.is_empty() && choice.uncovered > 0 {
+            // A budget's change wakes no pass: look again when a refusal would be retried.
+            self.wake_at(now + RETRY_REFUSED);
+        }
+        if let Some(at) = choice.eligible_at {
+            let wait = (at.as_second() - wall.as_second()).max(0);
+            self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
+        }
+        let team = TeamInPlan::of(input.plan, team);
+        let order = |borrower: &Borrower| ReclaimOrder {
+            sharing_policy: policy.to_owned(),
+            borrower: borrower.team.clone(),
+            devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
+            for_team: team.name.to_owned(),
+        };
+        let queued = self.dequeue(input, &borrowers, &order, team.namespaces);
+        // Asked for already for another waiting team: by its Pods (a label's name is the
+        // same in two teams).
+        let taken: Vec<_> = out.evictions.iter().map(|e| e.pods.clone()).collect();
+        (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.pods)));
+        let reclaimed: Vec<Eviction> = (choice.evict.iter())
+            .map(|(b, w)| {
+                let why = EvictionWhy::Reclaim;
+                eviction(input, order(&borrowers[*b]), w, (team.namespaces, why))
+            })
+            .collect();
+        let freeing: Vec<_> = reclaimed.iter().map(|e| e.pods.clone()).collect();
+        out.evictions.extend(reclaimed);
+        if let Some(unplaced) = unplaced.filter(|_| choice.uncovered > 0) {
+            // Room the borrowers' workloads alone do not make on any node: with the others'
+            // workloads moved too ([`moves`]).
+            let waiting = moves::Waiting {
+                policy,
+                team: team.name,
+                unplaced: (unplaced.0, unplaced.1.as_slice()),
+                min_runtime,
+            };
+            let moved = self.make_room(input, waiting, (now, wall), &freeing, budgets, out);
+            choice.uncovered = moved.uncovered;
+            choice.eligible_at = choice
+                .eligible_at
+                .into_iter()
+                .chain(moved.eligible_at)
+                .min();
+        }
+        if let Some(note) = waiting_note(waiting, policy, &choice, min_runtime, &kept) {
+            // Its members read it in their own namespaces.
+            let copies = in_team_namespaces(&note.regarding, team.namespaces);
+            out.events
+                .extend(copies.into_iter().map(|(regarding, prefix)| Event {
+                    regarding,
+                    note: format!("{prefix}{}", note.note),
+                    ..note.clone()
+                }));
+            out.events.push(note);
+        }
     }
 }
 
@@ -452,138 +494,6 @@ fn priority_text(w: &Workload) -> String {
         Some(class) => format!("{class} ({})", w.priority),
         None => w.priority.to_string(),
     }
-}
-
-/// An Event on the waiting team when what reclaim may take now does not cover its shortfall,
-/// saying why: workloads too young, workloads their PodDisruptionBudgets keep (`kept`), or none
-/// that fits above the borrowers' guarantees.
-fn waiting_note(
-    waiting: &TeamGpuPolicy,
-    policy: &str,
-    choice: &Choice,
-    min_runtime: u64,
-    kept: &[(String, Overdrawn)],
-) -> Option<Event> {
-    if choice.uncovered == 0 {
-        return None;
-    }
-    let short = choice.uncovered;
-    let budgets = match kept {
-        [] => String::new(),
-        kept => format!(
-            "; {}; reclaim looks again every {} s",
-            kept_by_budgets(kept),
-            RETRY_REFUSED.as_secs()
-        ),
-    };
-    let (reason, note) = match choice.eligible_at {
-        Some(at) => (
-            "ReclaimWaiting",
-            format!(
-                "{short} devices of {policy} are still short: the borrowers' workloads that \
-                 could free them have run less than the minimum runtime ({min_runtime} s); \
-                 reclaim takes them from {at}{budgets}"
-            ),
-        ),
-        None if !kept.is_empty() => (
-            "ReclaimBlocked",
-            format!(
-                "{short} devices of {policy} are still short and reclaim cannot free them \
-                 now{budgets}"
-            ),
-        ),
-        None => (
-            "ReclaimBlocked",
-            format!(
-                "{short} devices of {policy} are still short and reclaim cannot free them: \
-                 no borrower's workload fits in what it holds above its guarantee, or its \
-                 devices are on their way back"
-            ),
-        ),
-    };
-    // Only when nothing is on its way back: devices in flight may cover the rest.
-    (choice.in_flight == 0 || choice.eligible_at.is_some()).then(|| Event {
-        regarding: waiting.object_ref(&()),
-        type_: EventType::Normal,
-        reason,
-        action: "Evict",
-        note,
-    })
-}
-
-/// The Events that tell of an eviction's outcome: `Ok`, or `Err` with why it was refused.
-pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Event> {
-    let (e, order) = (eviction, &eviction.order);
-    let pods = match e.pods.len() {
-        1 => "1 Pod".to_owned(),
-        n => format!("{n} Pods"),
-    };
-    let holds = if e.why == EvictionWhy::Queued {
-        "waiting for "
-    } else {
-        ""
-    };
-    let what = format!(
-        "{} ({pods}, {holds}{} devices of {}, priority {})",
-        e.workload, e.devices, order.sharing_policy, e.priority
-    );
-    let elsewhere = if e.also_labelled_in.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "; Pods labelled {} in {} belong to other teams and stay",
-            workload::WORKLOAD_LABEL,
-            e.also_labelled_in.join(", ")
-        )
-    };
-    let (reason, note) = match outcome {
-        Ok(()) if e.why == EvictionWhy::Move => (
-            "Moved",
-            format!(
-                "evicting {what} so that it runs again on another node: {} waits, within its \
-                 guarantee, for {} devices in claims that no node has room for although devices \
-                 are free; this workload fits the free devices of other nodes, and its node then \
-                 has room; {} keeps its share{elsewhere}",
-                order.for_team, order.devices, order.borrower
-            ),
-        ),
-        Ok(()) if e.why == EvictionWhy::Queued => (
-            "Dequeued",
-            format!(
-                "removing {what} before it starts: {} holds devices above its guarantee that {} \
-                 needs back ({} short), and the scheduler would give this workload the room \
-                 reclaim makes; no work is lost, its controller makes its Pods again and their \
-                 claims wait for quota{elsewhere}",
-                order.borrower, order.for_team, order.devices
-            ),
-        ),
-        Ok(()) => (
-            "Reclaimed",
-            format!(
-                "evicting {what}: {} holds devices above its guarantee that {} needs back \
-                 ({} short){elsewhere}",
-                order.borrower, order.for_team, order.devices
-            ),
-        ),
-        Err(refusal) => (
-            "EvictionRefused",
-            format!(
-                "could not evict {what} to give devices back to {}: {refusal}; no Pod of it \
-                 was evicted; retrying",
-                order.for_team
-            ),
-        ),
-    };
-    e.notify
-        .iter()
-        .map(|(regarding, prefix)| Event {
-            regarding: regarding.clone(),
-            type_: EventType::Warning,
-            reason,
-            action: "Evict",
-            note: format!("{prefix}{note}"),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -51,6 +51,9 @@ pub struct Choice {
     /// Where each waiting claim goes (its devices, its node), when reclaim makes room per node
     /// ([`super::nodes::choose_on_nodes`]).
     pub placed: Vec<(u64, Option<std::sync::Arc<str>>)>,
+    /// Of `evict`, the places of the workloads moved to run again on another node rather than
+    /// taken back from a borrower ([`super::moves`]); empty for reclaim's own choices.
+    pub moved: Vec<usize>,
 }
 
 /// Which of the `borrowers`' workloads to evict to free `shortfall` devices, at `now`, with a

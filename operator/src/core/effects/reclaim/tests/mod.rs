@@ -5,10 +5,13 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::victims::{Borrower, choose};
+use super::budgets::Overdrawn;
+use super::kept::kept_by_budgets;
+use super::victims::{Borrower, Choice, choose};
 use super::workload::{PodView, Workload, WorkloadKey, workloads};
 use super::*;
 use crate::api::QuotaStatus;
+use crate::core::effects::EventType;
 use crate::core::plan::TeamReport;
 use crate::core::plan::usage::Names;
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::tracker::Waiting;
+use super::tracker::{Waiting, team_report};
 use super::*;
 use crate::core::effects::reclaim::moves::{MOVED_AGAIN_AFTER, choose_moves};
 use crate::core::effects::reclaim::nodes::Free;
@@ -155,6 +155,68 @@ fn a_workload_on_its_way_out_leaves_room_without_another_move() {
     assert_eq!(choice.in_flight, 1);
 }
 
+/// vision waits for 8 devices; node-4 holds research's 6 (research is 9 above its guarantee,
+/// in a bare Pod) and one device each of serving and recsys (both within their guarantees);
+/// node-3 and node-5 have 1 free each. (The replay, seed 22, 41.3 s: reclaim alone clears no
+/// node, and nobody is moved while a reclaim is ordered.)
+fn borrower_and_two_small() -> (Vec<Borrower>, Free) {
+    let mut bare = on("Pod research/r6", "node-4", 6, 0, "2026-06-01T11:00:00Z");
+    bare.movable = false;
+    let teams = vec![
+        borrower("research", 0, 9, vec![bare]),
+        team(
+            "serving",
+            vec![on("Job serving/s1", "node-4", 1, 0, "2026-06-01T11:00:00Z")],
+        ),
+        team(
+            "recsys",
+            vec![on("Job recsys/c1", "node-4", 1, 0, "2026-06-01T11:00:00Z")],
+        ),
+    ];
+    let free = free(&[("node-4", 0), ("node-3", 1), ("node-5", 1), ("node-6", 0)]);
+    (teams, free)
+}
+
+#[test]
+fn a_borrowers_workload_is_taken_back_and_the_others_on_its_node_move() {
+    let (teams, free) = borrower_and_two_small();
+    let choice = choose_moves(&teams, &free, &[8], 0, at(NOW));
+    assert_eq!(
+        names(&choice),
+        ["Job recsys/c1", "Job serving/s1", "Pod research/r6"]
+    );
+    let moved: Vec<&str> = (choice.moved.iter())
+        .map(|&k| choice.evict[k].1.name.as_str())
+        .collect();
+    // The borrower's bare Pod is not made again elsewhere: it is taken back, not moved.
+    assert!(!moved.contains(&"Pod research/r6"), "{moved:?}");
+    assert_eq!(moved.len(), 2);
+    assert_eq!(choice.placed, [(8, node("node-4"))]);
+    assert_eq!((choice.freed, choice.uncovered), (8, 0));
+}
+
+#[test]
+fn a_borrower_gives_back_no_more_than_it_holds_above_its_guarantee() {
+    let (mut teams, free) = borrower_and_two_small();
+    // 5 above its guarantee: its 6-device Pod would take it below, and it cannot move.
+    teams[0].above_guarantee = 5;
+    let choice = choose_moves(&teams, &free, &[8], 0, at(NOW));
+    assert!(choice.evict.is_empty(), "{:?}", names(&choice));
+    assert_eq!(choice.uncovered, 8);
+    // A movable one beyond its room moves, if another node has room for it.
+    teams[0].workloads[0].movable = true;
+    let roomy = free_with(&free, "node-6", 6);
+    let choice = choose_moves(&teams, &roomy, &[8], 0, at(NOW));
+    assert_eq!(choice.evict.len(), 3);
+    assert_eq!(choice.moved.len(), 3, "all three move");
+}
+
+fn free_with(free: &Free, node_name: &str, n: u64) -> Free {
+    let mut free = free.clone();
+    free.insert(node(node_name), n);
+    free
+}
+
 /// `owner` (namespace `o`) waits for an 8-device claim within its guarantee that fits no node,
 /// and nobody borrows: no reclaim order. `borrower` (namespace `b`, within its guarantee too)
 /// has a 1-device Job alone on node `n1`; `n2` has 2 free.
@@ -171,6 +233,10 @@ fn fragmented_plan() -> Plan {
             free: BTreeMap::from([(node("n1"), 7), (node("n2"), 2)]),
             unplaced: BTreeMap::from([("owner".to_owned(), vec![8])]),
         }],
+        teams: vec![
+            team_report("owner", "o", 0, 8),
+            team_report("borrower", "b", 1, 4),
+        ],
         ..super::tracker::plan()
     }
 }
@@ -239,4 +305,97 @@ fn a_team_that_does_not_reclaim_moves_nothing() {
     let plan = fragmented_plan();
     assert!(moved(&mut waiting, &plan, 0).is_empty());
     assert!(moved(&mut waiting, &plan, 600).is_empty());
+}
+
+/// A one-Pod Job `job` of namespace `ns` holding `devices` devices of pool (and node) `node`.
+fn job_on(ns: &str, job: &str, devices: usize, node: &str) -> (Pod, Arc<ClaimView>) {
+    let pod_name = format!("{job}-0");
+    let pod = pod(ns, &pod_name, Some(("Job", job)), json!({}), json!({}));
+    let results: Vec<_> = (0..devices)
+        .map(|i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": format!("{job}-{i}")}))
+        .collect();
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": format!("{pod_name}-gpu"), "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": devices}}]}},
+        "status": {"allocation": {"devices": {"results": results}},
+                   "reservedFor": [{"resource": "pods", "name": pod_name, "uid": format!("u-{pod_name}")}]}
+    }))
+    .unwrap();
+    (
+        pod,
+        Arc::new(ClaimView::project(&claim, &mut Names::default())),
+    )
+}
+
+#[test]
+fn a_reclaim_that_clears_no_node_alone_moves_the_rest_instead_of_waiting() {
+    let pool = |name: &str| PoolKey {
+        driver: "gpu.nvidia.com".into(),
+        pool: name.into(),
+    };
+    // The owner waits for 8 within its guarantee. The borrower is 2 above its guarantee, with a
+    // 2-device Job on n1 (and 4 on n2); team c, within its guarantee, has a 2-device Job on n1.
+    // n1 has 4 free, n2 has 2: reclaim alone frees 6 on n1.
+    let plan = Plan {
+        teams: vec![
+            team_report("owner", "o", 0, 8),
+            team_report("borrower", "b", 6, 4),
+            team_report("c", "c", 2, 4),
+        ],
+        reclaims: vec![ReclaimOrder {
+            sharing_policy: "a".into(),
+            borrower: "borrower".into(),
+            devices: 2,
+            for_team: "owner".into(),
+        }],
+        placements: vec![Placement {
+            sharing_policy: "a".into(),
+            nodes: BTreeMap::from([(pool("n1"), Arc::from("n1")), (pool("n2"), Arc::from("n2"))]),
+            free: BTreeMap::from([(node("n1"), 4), (node("n2"), 2)]),
+            unplaced: BTreeMap::from([("owner".to_owned(), vec![8])]),
+        }],
+        ..super::tracker::plan()
+    };
+    let jobs = [
+        job_on("b", "b-small", 2, "n1"),
+        job_on("b", "b-wide", 4, "n2"),
+        job_on("c", "c-small", 2, "n1"),
+    ];
+    let pods: Vec<Pod> = jobs.iter().map(|(p, _)| p.clone()).collect();
+    let cluster = || (views(&pods), jobs.iter().map(|(_, c)| c.clone()).collect());
+    let mut waiting = Waiting::new();
+    assert!(
+        waiting
+            .reclaimed_in(&plan, 0, cluster())
+            .evictions
+            .is_empty()
+    );
+    let pass = waiting.reclaimed_in(&plan, 30, cluster());
+    let mut evicted: Vec<(&str, EvictionWhy)> = (pass.evictions.iter())
+        .map(|e| (e.workload.as_str(), e.why))
+        .collect();
+    evicted.sort_by_key(|e| e.0);
+    assert_eq!(
+        evicted,
+        [
+            ("Job b/b-small", EvictionWhy::Reclaim),
+            ("Job c/c-small", EvictionWhy::Move)
+        ]
+    );
+    let blocked = pass.events.iter().find(|e| e.reason == "ReclaimBlocked");
+    assert!(blocked.is_none(), "{blocked:?}");
+    // Without team c's Job to move, the owner is told that reclaim cannot make room.
+    let alone = || {
+        let (pods, claims): (Vec<_>, Vec<_>) = cluster();
+        let keep = |ns: &str| ns != "c";
+        (
+            pods.into_iter().filter(|p| keep(&p.namespace)).collect(),
+            claims.into_iter().filter(|c| keep(&c.namespace)).collect(),
+        )
+    };
+    let mut waiting = Waiting::new();
+    waiting.reclaimed_in(&plan, 0, alone());
+    let pass = waiting.reclaimed_in(&plan, 30, alone());
+    assert!(pass.evictions.is_empty(), "{:?}", pass.evictions);
+    assert!(pass.events.iter().any(|e| e.reason == "ReclaimBlocked"));
 }

@@ -5,8 +5,15 @@ use crate::core::effects::reclaim::budgets::BudgetView;
 
 /// Team `owner` (namespace `o`, guaranteed 8) waits for 2 devices of sharing policy `a`;
 /// `borrower` (namespace `b`, guaranteed 4) holds 12 in 4-device Jobs.
-pub(super) fn plan() -> Plan {
-    let team = |name: &str, namespace: &str, allocated, effective_guarantee| TeamReport {
+/// Team `name` of one `namespace`, holding `allocated` devices of sharing policy `a` with an
+/// effective guarantee of `effective_guarantee`.
+pub(super) fn team_report(
+    name: &str,
+    namespace: &str,
+    allocated: u32,
+    effective_guarantee: u32,
+) -> TeamReport {
+    TeamReport {
         department: None,
         name: name.into(),
         namespaces: vec![namespace.into()],
@@ -18,7 +25,11 @@ pub(super) fn plan() -> Plan {
             ..QuotaStatus::default()
         }],
         ..TeamReport::default()
-    };
+    }
+}
+
+pub(super) fn plan() -> Plan {
+    let team = team_report;
     Plan {
         teams: vec![team("owner", "o", 6, 8), team("borrower", "b", 12, 4)],
         reclaims: vec![order()],
