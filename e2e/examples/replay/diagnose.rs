@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::metrics::{STEP, Setting, ended};
-use crate::observe::{Seconds, Timeline};
+use crate::metrics::{MOVE_PAID_OFF, STEP, Setting, ended, move_note, moved_for_team};
+use crate::observe::{PodTrace, Seconds, Timeline};
 use crate::workload::{GPUS_PER_NODE, GRACE_SECONDS};
 
 /// Waits shorter than this are left out: reclaim's grace.
@@ -127,6 +127,60 @@ fn holdings_at(
         }
     }
     nodes
+}
+
+/// Prints a move after which the waiting team's Pod was not bound on the node the moved Pod
+/// (`pod`, gone at `ended`) left within [`MOVE_PAID_OFF`]: what was bound there instead, and
+/// where the waiting team's Pods were bound meanwhile.
+pub fn unpaid_move(setting: &Setting, timeline: &Timeline, pod: &PodTrace, ended: Seconds) {
+    let (Some(note), Some(node)) = (move_note(timeline, pod), pod.node.as_deref()) else {
+        return;
+    };
+    let waiting = moved_for_team(setting, note);
+    let name = |t: Option<usize>| t.map_or("?", |t| setting.teams[t].name);
+    let within = |p: &PodTrace| {
+        p.bound
+            .is_some_and(|b| b >= ended && b <= ended + MOVE_PAID_OFF)
+    };
+    let mut there: Vec<(Seconds, String)> = Vec::new();
+    let mut elsewhere: Vec<(Seconds, String)> = Vec::new();
+    for p in timeline.pods.values().filter(|p| within(p)) {
+        let team = setting.team_of.get(&p.namespace).copied();
+        let bound = p.bound.unwrap_or(ended);
+        let what = format!(
+            "{} {} ({} GPUs) at {bound:.1} s",
+            name(team),
+            p.name,
+            p.gpus
+        );
+        if p.node.as_deref() == Some(node) {
+            there.push((bound, what));
+        } else if team.is_some() && team == waiting {
+            let on = p.node.as_deref().unwrap_or("?");
+            elsewhere.push((bound, format!("{what} on {on}")));
+        }
+    }
+    there.sort_by(|a, b| a.0.total_cmp(&b.0));
+    elsewhere.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let list = |v: Vec<(Seconds, String)>| {
+        let v: Vec<String> = v.into_iter().map(|(_, w)| w).collect();
+        if v.is_empty() {
+            "none".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
+    eprintln!(
+        "replay: move not followed by {}'s Pod on {node}: {}/{} ({} GPUs) gone at {ended:.1} s; \
+         bound there within {MOVE_PAID_OFF} s: {}; {}'s Pods bound elsewhere: {}",
+        name(waiting),
+        pod.namespace,
+        pod.name,
+        pod.gpus,
+        list(there),
+        name(waiting),
+        list(elsewhere),
+    );
 }
 
 #[cfg(test)]

@@ -685,33 +685,40 @@ struct Eviction {
 
 /// How soon after a move the waiting team's Pod must be bound on the node the moved Pod left for
 /// the move to have given it that node: the grace of the next pass and the scheduler's retry.
-const MOVE_PAID_OFF: Seconds = 15.0;
+pub const MOVE_PAID_OFF: Seconds = 15.0;
 
 /// The note of the operator's `Moved` Event on `pod`, if it was moved.
-fn move_note<'t>(timeline: &'t Timeline, pod: &PodTrace) -> Option<&'t String> {
+pub fn move_note<'t>(timeline: &'t Timeline, pod: &PodTrace) -> Option<&'t String> {
     (timeline
         .reclaimed
         .get(&(pod.namespace.clone(), pod.name.clone())))
     .filter(|n| n.starts_with("Moved:"))
 }
 
-/// Whether `pod` was moved (`Moved`) and, within [`MOVE_PAID_OFF`] of `ended`, a Pod of the team
-/// the Event names as waiting was bound on the node `pod` left.
-fn moved_for(setting: &Setting, timeline: &Timeline, pod: &PodTrace, ended: Seconds) -> bool {
-    let Some(note) = move_note(timeline, pod) else {
-        return false;
-    };
-    // "... so that it runs again on another node: <team> waits, within its guarantee, ..."
+/// The team a `Moved` Event's note names as waiting: "... so that it runs again on another node:
+/// <team> waits, within its guarantee, ...".
+pub fn moved_for_team(setting: &Setting, note: &str) -> Option<usize> {
     let waiting =
         (note.split("another node: ").nth(1)).and_then(|rest| rest.split(" waits").next());
-    let Some(team) = waiting.and_then(|w| setting.teams.iter().position(|t| t.name == w)) else {
-        return false;
-    };
+    waiting.and_then(|w| setting.teams.iter().position(|t| t.name == w))
+}
+
+/// Whether, within [`MOVE_PAID_OFF`] of `ended`, a Pod of a team that `counts` was bound on the
+/// node `pod` left.
+fn room_went_to(
+    setting: &Setting,
+    timeline: &Timeline,
+    (pod, ended): (&PodTrace, Seconds),
+    counts: impl Fn(usize) -> bool,
+) -> bool {
     let Some(node) = pod.node.as_deref() else {
         return false;
     };
     timeline.pods.values().any(|p| {
-        setting.team_of.get(&p.namespace) == Some(&team)
+        setting
+            .team_of
+            .get(&p.namespace)
+            .is_some_and(|&t| counts(t))
             && p.node.as_deref() == Some(node)
             && p.bound
                 .is_some_and(|b| b >= ended && b <= ended + MOVE_PAID_OFF)
@@ -730,8 +737,9 @@ fn evictions(
         |t: usize, i: usize| held[t][i] < demand[t][i].min(setting.teams[t].guaranteed);
     let mut out = Vec::new();
     let mut moves = 0;
-    // Moved Pods, and those after which the waiting team's Pod was bound on the node they left.
-    let mut moved = (0, 0);
+    // Moved Pods; those after which the waiting team's Pod was bound on the node they left; those
+    // after which a Pod of it or of another team below its guarantee was.
+    let mut moved = (0, 0, 0);
     for pod in timeline.pods.values() {
         let Some(&team) = setting.team_of.get(&pod.namespace) else {
             continue;
@@ -751,14 +759,27 @@ fn evictions(
         let victim_borrowed = held[team][i] > setting.teams[team].guaranteed;
         let someone_fits_no_node =
             (0..setting.teams.len()).any(|u| u != team && below_guarantee(u, i) && unfitting[u][i]);
-        let paid_off = moved_for(setting, timeline, pod, ended);
-        let needed = someone_waits && (victim_borrowed || someone_fits_no_node || paid_off);
+        // A move gave a node to a team below its guarantee: the one its Event names, or another
+        // whose Pod the scheduler put there first.
+        let note = move_note(timeline, pod);
+        let named = note.and_then(|n| moved_for_team(setting, n));
+        let went = |counts: &dyn Fn(usize) -> bool| {
+            note.is_some() && room_went_to(setting, timeline, (pod, ended), counts)
+        };
+        let to_named = went(&|u| Some(u) == named);
+        let to_waiting = went(&|u| u != team && below_guarantee(u, i));
+        let needed =
+            someone_waits && (victim_borrowed || someone_fits_no_node || to_named || to_waiting);
         if !victim_borrowed && needed {
             moves += 1;
         }
-        if move_note(timeline, pod).is_some() {
+        if note.is_some() {
             moved.0 += 1;
-            moved.1 += u32::from(paid_off);
+            moved.1 += u32::from(to_named);
+            moved.2 += u32::from(to_named || to_waiting);
+            if !to_named && !to_waiting {
+                diagnose::unpaid_move(setting, timeline, pod, ended);
+            }
         }
         if !needed {
             let why = (timeline
@@ -787,8 +808,9 @@ fn evictions(
     );
     eprintln!(
         "replay: Pods moved (a `Moved` Event): {}; of them, followed within {MOVE_PAID_OFF} s by \
-         a Pod of the team the Event names bound on the node they left: {}",
-        moved.0, moved.1
+         a Pod bound on the node they left of the team the Event names: {}; of it or another team \
+         below its guarantee: {}",
+        moved.0, moved.1, moved.2
     );
     out
 }

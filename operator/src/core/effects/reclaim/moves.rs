@@ -32,7 +32,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::kept::{PassBudgets, choose_within_budgets};
 use super::nodes::{self, Free, MOST_WEIGHED, fit};
 use super::victims::{Borrower, Choice, eligible_at, runtime};
-use super::workload::{Workload, workloads};
+use super::workload::{NodeOf, Workload, queued, workloads};
 use super::{
     EvictionWhy, ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, TeamInPlan, eviction,
 };
@@ -111,23 +111,9 @@ impl ReclaimTracker {
             min_runtime,
         } = waiting;
         let node_of = |id: &DeviceId| nodes::node_of(placement, id);
-        let class = objects::device_class_name(policy);
         let taken: Vec<Vec<(String, String)>> =
             out.evictions.iter().map(|e| e.pods.clone()).collect();
-        let mut others: Vec<Borrower> = (input.plan.teams.iter())
-            .filter(|t| t.name != *team)
-            .map(|t| Borrower {
-                team: t.name.clone(),
-                owes: 0,
-                above_guarantee: (t.quotas.iter())
-                    .find(|q| q.sharing_policy == policy)
-                    .map_or(0, |q| {
-                        u64::from(q.allocated.saturating_sub(q.effective_guarantee))
-                    }),
-                workloads: workloads(input.pods, input.claims, &t.namespaces, (&class, &node_of)),
-                queued: Vec::new(),
-            })
-            .collect();
+        let mut others = other_teams(input, (policy, team), &node_of);
         self.count_in_flight(input.pods, &mut others, now);
         self.pass_over_refused(&mut others, now);
         for other in &mut others {
@@ -156,13 +142,18 @@ impl ReclaimTracker {
             self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
         }
         let waiting_namespaces = TeamInPlan::of(input.plan, team).namespaces;
+        let order = |other: &Borrower| ReclaimOrder {
+            sharing_policy: policy.to_owned(),
+            borrower: other.team.clone(),
+            devices: u32::try_from(wanted).unwrap_or(u32::MAX),
+            for_team: team.to_owned(),
+        };
+        if !choice.evict.is_empty() {
+            let queued = self.dequeue(input, &others, &order, waiting_namespaces);
+            (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.pods)));
+        }
         for (k, (t, w)) in choice.evict.iter().enumerate() {
-            let order = ReclaimOrder {
-                sharing_policy: policy.to_owned(),
-                borrower: others[*t].team.clone(),
-                devices: u32::try_from(wanted).unwrap_or(u32::MAX),
-                for_team: team.to_owned(),
-            };
+            let order = order(&others[*t]);
             let moved = choice.moved.contains(&k);
             let why = if moved {
                 EvictionWhy::Move
@@ -177,6 +168,40 @@ impl ReclaimTracker {
         }
         choice
     }
+}
+
+/// The teams other than the waiting `team`, each with its workloads holding devices of
+/// `policy`, what it holds above its effective guarantee, and, for a team above it, its
+/// workloads queued for room (they would take the room made first).
+fn other_teams(
+    input: ReclaimInput<'_>,
+    (policy, team): (&str, &str),
+    node_of: NodeOf,
+) -> Vec<Borrower> {
+    let class = objects::device_class_name(policy);
+    (input.plan.teams.iter())
+        .filter(|t| t.name != *team)
+        .map(|t| {
+            let above_guarantee = (t.quotas.iter())
+                .find(|q| q.sharing_policy == policy)
+                .map_or(0, |q| {
+                    u64::from(q.allocated.saturating_sub(q.effective_guarantee))
+                });
+            // A borrower's workloads queued for room would take the room made first.
+            let queued = if above_guarantee > 0 {
+                queued(input.pods, input.claims, &t.namespaces, &class)
+            } else {
+                Vec::new()
+            };
+            Borrower {
+                team: t.name.clone(),
+                owes: 0,
+                above_guarantee,
+                workloads: workloads(input.pods, input.claims, &t.namespaces, (&class, &node_of)),
+                queued,
+            }
+        })
+        .collect()
 }
 
 /// A team waiting for room on a node: its sharing policy, its name, its placement and the claims

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::tracker::{Waiting, team_report};
+use super::tracker::{Waiting, queued_pod, team_report, unallocated};
 use super::*;
 use crate::core::effects::reclaim::moves::{MOVED_AGAIN_AFTER, choose_moves};
 use crate::core::effects::reclaim::nodes::Free;
@@ -398,4 +398,41 @@ fn a_reclaim_that_clears_no_node_alone_moves_the_rest_instead_of_waiting() {
     let pass = waiting.reclaimed_in(&plan, 30, alone());
     assert!(pass.evictions.is_empty(), "{:?}", pass.evictions);
     assert!(pass.events.iter().any(|e| e.reason == "ReclaimBlocked"));
+}
+
+#[test]
+fn a_borrowers_pod_queued_for_a_node_goes_with_a_move_so_that_it_does_not_take_the_room() {
+    // As `fragmented_plan`, and team d, 2 above its guarantee, has an 8-device Job charged and
+    // waiting for a node: the scheduler would give it the room the move makes for the owner.
+    let mut plan = fragmented_plan();
+    plan.teams.push(team_report("d", "d", 6, 4));
+    let (mut pods, mut claims) = one_small_job();
+    pods.extend(views(&[queued_pod("d", "big-0", "big", Some("big-0-gpu"))]));
+    claims.push(unallocated("d", "big-0-gpu", 8));
+    let mut waiting = Waiting::new();
+    let cluster = || (pods.clone(), claims.clone());
+    assert!(
+        waiting
+            .reclaimed_in(&plan, 0, cluster())
+            .evictions
+            .is_empty()
+    );
+    let pass = waiting.reclaimed_in(&plan, 30, cluster());
+    let what: Vec<(&str, EvictionWhy)> = (pass.evictions.iter())
+        .map(|e| (e.workload.as_str(), e.why))
+        .collect();
+    assert_eq!(
+        what,
+        [
+            ("Job d/big", EvictionWhy::Queued),
+            ("Job b/small", EvictionWhy::Move)
+        ]
+    );
+    // Nothing is removed from a team within its guarantee, nor when nothing moves.
+    let mut within = fragmented_plan();
+    within.teams.push(team_report("d", "d", 4, 4));
+    let mut waiting = Waiting::new();
+    waiting.reclaimed_in(&within, 0, cluster());
+    let pass = waiting.reclaimed_in(&within, 30, cluster());
+    assert_eq!(pass.evictions.len(), 1, "{:?}", pass.evictions);
 }

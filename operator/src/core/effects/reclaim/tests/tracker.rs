@@ -388,7 +388,7 @@ fn an_eviction_is_told_on_the_pods_the_borrower_and_in_both_teams_namespaces() {
 
 /// A Pod the scheduler has not placed yet, whose claim `gpu` (from template `t`) the
 /// resourceclaim controller made as `claim`, or not yet (quota refused it).
-fn queued_pod(ns: &str, name: &str, job: &str, claim: Option<&str>) -> Pod {
+pub(super) fn queued_pod(ns: &str, name: &str, job: &str, claim: Option<&str>) -> Pod {
     let statuses: Vec<Value> = (claim.iter())
         .map(|c| json!({"name": "gpu", "resourceClaimName": c}))
         .collect();
@@ -404,7 +404,7 @@ fn queued_pod(ns: &str, name: &str, job: &str, claim: Option<&str>) -> Pod {
 }
 
 /// A claim of `devices` devices of [`CLASS`] that quota charged and nothing allocated yet.
-fn unallocated(ns: &str, name: &str, devices: usize) -> Arc<ClaimView> {
+pub(super) fn unallocated(ns: &str, name: &str, devices: usize) -> Arc<ClaimView> {
     let claim: ResourceClaim = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": devices}}]}}
