@@ -127,11 +127,7 @@ impl ReclaimTracker {
             return;
         };
         self.wake_at(first + RETRY_REFUSED);
-        let same = |key: &[(String, String)], w: &Workload| {
-            key.len() == w.pods.len()
-                && (key.iter().zip(&w.pods)).all(|((a, b), (c, d))| a == &**c && b == &**d)
-        };
-        let refused = |w: &Workload| self.refused.keys().any(|key| same(key, w));
+        let refused = |w: &Workload| self.refused.keys().any(|key| w.has_pods(key));
         for b in borrowers.iter_mut() {
             b.workloads.retain(|w| !refused(w));
             b.queued.retain(|w| !refused(w));
@@ -229,6 +225,15 @@ impl ReclaimTracker {
         Some((waiting, min_runtime))
     }
 
+    /// Wakes a pass at `at` on the Pods' clock (`wall` being `now`): when a workload too young
+    /// now reaches the minimum runtime.
+    fn wake_when_eligible(&mut self, at: Option<Timestamp>, (now, wall): (Instant, Timestamp)) {
+        if let Some(at) = at {
+            let wait = (at.as_second() - wall.as_second()).max(0);
+            self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
+        }
+    }
+
     fn wake_at(&mut self, at: Instant) {
         self.next_attempt = Some(self.next_attempt.map_or(at, |t| t.min(at)));
     }
@@ -298,10 +303,7 @@ impl ReclaimTracker {
             // A budget's change wakes no pass: look again when a refusal would be retried.
             self.wake_at(now + RETRY_REFUSED);
         }
-        if let Some(at) = choice.eligible_at {
-            let wait = (at.as_second() - wall.as_second()).max(0);
-            self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
-        }
+        self.wake_when_eligible(choice.eligible_at, (now, wall));
         let team = TeamInPlan::of(input.plan, team);
         let order = |borrower: &Borrower| ReclaimOrder {
             sharing_policy: policy.to_owned(),

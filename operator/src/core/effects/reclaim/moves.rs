@@ -113,19 +113,18 @@ impl ReclaimTracker {
         let node_of = |id: &DeviceId| nodes::node_of(placement, id);
         let taken: Vec<Vec<(String, String)>> =
             out.evictions.iter().map(|e| e.pods.clone()).collect();
+        let is_any =
+            |pods: &[Vec<(String, String)>], w: &Workload| pods.iter().any(|p| w.has_pods(p));
         let mut others = other_teams(input, (policy, team), &node_of);
         self.count_in_flight(input.pods, &mut others, now);
         self.pass_over_refused(&mut others, now);
         for other in &mut others {
             (other.workloads).retain_mut(|w| {
-                let pods: Vec<(String, String)> = (w.pods.iter())
-                    .map(|(n, p)| (n.to_string(), p.to_string()))
-                    .collect();
-                if freeing.contains(&pods) {
+                if is_any(freeing, w) {
                     w.terminating = true;
                     return true;
                 }
-                !taken.contains(&pods) && (w.terminating || !self.moved.contains_key(&w.name))
+                !is_any(&taken, w) && (w.terminating || !self.moved.contains_key(&w.name))
             });
         }
         let free = nodes::free_of(placement);
@@ -137,10 +136,7 @@ impl ReclaimTracker {
             )
         };
         let (_, choice, _) = choose_within_budgets(&mut others, budgets, &choose);
-        if let Some(at) = choice.eligible_at {
-            let wait = (at.as_second() - wall.as_second()).max(0);
-            self.wake_at(now + Duration::from_secs(wait.unsigned_abs()));
-        }
+        self.wake_when_eligible(choice.eligible_at, (now, wall));
         let waiting_namespaces = TeamInPlan::of(input.plan, team).namespaces;
         let order = |other: &Borrower| ReclaimOrder {
             sharing_policy: policy.to_owned(),
@@ -154,15 +150,12 @@ impl ReclaimTracker {
         }
         for (k, (t, w)) in choice.evict.iter().enumerate() {
             let order = order(&others[*t]);
-            let moved = choice.moved.contains(&k);
-            let why = if moved {
+            let why = if choice.moved.contains(&k) {
+                self.moved.insert(w.name.clone(), now);
                 EvictionWhy::Move
             } else {
                 EvictionWhy::Reclaim
             };
-            if moved {
-                self.moved.insert(w.name.clone(), now);
-            }
             out.evictions
                 .push(eviction(input, order, w, (waiting_namespaces, why)));
         }

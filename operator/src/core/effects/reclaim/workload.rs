@@ -158,6 +158,14 @@ pub struct Workload {
     pub movable: bool,
 }
 
+impl Workload {
+    /// Whether its Pods are `pods` (namespace, name), in order: an eviction's or a refusal's.
+    pub fn has_pods(&self, pods: &[(String, String)]) -> bool {
+        pods.len() == self.pods.len()
+            && (pods.iter().zip(&self.pods)).all(|((a, b), (c, d))| a == &**c && b == &**d)
+    }
+}
+
 /// Where a workload's Pods belong together: a label across the team, else one namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Scope {

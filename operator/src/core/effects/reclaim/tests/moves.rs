@@ -67,8 +67,13 @@ fn a_workload_that_fits_no_other_node_stays() {
     let (teams, _) = spread_thin();
     // node-15 could be emptied, but its workload fits no other node: node-0 and node-9 are full.
     let free = free(&[("node-15", 7), ("node-0", 0), ("node-9", 0)]);
-    let choice = choose_moves(&teams, &free, &[8], 0, at(NOW));
-    assert!(choice.evict.is_empty());
+    assert_nothing_moves_for_eight(&teams, &free);
+}
+
+/// An 8-device claim that moves cannot make room for: nothing is evicted, all 8 uncovered.
+fn assert_nothing_moves_for_eight(teams: &[Borrower], free: &Free) {
+    let choice = choose_moves(teams, free, &[8], 0, at(NOW));
+    assert!(choice.evict.is_empty(), "{:?}", names(&choice));
     assert_eq!(choice.uncovered, 8);
 }
 
@@ -84,9 +89,7 @@ fn bare_pods_pinned_pods_and_workloads_on_two_nodes_stay() {
         team("vision", vec![two_nodes]),
     ];
     let free = free(&[("node-15", 7), ("node-0", 7), ("node-3", 5)]);
-    let choice = choose_moves(&teams, &free, &[8], 0, at(NOW));
-    assert!(choice.evict.is_empty());
-    assert_eq!(choice.uncovered, 8);
+    assert_nothing_moves_for_eight(&teams, &free);
 }
 
 #[test]
@@ -200,9 +203,7 @@ fn a_borrower_gives_back_no_more_than_it_holds_above_its_guarantee() {
     let (mut teams, free) = borrower_and_two_small();
     // 5 above its guarantee: its 6-device Pod would take it below, and it cannot move.
     teams[0].above_guarantee = 5;
-    let choice = choose_moves(&teams, &free, &[8], 0, at(NOW));
-    assert!(choice.evict.is_empty(), "{:?}", names(&choice));
-    assert_eq!(choice.uncovered, 8);
+    assert_nothing_moves_for_eight(&teams, &free);
     // A movable one beyond its room moves, if another node has room for it.
     teams[0].workloads[0].movable = true;
     let roomy = free_with(&free, "node-6", 6);
