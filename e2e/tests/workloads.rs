@@ -812,14 +812,21 @@ async fn the_claims_of_a_deleted_team_go_with_their_pods() {
 }
 
 /// The owner's 8-GPU Pod `train`, created and waited for until its team holds 8 devices (30 s
-/// at most): how long that took, and its node.
-async fn train_on_a_whole_node(world: &World, owner: &str) -> (Duration, Option<String>) {
+/// at most) and it is bound: how long that took, and its node.
+async fn train_on_a_whole_node(world: &World, owner: &str) -> (Duration, String) {
     let asked = Instant::now();
     world.create_pod(owner, pod("train", "sxm-x8", None)).await;
     world.holds(owner, 8, Duration::from_secs(30)).await;
-    let bound = asked.elapsed();
-    let train = world.pod_named(owner, "train").await;
-    (bound, train.spec.and_then(|s| s.node_name))
+    // The claim is allocated a moment before the Pod is bound.
+    let pods = Api::<Pod>::namespaced(world.client.clone(), owner);
+    let node = eventually("train bound", CONVERGE, || async {
+        let p = pods.get("train").await.map_err(|e| e.to_string())?;
+        p.spec
+            .and_then(|s| s.node_name)
+            .ok_or_else(|| "not bound".to_owned())
+    })
+    .await;
+    (asked.elapsed(), node)
 }
 
 /// The node of Job `small`'s Pod not being deleted, once it has one.
@@ -1234,8 +1241,7 @@ async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
 
     let (bound, train_node) = train_on_a_whole_node(&world, &owner).await;
     assert_eq!(
-        train_node.as_deref(),
-        Some(first_node.as_str()),
+        train_node, first_node,
         "the owner's Pod is bound on the node the Job left"
     );
     eventually("the move told on the Job's Pod", CONVERGE, || async {
@@ -1311,8 +1317,8 @@ async fn a_borrowers_pods_taken_back_and_a_small_job_moved_clear_a_node_for_an_e
 
     let (bound, train_node) = train_on_a_whole_node(&world, &owner).await;
     assert_eq!(
-        train_node.as_deref(),
-        Some(node_of("gpu-a-01").as_str()),
+        train_node,
+        node_of("gpu-a-01"),
         "the owner's Pod is bound on the node cleared for it"
     );
     for (namespace, reason, what) in [(&other, "Moved", "Job "), (&borrower, "Reclaimed", "Pod ")] {

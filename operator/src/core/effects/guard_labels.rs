@@ -22,6 +22,10 @@ pub struct GuardLabels {
     /// they were written: not written again until the watch shows another value (the write's
     /// own, or someone's after it, which one event may bring together).
     written: HashMap<String, Written>,
+    /// Namespace -> the value the watch showed when its label was last asked for. The write is
+    /// settled later (its batch done), when the watch may already show it, or a value set after
+    /// it: remembering the value at settle time would then wait for a change that never comes.
+    asked: HashMap<String, Option<String>>,
 }
 
 #[derive(Debug)]
@@ -40,11 +44,13 @@ impl GuardLabels {
             self.live.clear();
             let present: BTreeSet<&str> = all.iter().map(|n| n.info.name.as_str()).collect();
             self.written.retain(|ns, _| present.contains(ns.as_str()));
+            self.asked.retain(|ns, _| present.contains(ns.as_str()));
         }
         let (upserted, removed) = namespaces.parts();
         for n in removed {
             changed |= self.live.remove(&n.info.name).is_some();
             changed |= self.written.remove(&n.info.name).is_some();
+            self.asked.remove(&n.info.name);
         }
         for n in upserted {
             let label = (n.info.labels.get(GUARD_LABEL)).filter(|_| !n.terminating);
@@ -84,6 +90,7 @@ impl GuardLabels {
             let have = self.live.get(namespace).map(String::as_str);
             let written = self.written.get(namespace).map(|w| w.value.as_deref());
             if want != have && written != Some(want) {
+                (self.asked).insert(namespace.to_owned(), have.map(str::to_owned));
                 out.push(Label {
                     namespace: namespace.to_owned(),
                     value: want.map(str::to_owned),
@@ -93,9 +100,15 @@ impl GuardLabels {
         out
     }
 
-    /// `label` was written: it is not written again until the watch shows something else.
+    /// `label` was written: it is not written again until the watch shows something else than
+    /// when it was asked for. If the watch shows something else already (the write itself, or a
+    /// value set since), nothing is remembered: the next pass compares with that.
     pub fn settle(&mut self, label: Label) {
-        let over = self.live.get(&label.namespace).cloned();
+        let live = self.live.get(&label.namespace);
+        let over = match self.asked.remove(&label.namespace) {
+            Some(asked) if asked.as_ref() != live => return,
+            _ => live.cloned(),
+        };
         let value = label.value;
         self.written
             .insert(label.namespace, Written { value, over });
@@ -176,6 +189,26 @@ mod tests {
         // Before the operator takes the watch in, someone sets another value: the one event
         // shows only that. It is put right.
         labels.observe(Delta::All(&[ns("ci", Some("other"))]));
+        assert_eq!(
+            labels.writes(Some(&guard), in_force),
+            [label("ci", Some("l"))]
+        );
+    }
+
+    #[test]
+    fn a_value_set_before_the_write_is_settled_is_put_right() {
+        let mut labels = GuardLabels::default();
+        labels.observe(Delta::All(&[ns("ci", None)]));
+        let guard = outside(&["ci"]);
+        let in_force = |_: &str| Some("l");
+        let writes = labels.writes(Some(&guard), in_force);
+        // The write's batch is still running: its echo comes, then an admin sets another value
+        // (the e2e test's race under load); only then is the write settled.
+        labels.observe(Delta::All(&[ns("ci", Some("l"))]));
+        labels.observe(Delta::All(&[ns("ci", Some("bogus"))]));
+        for write in writes {
+            labels.settle(write);
+        }
         assert_eq!(
             labels.writes(Some(&guard), in_force),
             [label("ci", Some("l"))]
