@@ -182,6 +182,9 @@ pub struct Eviction {
     pub priority: String,
     /// Namespaces of other teams whose Pods carry the same workload label (and stay).
     pub also_labelled_in: Vec<String>,
+    /// The borrower's devices of the pool and its effective guarantee, as the pass that chose
+    /// the eviction saw them (`None` if the plan does not report the borrower's quota).
+    pub borrower_held: Option<(u32, u32)>,
     /// Why it goes.
     pub why: EvictionWhy,
     /// The reclaim the eviction serves; `devices` is what the waiting team is short.

@@ -477,6 +477,10 @@ fn eviction(
         .as_deref()
         .map(|label| label_elsewhere(input.pods, borrower.namespaces, label))
         .unwrap_or_default();
+    let borrower_held = (borrower.report.iter())
+        .flat_map(|r| &r.quotas)
+        .find(|q| q.sharing_policy == order.sharing_policy)
+        .map(|q| (q.allocated, q.effective_guarantee));
     Eviction {
         workload: w.name.clone(),
         pods: (w.pods.iter())
@@ -485,6 +489,7 @@ fn eviction(
         devices: w.devices,
         priority: priority_text(w),
         also_labelled_in: shared_label,
+        borrower_held,
         why,
         order,
         notify,

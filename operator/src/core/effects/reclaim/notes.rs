@@ -92,6 +92,14 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
             e.also_labelled_in.join(", ")
         )
     };
+    // What the borrower held as the pass saw it: a person can check the arithmetic.
+    let held = match e.borrower_held {
+        Some((held, guarantee)) => format!(
+            "; it holds {held} of {}, guaranteed {guarantee}",
+            order.sharing_policy
+        ),
+        None => String::new(),
+    };
     let (reason, note) = match outcome {
         Ok(()) if e.why == EvictionWhy::Move => (
             "Moved",
@@ -107,9 +115,9 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
             "Dequeued",
             format!(
                 "removing {what} before it starts: {} holds devices above its guarantee that {} \
-                 needs back ({} short), and the scheduler would give this workload the room \
-                 reclaim makes; no work is lost, its controller makes its Pods again and their \
-                 claims wait for quota{elsewhere}",
+                 needs back ({} short{held}), and the scheduler would give this workload the \
+                 room reclaim makes; no work is lost, its controller makes its Pods again and \
+                 their claims wait for quota{elsewhere}",
                 order.borrower, order.for_team, order.devices
             ),
         ),
@@ -117,7 +125,7 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
             "Reclaimed",
             format!(
                 "evicting {what}: {} holds devices above its guarantee that {} needs back \
-                 ({} short){elsewhere}",
+                 ({} short{held}){elsewhere}",
                 order.borrower, order.for_team, order.devices
             ),
         ),

@@ -373,7 +373,7 @@ fn an_eviction_is_told_on_the_pods_the_borrower_and_in_both_teams_namespaces() {
         told(
             "Reclaimed",
             "evicting Job b/j3 (1 Pod, 4 devices of a, priority 0): borrower holds devices above \
-             its guarantee that owner needs back (2 short)"
+             its guarantee that owner needs back (2 short; it holds 12 of a, guaranteed 4)"
         )
     );
     assert_eq!(
@@ -472,7 +472,7 @@ fn a_borrowers_workloads_queued_for_room_go_with_the_evictions_and_lose_no_work(
     assert!(
         note.note.starts_with(
             "removing Job b/q (1 Pod, waiting for 8 devices of a, priority 0) before it \
-             starts: borrower holds devices above its guarantee that owner needs back (2 short)"
+             starts: borrower holds devices above its guarantee that owner needs back (2 short; it holds 12 of a,"
         ),
         "{}",
         note.note
