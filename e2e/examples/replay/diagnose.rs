@@ -56,6 +56,7 @@ pub fn print_longest_no_node_waits(
             borrowed(middle),
             waiting.join(", ")
         );
+        print_jobs_without_a_waiting_pod(setting, timeline, t, at);
         for (node, by_team) in holdings_at(setting, timeline, at) {
             let used: u32 = by_team.values().sum();
             let teams: Vec<String> = (by_team.iter())
@@ -86,6 +87,54 @@ pub fn print_longest_no_node_waits(
                 );
             }
         }
+    }
+}
+
+/// The team's Jobs submitted and not done at `at` with none of their Pods alive then: demand
+/// the team counts while no Pod of it can wait for a node (its controller has not made them
+/// yet, or made them again after an eviction). Each with its Pods' history.
+fn print_jobs_without_a_waiting_pod(
+    setting: &Setting,
+    timeline: &Timeline,
+    team: usize,
+    at: Seconds,
+) {
+    for job in setting.jobs.iter().filter(|j| j.team == team) {
+        let Some((namespace, submitted)) = setting.submitted.get(&job.name) else {
+            continue;
+        };
+        let pods: Vec<&PodTrace> = (timeline.pods.values())
+            .filter(|p| p.namespace == *namespace && p.job == job.name)
+            .collect();
+        let succeeded = pods.iter().filter(|p| p.succeeded.is_some_and(|s| s <= at));
+        let alive = pods.iter().any(|p| p.created <= at && at < ended(p));
+        if *submitted > at || succeeded.count() >= job.pods as usize || alive {
+            continue;
+        }
+        let history: Vec<String> = (pods.iter())
+            .map(|p| {
+                let when = |t: Option<Seconds>| t.map_or("-".to_owned(), |t| format!("{t:.1}"));
+                format!(
+                    "{} created {:.1}, bound {}, ended {}",
+                    p.name,
+                    p.created,
+                    when(p.bound),
+                    when(Some(ended(p)).filter(|e| e.is_finite()))
+                )
+            })
+            .collect();
+        eprintln!(
+            "replay:   wanted without a Pod alive: {} ({} x {} GPUs, submitted {submitted:.1} s); \
+             its Pods: {}",
+            job.name,
+            job.pods,
+            job.gpus_per_pod,
+            if history.is_empty() {
+                "none".to_owned()
+            } else {
+                history.join("; ")
+            }
+        );
     }
 }
 

@@ -425,6 +425,7 @@ impl Executor {
             let at = Instant::now();
             done.evicted
                 .extend(e.pods.iter().map(|pod| (pod.clone(), at)));
+            done.evicted_workloads.push((e.workload.clone(), at));
             self.metrics.evictions.get_or_create(&labels).inc_by(pods);
             tracing::info!(%note, "reclaim");
         }

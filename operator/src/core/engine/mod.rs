@@ -130,6 +130,9 @@ pub struct Done {
     pub evictions_refused: Vec<(Vec<(String, String)>, Instant)>,
     /// Pods evicted (namespace, name), and when.
     pub evicted: Vec<((String, String), Instant)>,
+    /// The workloads those Pods were of (as an [`Eviction`](crate::core::effects::Eviction)
+    /// names them), and when.
+    pub evicted_workloads: Vec<(String, Instant)>,
     /// Deletions that succeeded (or found the object gone).
     pub deleted: Vec<ObjectKey>,
     /// Writes of objects that failed, refused or not: status tells of the refused ones.
@@ -297,6 +300,9 @@ impl Engine {
         }
         for (pods, at) in done.evictions_refused {
             self.reclaim.refused(pods, at);
+        }
+        for (workload, at) in done.evicted_workloads {
+            self.reclaim.workload_evicted(workload, at);
         }
         for (pod, at) in done.evicted {
             self.reclaim.evicted(pod, at);

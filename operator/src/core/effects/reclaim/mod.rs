@@ -46,6 +46,10 @@ const RETRY_REFUSED: Duration = Duration::from_secs(10);
 /// allocated after this is kept on purpose).
 const IN_FLIGHT_AT_MOST: Duration = Duration::from_secs(60);
 
+/// How long a workload's evictions are remembered: longer than a Job controller's longest
+/// backoff before it makes a failed Pod again (6 minutes).
+const EVICTIONS_REMEMBERED: Duration = Duration::from_secs(10 * 60);
+
 /// What a team that says nothing in `spec.reclaim` gets.
 #[derive(Clone, Copy, Debug)]
 pub struct ReclaimDefaults {
@@ -93,6 +97,10 @@ pub struct ReclaimTracker {
     refused: BTreeMap<Vec<(String, String)>, Instant>,
     /// Workloads moved to make room on their node ([`moves`]), by name, and when.
     moved: BTreeMap<String, Instant>,
+    /// Workloads the Eviction API evicted (taken back, moved or dequeued), by name: how many
+    /// times, and when last; forgotten [`EVICTIONS_REMEMBERED`] after. Of otherwise equal
+    /// choices, the one evicted fewer times goes ([`Workload::evicted_before`]).
+    evicted_workloads: BTreeMap<String, (u32, Instant)>,
 }
 
 impl ReclaimTracker {
@@ -134,6 +142,12 @@ impl ReclaimTracker {
         }
     }
 
+    /// The Eviction API evicted every Pod of `workload` (as an [`Eviction`] names it) at `at`.
+    pub fn workload_evicted(&mut self, workload: String, at: Instant) {
+        let times = self.evicted_workloads.entry(workload).or_insert((0, at));
+        *times = (times.0 + 1, at);
+    }
+
     /// The Eviction API evicted `pod` (namespace, name) at `at`.
     pub fn evicted(&mut self, pod: (String, String), at: Instant) {
         self.evicted.insert(pod, at);
@@ -141,8 +155,11 @@ impl ReclaimTracker {
 
     /// Forgets evicted Pods the cache shows being deleted or gone, or that it still shows as
     /// running long after; marks the workloads of the others as terminating. Drops the released
-    /// claims seen for more than a minute.
+    /// claims seen for more than a minute. Tells each workload how often it was evicted lately.
     fn count_in_flight(&mut self, pods: &[Arc<PodView>], borrowers: &mut [Borrower], now: Instant) {
+        for w in borrowers.iter_mut().flat_map(|b| b.workloads.iter_mut()) {
+            w.evicted_before = self.evicted_workloads.get(&w.name).map_or(0, |e| e.0);
+        }
         // Released claims: a claim still allocated a minute after its Pods went is not being
         // freed (an allocation kept on purpose) and counts for nothing.
         let released = (borrowers.iter().flat_map(|b| &b.workloads)).filter(|w| w.pods.is_empty());
@@ -255,6 +272,8 @@ impl ReclaimTracker {
         (self.waiting_since).retain(|k, _| owed.contains_key(k) || fragmented.contains_key(k));
         self.next_attempt = None;
         (self.moved).retain(|_, at| now.duration_since(*at) < moves::MOVED_AGAIN_AFTER);
+        (self.evicted_workloads)
+            .retain(|_, (_, at)| now.duration_since(*at) < EVICTIONS_REMEMBERED);
         let mut out = Reclaimed::default();
         let mut budgets = PassBudgets::new(input.budgets, input.pods);
         for ((policy, team), orders) in &owed {

@@ -10,8 +10,9 @@
 //! it leaves has room for the claim.
 //!
 //! Per claim (largest first), the node where moving workloads makes room at the least cost:
-//! lowest priority first, then the fewest devices moved, then the most recently started (the
-//! least work lost). Each moved workload must fit the free devices of the other nodes (the
+//! lowest priority first, then the fewest devices moved, then those evicted fewer times before
+//! (the shorter wait for their controller to make them again), then the most recently started
+//! (the least work lost). Each moved workload must fit the free devices of the other nodes (the
 //! fullest that holds it, the claim's node left out), and that room counts as taken. Only
 //! workloads of other teams, with every device on that one node, every Pod movable
 //! ([`super::workload::PodView::movable`]), and that have run for the minimum runtime.
@@ -208,7 +209,7 @@ pub(super) struct Waiting<'a> {
 }
 
 /// How a set of evicted workloads ranks for one claim: lower is better.
-type Cost = (i32, u64, Reverse<Timestamp>, Reverse<String>);
+type Cost = (i32, u64, u32, Reverse<Timestamp>, Reverse<String>);
 
 /// One workload weighed for a node: its team's index and its own.
 type Candidate = (usize, usize);
@@ -349,11 +350,17 @@ impl Weighing<'_> {
                 self.may_go(c) == Some(node) && runtime(self.workload(c), now) >= min_runtime
             })
             .collect();
-        // Lowest priority, most recently started first (of equals, the last name).
+        // Lowest priority, evicted fewest times before, most recently started first (of
+        // equals, the last name).
         candidates.sort_by_key(|&c| {
             let w = self.workload(c);
             let started = Reverse(w.started.unwrap_or(Timestamp::MAX));
-            (w.priority, started, Reverse(w.name.clone()))
+            (
+                w.priority,
+                w.evicted_before,
+                started,
+                Reverse(w.name.clone()),
+            )
         });
         candidates.truncate(MOST_WEIGHED);
         if candidates
@@ -388,6 +395,7 @@ impl Weighing<'_> {
             let cost = (
                 workloads().map(|w| w.priority).max().unwrap_or(0),
                 evicted,
+                workloads().map(|w| w.evicted_before).sum(),
                 Reverse((workloads().filter_map(|w| w.started).min()).unwrap_or(Timestamp::MAX)),
                 Reverse(
                     workloads()

@@ -5,7 +5,8 @@
 //! where evicting the fewest borrowers' workloads makes room for it, by the rules of
 //! [`super::victims`]: first what the borrowers owe (the engine's order), then the lowest
 //! priority, then the fewest devices freed beyond what the node lacks (every device of a
-//! workload counts, on every node it frees), then the most recently started. A workload's
+//! workload counts, on every node it frees), then those evicted fewer times before, then the
+//! most recently started. A workload's
 //! devices on other nodes come free too and serve the next claims. Never below a borrower's
 //! effective guarantee, whole workloads only, never one younger than the minimum runtime;
 //! workloads already being deleted count first (their devices are on their way back).
@@ -125,7 +126,15 @@ struct State {
 /// How a set of workloads ranks for one claim: lower is better. Start times are whole seconds:
 /// of equals, the set whose first name is last goes (as `victims::choose`, for Pods numbered in
 /// order).
-type Cost = (u64, i32, u64, usize, Reverse<Timestamp>, Reverse<String>);
+type Cost = (
+    u64,
+    i32,
+    u64,
+    u32,
+    usize,
+    Reverse<Timestamp>,
+    Reverse<String>,
+);
 
 impl State {
     fn new(borrowers: &[Borrower], free: &Free) -> Self {
@@ -198,11 +207,18 @@ impl State {
                     && runtime(w, now) >= min_runtime
             })
             .collect();
-        // Lowest priority, most recently started first (of equals, the last name).
+        // Lowest priority, evicted fewest times before, most recently started first (of
+        // equals, the last name).
         candidates.sort_by_key(|&(b, i)| {
             let w = &borrowers[b].workloads[i];
             let started = Reverse(w.started.unwrap_or(Timestamp::MAX));
-            (w.priority, started, Reverse(w.name.clone()), b)
+            (
+                w.priority,
+                w.evicted_before,
+                started,
+                Reverse(w.name.clone()),
+                b,
+            )
         });
         candidates.truncate(MOST_WEIGHED);
         let workload = |c: &(usize, usize)| &borrowers[c.0].workloads[c.1];
@@ -234,6 +250,7 @@ impl State {
                 .sum();
             let top = set.iter().map(|c| workload(c).priority).max().unwrap_or(0);
             let devices: u64 = set.iter().map(|c| workload(c).devices).sum();
+            let evicted_before: u32 = set.iter().map(|c| workload(c).evicted_before).sum();
             let last_borrower = set.iter().map(|c| c.0).max().unwrap_or(0);
             let oldest = (set.iter())
                 .map(|c| workload(c).started.unwrap_or(Timestamp::MAX))
@@ -247,6 +264,7 @@ impl State {
                 over_owed,
                 top,
                 devices - need,
+                evicted_before,
                 last_borrower,
                 Reverse(oldest),
                 Reverse(first_name),

@@ -9,7 +9,8 @@
 //!   to what it holds above its guarantee;
 //! - within a borrower: the lowest priority first (a higher one only when all of the lower ones
 //!   do not cover the shortfall), then the workloads that together free the fewest devices
-//!   beyond what is still short, then the most recently started;
+//!   beyond what is still short, then those evicted fewer times before, then the most recently
+//!   started;
 //! - a workload that has run for less than the minimum runtime is not taken;
 //! - workloads already being deleted count first, and are not evicted again.
 
@@ -83,12 +84,13 @@ pub fn choose(borrowers: &[Borrower], shortfall: u64, min_runtime: u64, now: Tim
             let mut candidates: Vec<usize> = (0..borrower.workloads.len())
                 .filter(|i| !taken[b][*i] && old_enough(&borrower.workloads[*i]))
                 .collect();
-            // By priority, lowest first; within one, the most recently started first (start times
-            // are whole seconds: of equals, the last name, as for Pods numbered in order).
+            // By priority, lowest first; within one, those evicted fewer times before (their
+            // controller's backoff is shorter), then the most recently started (start times are
+            // whole seconds: of equals, the last name, as for Pods numbered in order).
             candidates.sort_by_key(|i| {
                 let w = &borrower.workloads[*i];
                 let started = Reverse(w.started.unwrap_or(Timestamp::MAX));
-                (w.priority, started, Reverse(&w.name))
+                (w.priority, w.evicted_before, started, Reverse(&w.name))
             });
             for tier in candidates
                 .chunk_by(|x, y| borrower.workloads[*x].priority == borrower.workloads[*y].priority)

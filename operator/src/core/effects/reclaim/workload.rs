@@ -156,6 +156,10 @@ pub struct Workload {
     /// Every Pod is [`PodView::movable`]: evicted, the workload runs again wherever there is
     /// room.
     pub movable: bool,
+    /// How many times teamgpu evicted it lately (`ReclaimTracker` remembers): a Job's
+    /// controller makes its Pods again after a delay that doubles with each failure it counts,
+    /// an eviction included (10 s, 20 s, 40 s, ... up to 6 minutes).
+    pub evicted_before: u32,
 }
 
 impl Workload {
@@ -280,6 +284,7 @@ fn assemble(scope: &Scope, pods: &[&PodView]) -> Option<Workload> {
         started: None,
         terminating: false,
         movable: pods.iter().all(|p| p.movable),
+        evicted_before: 0,
     })
 }
 
@@ -333,6 +338,7 @@ fn released_claim(claim: &ClaimView, held: &[&DeviceId], node_of: NodeOf) -> Wor
         started: None,
         terminating: true,
         movable: false,
+        evicted_before: 0,
     }
 }
 

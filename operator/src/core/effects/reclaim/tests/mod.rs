@@ -91,6 +91,7 @@ fn workload(name: &str, on: &[(Option<&str>, u64)], priority: i32, started: &str
         started: Some(at(started)),
         terminating: false,
         movable: true,
+        evicted_before: 0,
     }
 }
 

@@ -248,3 +248,14 @@ fn of_pods_started_in_the_same_second_the_last_name_goes_whatever_its_node() {
     let choice = choose_on_nodes(&borrowers, &free, &[1], 0, at(NOW));
     assert_eq!(names(&choice), ["job-08"]);
 }
+
+#[test]
+fn of_equal_nodes_the_one_whose_workloads_were_evicted_fewer_times_goes() {
+    let (mut borrowers, free) = fragmented("none");
+    // node-3's would go (started last), but one of them was evicted twice lately.
+    let twice = (borrowers[0].workloads.iter_mut()).find(|w| w.name == "n3-4");
+    twice.unwrap().evicted_before = 2;
+    let choice = choose_on_nodes(&borrowers, &free, &[8], 0, at(NOW));
+    let expected: Vec<String> = (0..7).map(|i| format!("n2-{i}")).collect();
+    assert_eq!(names(&choice), expected);
+}

@@ -522,3 +522,46 @@ fn a_queued_workload_is_asked_for_once_when_two_teams_wait_on_its_borrower() {
         .collect();
     assert_eq!(queued, ["Job b/q"]);
 }
+
+/// A Job evicted before waits longer to run again (its controller's backoff doubles with each
+/// failure it counts): when the Job's Pod made again is the newest, an equal workload evicted
+/// fewer times goes instead; once the eviction is forgotten, the newest again.
+#[test]
+fn a_workload_evicted_before_goes_after_equal_ones_that_were_not() {
+    let mut waiting = Waiting::new();
+    waiting.pass(&plan(), 0);
+    assert_eq!(waiting.pass(&plan(), 30), ["Job b/j3"]);
+    let evicted_at = waiting.t0 + Duration::from_secs(30);
+    (waiting.tracker).workload_evicted("Job b/j3".into(), evicted_at);
+    // j3's Pod made again, started at 11:00: the newest, and as large as the others.
+    let started = |h: u32| json!({"status": {"startTime": format!("2026-06-01T{h:02}:00:00Z")}});
+    let made_again = || {
+        let pods = views(&[
+            pod("b", "j1-0", Some(("Job", "j1")), json!({}), started(8)),
+            pod("b", "j2-0", Some(("Job", "j2")), json!({}), started(9)),
+            pod("b", "j3-1", Some(("Job", "j3")), json!({}), started(11)),
+        ]);
+        let claims = vec![
+            claim("b", "j1-0-gpu", 4, &["j1-0"]),
+            claim("b", "j2-0-gpu", 4, &["j2-0"]),
+            claim("b", "j3-1-gpu", 4, &["j3-1"]),
+        ];
+        (pods, claims)
+    };
+    let chosen = |reclaimed: Reclaimed| -> Vec<String> {
+        reclaimed
+            .evictions
+            .into_iter()
+            .map(|e| e.workload)
+            .collect()
+    };
+    assert_eq!(
+        chosen(waiting.reclaimed_in(&plan(), 60, made_again())),
+        ["Job b/j2"]
+    );
+    assert_eq!(
+        chosen(waiting.reclaimed_in(&plan(), 30 + 600, made_again())),
+        ["Job b/j3"],
+        "ten minutes on, the eviction is forgotten"
+    );
+}

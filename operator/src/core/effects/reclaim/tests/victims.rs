@@ -170,6 +170,7 @@ proptest! {
                 started: Timestamp::from_second(now.as_second() - age).ok(),
                 terminating: *terminating,
                 movable: true,
+                evicted_before: 0,
             }).collect();
             borrower(&format!("t{t}"), *owes, *above, workloads)
         }).collect();
@@ -198,4 +199,27 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn of_equal_workloads_the_one_evicted_fewer_times_before_goes() {
+    let newest_evicted_twice = Workload {
+        evicted_before: 2,
+        ..w("newest", 1, 0, "2026-06-01T11:00:00Z")
+    };
+    let b = borrower(
+        "borrower",
+        1,
+        4,
+        vec![
+            w("older", 1, 0, "2026-06-01T09:00:00Z"),
+            newest_evicted_twice,
+            w("oldest", 1, 0, "2026-06-01T08:00:00Z"),
+        ],
+    );
+    assert_eq!(chosen(std::slice::from_ref(&b), 1, 0), ["older"]);
+    // Priority still comes first: a lower one goes though evicted before.
+    let mut low = b;
+    low.workloads[1].priority = -1;
+    assert_eq!(chosen(&[low], 1, 0), ["newest"]);
 }
