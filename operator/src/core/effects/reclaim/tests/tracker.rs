@@ -57,16 +57,21 @@ fn team(name: &str, reclaim: Value) -> TeamGpuPolicy {
 
 /// Three 4-device Jobs of one Pod each, started an hour apart (j3 newest, 10:00).
 pub(super) fn cluster() -> (Vec<Arc<PodView>>, Vec<Arc<ClaimView>>) {
+    three_jobs(("j3-0", 10))
+}
+
+/// [`cluster`] with j3's Pod named and started at the hour `j3` says.
+fn three_jobs(j3: (&str, u32)) -> (Vec<Arc<PodView>>, Vec<Arc<ClaimView>>) {
     let started = |h: u32| json!({"status": {"startTime": format!("2026-06-01T{h:02}:00:00Z")}});
     let pods = views(&[
         pod("b", "j1-0", Some(("Job", "j1")), json!({}), started(8)),
         pod("b", "j2-0", Some(("Job", "j2")), json!({}), started(9)),
-        pod("b", "j3-0", Some(("Job", "j3")), json!({}), started(10)),
+        pod("b", j3.0, Some(("Job", "j3")), json!({}), started(j3.1)),
     ]);
     let claims = vec![
         claim("b", "j1-0-gpu", 4, &["j1-0"]),
         claim("b", "j2-0-gpu", 4, &["j2-0"]),
-        claim("b", "j3-0-gpu", 4, &["j3-0"]),
+        claim("b", &format!("{}-gpu", j3.0), 4, &[j3.0]),
     ];
     (pods, claims)
 }
@@ -534,20 +539,7 @@ fn a_workload_evicted_before_goes_after_equal_ones_that_were_not() {
     let evicted_at = waiting.t0 + Duration::from_secs(30);
     (waiting.tracker).workload_evicted("Job b/j3".into(), evicted_at);
     // j3's Pod made again, started at 11:00: the newest, and as large as the others.
-    let started = |h: u32| json!({"status": {"startTime": format!("2026-06-01T{h:02}:00:00Z")}});
-    let made_again = || {
-        let pods = views(&[
-            pod("b", "j1-0", Some(("Job", "j1")), json!({}), started(8)),
-            pod("b", "j2-0", Some(("Job", "j2")), json!({}), started(9)),
-            pod("b", "j3-1", Some(("Job", "j3")), json!({}), started(11)),
-        ]);
-        let claims = vec![
-            claim("b", "j1-0-gpu", 4, &["j1-0"]),
-            claim("b", "j2-0-gpu", 4, &["j2-0"]),
-            claim("b", "j3-1-gpu", 4, &["j3-1"]),
-        ];
-        (pods, claims)
-    };
+    let made_again = || three_jobs(("j3-1", 11));
     let chosen = |reclaimed: Reclaimed| -> Vec<String> {
         reclaimed
             .evictions
