@@ -25,7 +25,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use super::{Event, Eviction, EvictionWhy, in_team_namespaces};
-use crate::api::TeamGpuPolicy;
+use crate::api::{QuotaStatus, TeamGpuPolicy};
 use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::usage::ClaimView;
 use crate::core::plan::{Plan, ReclaimOrder, TeamReport, objects};
@@ -415,6 +415,23 @@ impl<'a> TeamInPlan<'a> {
             report,
         }
     }
+
+    /// Its quota of sharing policy `policy`, as the plan reports it.
+    fn quota(&self, policy: &str) -> Option<&'a QuotaStatus> {
+        self.report.and_then(|r| quota_of(r, policy))
+    }
+}
+
+/// `team`'s quota of sharing policy `policy`.
+fn quota_of<'a>(team: &'a TeamReport, policy: &str) -> Option<&'a QuotaStatus> {
+    team.quotas.iter().find(|q| q.sharing_policy == policy)
+}
+
+/// Devices a team holds above its effective guarantee, by its quota: the most it ever gives.
+fn above_guarantee(quota: Option<&QuotaStatus>) -> u64 {
+    quota.map_or(0, |q| {
+        u64::from(q.allocated.saturating_sub(q.effective_guarantee))
+    })
 }
 
 /// The borrowers of `orders`, furthest above their fair share first: the engine's water-fill
@@ -430,17 +447,12 @@ fn borrowers(
         .iter()
         .map(|order| {
             let team = TeamInPlan::of(input.plan, &order.borrower);
-            let quota = (team.report.iter())
-                .flat_map(|r| &r.quotas)
-                .find(|q| q.sharing_policy == policy);
+            let quota = team.quota(policy);
             let weight = quota.map_or(1, |q| u64::from(q.weight.max(1)));
-            let above_guarantee = quota.map_or(0, |q| {
-                u64::from(q.allocated.saturating_sub(q.effective_guarantee))
-            });
             let borrower = Borrower {
                 team: order.borrower.clone(),
                 owes: order.devices.into(),
-                above_guarantee,
+                above_guarantee: above_guarantee(quota),
                 workloads: workloads(input.pods, input.claims, team.namespaces, (&class, node_of)),
                 queued: queued(input.pods, input.claims, team.namespaces, &class),
             };
@@ -496,10 +508,8 @@ fn eviction(
         .as_deref()
         .map(|label| label_elsewhere(input.pods, borrower.namespaces, label))
         .unwrap_or_default();
-    let borrower_held = (borrower.report.iter())
-        .flat_map(|r| &r.quotas)
-        .find(|q| q.sharing_policy == order.sharing_policy)
-        .map(|q| (q.allocated, q.effective_guarantee));
+    let borrower_held =
+        (borrower.quota(&order.sharing_policy)).map(|q| (q.allocated, q.effective_guarantee));
     Eviction {
         workload: w.name.clone(),
         pods: (w.pods.iter())

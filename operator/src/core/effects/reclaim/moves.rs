@@ -35,7 +35,8 @@ use super::nodes::{self, Free, MOST_WEIGHED, fit};
 use super::victims::{Borrower, Choice, eligible_at, runtime};
 use super::workload::{NodeOf, Workload, queued, workloads};
 use super::{
-    EvictionWhy, ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, TeamInPlan, eviction,
+    EvictionWhy, ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, TeamInPlan,
+    above_guarantee, eviction, quota_of,
 };
 use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::placement::Placement;
@@ -176,11 +177,7 @@ fn other_teams(
     (input.plan.teams.iter())
         .filter(|t| t.name != *team)
         .map(|t| {
-            let above_guarantee = (t.quotas.iter())
-                .find(|q| q.sharing_policy == policy)
-                .map_or(0, |q| {
-                    u64::from(q.allocated.saturating_sub(q.effective_guarantee))
-                });
+            let above_guarantee = above_guarantee(quota_of(t, policy));
             // A borrower's workloads queued for room would take the room made first.
             let queued = if above_guarantee > 0 {
                 queued(input.pods, input.claims, &t.namespaces, &class)

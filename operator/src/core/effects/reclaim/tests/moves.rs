@@ -328,6 +328,25 @@ fn job_on(ns: &str, job: &str, devices: usize, node: &str) -> (Pod, Arc<ClaimVie
     )
 }
 
+/// A pass of `plan` over `cluster` when the owner's grace (30 s) has passed, the one at its
+/// start having evicted nothing.
+fn after_grace(
+    plan: &Plan,
+    cluster: impl Fn() -> (Vec<Arc<PodView>>, Vec<Arc<ClaimView>>),
+) -> Reclaimed {
+    let mut waiting = Waiting::new();
+    let first = waiting.reclaimed_in(plan, 0, cluster());
+    assert!(first.evictions.is_empty(), "{:?}", first.evictions);
+    waiting.reclaimed_in(plan, 30, cluster())
+}
+
+/// Each eviction's workload and why it goes.
+fn what_and_why(pass: &Reclaimed) -> Vec<(&str, EvictionWhy)> {
+    (pass.evictions.iter())
+        .map(|e| (e.workload.as_str(), e.why))
+        .collect()
+}
+
 #[test]
 fn a_reclaim_that_clears_no_node_alone_moves_the_rest_instead_of_waiting() {
     let pool = |name: &str| PoolKey {
@@ -364,17 +383,8 @@ fn a_reclaim_that_clears_no_node_alone_moves_the_rest_instead_of_waiting() {
     ];
     let pods: Vec<Pod> = jobs.iter().map(|(p, _)| p.clone()).collect();
     let cluster = || (views(&pods), jobs.iter().map(|(_, c)| c.clone()).collect());
-    let mut waiting = Waiting::new();
-    assert!(
-        waiting
-            .reclaimed_in(&plan, 0, cluster())
-            .evictions
-            .is_empty()
-    );
-    let pass = waiting.reclaimed_in(&plan, 30, cluster());
-    let mut evicted: Vec<(&str, EvictionWhy)> = (pass.evictions.iter())
-        .map(|e| (e.workload.as_str(), e.why))
-        .collect();
+    let pass = after_grace(&plan, cluster);
+    let mut evicted = what_and_why(&pass);
     evicted.sort_by_key(|e| e.0);
     assert_eq!(
         evicted,
@@ -410,18 +420,9 @@ fn a_borrowers_pod_queued_for_a_node_goes_with_a_move_so_that_it_does_not_take_t
     let (mut pods, mut claims) = one_small_job();
     pods.extend(views(&[queued_pod("d", "big-0", "big", Some("big-0-gpu"))]));
     claims.push(unallocated("d", "big-0-gpu", 8));
-    let mut waiting = Waiting::new();
     let cluster = || (pods.clone(), claims.clone());
-    assert!(
-        waiting
-            .reclaimed_in(&plan, 0, cluster())
-            .evictions
-            .is_empty()
-    );
-    let pass = waiting.reclaimed_in(&plan, 30, cluster());
-    let what: Vec<(&str, EvictionWhy)> = (pass.evictions.iter())
-        .map(|e| (e.workload.as_str(), e.why))
-        .collect();
+    let pass = after_grace(&plan, cluster);
+    let what = what_and_why(&pass);
     assert_eq!(
         what,
         [
@@ -432,8 +433,6 @@ fn a_borrowers_pod_queued_for_a_node_goes_with_a_move_so_that_it_does_not_take_t
     // Nothing is removed from a team within its guarantee, nor when nothing moves.
     let mut within = fragmented_plan();
     within.teams.push(team_report("d", "d", 4, 4));
-    let mut waiting = Waiting::new();
-    waiting.reclaimed_in(&within, 0, cluster());
-    let pass = waiting.reclaimed_in(&within, 30, cluster());
+    let pass = after_grace(&within, cluster);
     assert_eq!(pass.evictions.len(), 1, "{:?}", pass.evictions);
 }
