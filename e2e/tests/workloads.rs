@@ -291,6 +291,43 @@ impl World {
         budgets
     }
 
+    /// Waits until Job `name` of `ns`, which reclaim took back, runs again: not suspended, no
+    /// teamgpu label left, Pods not being deleted; asserts it counted no failure. How long after
+    /// its `Suspended` condition turned False its Pods were made again (the latest creation).
+    async fn resumed_without_failure(&self, ns: &str, name: &str) -> Duration {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let job = eventually(&format!("{name} resumed"), CONVERGE, || async {
+            let job = jobs.get(name).await.map_err(|e| e.to_string())?;
+            let suspended = job.spec.as_ref().and_then(|s| s.suspend);
+            let labelled = job.labels().contains_key("teamgpu.io/suspended");
+            let active = job.status.as_ref().and_then(|s| s.active).unwrap_or(0);
+            match (suspended, labelled, active) {
+                (Some(false), false, 2) => Ok(job),
+                state => Err(format!("suspend, labelled, active: {state:?}")),
+            }
+        })
+        .await;
+        let status = job.status.unwrap_or_default();
+        assert_eq!(status.failed.unwrap_or(0), 0, "{name} counted failures");
+        let conditions = status.conditions.unwrap_or_default();
+        let resumed = (conditions.iter())
+            .find(|c| c.type_ == "Suspended")
+            .unwrap_or_else(|| panic!("{name} was never suspended: {conditions:?}"));
+        assert_eq!(resumed.status, "False", "{resumed:?}");
+        let resumed_at = resumed.last_transition_time.as_ref().unwrap().0;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let made = (pods.list(&ListParams::default().labels(&format!("job-name={name}"))))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .max()
+            .unwrap();
+        let after = made.duration_since(resumed_at);
+        Duration::try_from(after).unwrap_or_default()
+    }
+
     async fn create_job(&self, ns: &str, job: Job) {
         Api::<Job>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &job)
@@ -444,13 +481,19 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
     world.holds(&borrower, 4, CONVERGE).await;
     let told = world.events(&borrower, "Reclaimed").await;
     assert!(
-        told.iter().any(|n| n.contains("evicting Job")
+        told.iter().any(|n| n.contains("suspending Job")
             && n.contains(
                 "/train-low (2 Pods, 4 devices of pcie, priority teamgpu-e2e-low (100))"
             )),
         "{told:?}"
     );
-    eprintln!("owner at 8 of 8 {restored:?} after asking (3 s grace)");
+    // The Job was suspended for a moment, not its Pods evicted: it counts no failure (two
+    // evicted Pods would be two of its backoffLimit of 6, and delay its next Pods by 20 s), it
+    // runs again, and its new Pods wait for room.
+    let job = world.resumed_without_failure(&borrower, "train-low").await;
+    eprintln!(
+        "owner at 8 of 8 {restored:?} after asking (3 s grace); train-low made its Pods again {job:?} after it was resumed"
+    );
 }
 
 /// A PodDisruptionBudget that allows one disruption passes the dry run of each of a 2-Pod
@@ -1339,4 +1382,60 @@ async fn a_borrowers_pods_taken_back_and_a_small_job_moved_clear_a_node_for_an_e
     let pods = Api::<Pod>::namespaced(world.client.clone(), &other);
     assert_eq!(small_jobs_node(&pods).await, Some(node_of("gpu-a-04")));
     eprintln!("owner's 8-GPU Pod bound {bound:?} after asking (3 s grace)");
+}
+
+/// An operator that stopped after suspending a Job for reclaim and before resuming it resumes
+/// it when it starts again (the label says which Jobs are its to resume); a Job someone else
+/// suspended stays suspended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_left_suspended_by_an_operator_that_stopped_is_resumed_when_it_starts_again() {
+    let Some((sandbox, operator_config)) = Sandbox::with_example_devices().await else {
+        return;
+    };
+    let client = sandbox.client();
+    let ns = sandbox.namespace("left", None).await.unwrap();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    for (name, labels) in [
+        ("train", json!({"teamgpu.io/suspended": "reclaim"})),
+        ("held", json!({})),
+    ] {
+        let job: Job = serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"suspend": true, "parallelism": 1, "completions": 1,
+                     "template": {"spec": {"restartPolicy": "Never",
+                         "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}}}}))
+        .unwrap();
+        jobs.create(&PostParams::default(), &job).await.unwrap();
+    }
+    // The job controller has acted on both.
+    for name in ["train", "held"] {
+        eventually(&format!("{name} suspended"), CONVERGE, || async {
+            let job = jobs.get(name).await.map_err(|e| e.to_string())?;
+            let conditions = job.status.and_then(|s| s.conditions).unwrap_or_default();
+            match conditions
+                .iter()
+                .any(|c| c.type_ == "Suspended" && c.status == "True")
+            {
+                true => Ok(()),
+                false => Err(format!("{conditions:?}")),
+            }
+        })
+        .await;
+    }
+    let (operator_client, _) = teamgpu_e2e::cluster::recorded(operator_config);
+    let _operator = Operator::start(operator_client, Operator::test_config());
+    eventually("train resumed", CONVERGE, || async {
+        let job = jobs.get("train").await.map_err(|e| e.to_string())?;
+        let suspended = job.spec.as_ref().and_then(|s| s.suspend);
+        let labelled = job.labels().contains_key("teamgpu.io/suspended");
+        let active = job.status.as_ref().and_then(|s| s.active).unwrap_or(0);
+        match (suspended, labelled, active) {
+            (Some(false), false, 1) => Ok(()),
+            state => Err(format!("suspend, labelled, active: {state:?}")),
+        }
+    })
+    .await;
+    let held = jobs.get("held").await.unwrap();
+    assert_eq!(held.spec.and_then(|s| s.suspend), Some(true));
 }

@@ -16,7 +16,7 @@ use serde_json::json;
 use server::{Server, Watch};
 use teamgpu::core::diff::Kind;
 use teamgpu::core::effects::{Effect, Label, ReclaimDefaults};
-use teamgpu::core::engine::{Engine, Input, Now, Pass, Role, Settings};
+use teamgpu::core::engine::{Done, Engine, Input, Now, Pass, Role, Settings};
 use teamgpu::core::plan::Plan;
 use teamgpu::core::plan::admission::Enforcement;
 use teamgpu::core::plan::outside_teams::GUARD_LABEL;
@@ -845,4 +845,65 @@ fn a_guard_label_someone_took_off_needs_a_pass_that_sets_it_again() {
         matches!(&effects[..], [Effect::Label(Label { namespace, value: Some(_) })] if namespace == "web"),
         "{effects:#?}"
     );
+}
+
+/// A Job reclaim suspended is resumed by the pass that sees the claims its Pods held go, and
+/// after that pass's writes of objects: the quota lowered by the claims' going is in force
+/// before the Job makes its Pods again.
+#[test]
+fn a_suspended_job_is_resumed_after_its_claims_are_gone_and_after_the_quotas_of_that_pass() {
+    let (start, mut server, mut engine) = converged();
+    // The largest allocated claim of the example, held by a Pod of Job "train".
+    let key = (server.claims.iter())
+        .max_by_key(|(_, c)| {
+            json!(c)["status"]["allocation"]["devices"]["results"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    let mut claim = server.claims[&key].clone();
+    let status = claim.status.get_or_insert_default();
+    status.reserved_for = Some(vec![
+        serde_json::from_value(json!({"resource": "pods", "name": "train-0", "uid": "u-train-0"}))
+            .unwrap(),
+    ]);
+    server.put_claim(claim);
+    pass_and_settle(&mut engine, &mut server, at(start, 3));
+    let job = (key.0.clone(), "train".to_owned());
+    engine.settle(
+        Done {
+            suspended: vec![(job.clone(), vec!["train-0".to_owned()])],
+            ..Done::default()
+        },
+        at(start, 3).wall,
+    );
+    let resumes = |effects: &[Effect]| -> Vec<usize> {
+        (effects.iter().enumerate())
+            .filter(|(_, e)| matches!(e, Effect::Resume(r) if (r.namespace.clone(), r.job.clone()) == job))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    // Its Pod is gone, but the claim is still counted by quota.
+    server.touch(Watch::Claims);
+    let effects = pass_and_settle(&mut engine, &mut server, at(start, 4));
+    assert_eq!(resumes(&effects), Vec::<usize>::new(), "{effects:#?}");
+    server.remove_claim(&key);
+    let effects = pass(&mut engine, &mut server, at(start, 5));
+    let quotas = (effects.iter().enumerate())
+        .filter(|(_, e)| matches!(e, Effect::Object(w) if w.key().kind == Kind::ResourceQuota))
+        .map(|(i, _)| i)
+        .collect::<Vec<_>>();
+    assert!(
+        !quotas.is_empty(),
+        "the claim's going changes a quota: {effects:#?}"
+    );
+    let resumed = resumes(&effects);
+    assert_eq!(resumed.len(), 1, "{effects:#?}");
+    assert!(quotas.iter().all(|q| *q < resumed[0]), "{effects:#?}");
+    // Asked for until it was done; then never again.
+    let done = server.perform(&effects);
+    assert_eq!(done.resumed, [job]);
+    engine.settle(done, at(start, 5).wall);
+    assert_eq!(pass_and_settle(&mut engine, &mut server, at(start, 6)), []);
 }

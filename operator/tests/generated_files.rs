@@ -366,7 +366,7 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
     // Reads come from watch caches (list, watch); `get` only where a binding's paramRef needs it.
     let read = set(&["list", "watch"]);
     let apply = set(&["list", "watch", "create", "patch", "delete"]);
-    let expected: [(&str, &str, BTreeSet<&str>); 20] = [
+    let expected: [(&str, &str, BTreeSet<&str>); 21] = [
         // `get` too: the operator grants it to each team's members, and RBAC lets it grant
         // only what it holds.
         (
@@ -411,6 +411,8 @@ fn config_default_installs_the_operator_into_teamgpu_system() {
         ("", "pods/eviction", set(&["create"])),
         // Budgets counted before a workload of several Pods is evicted.
         ("policy", "poddisruptionbudgets", set(&["list", "watch"])),
+        // Jobs suspended for a moment instead of their Pods evicted, then resumed.
+        ("batch", "jobs", set(&["get", "list", "patch"])),
         // The owners of the admission objects, watched by name.
         (
             "apiextensions.k8s.io",

@@ -365,6 +365,7 @@ impl Server {
                         self.pending_pods.remove(pod);
                     }
                 }
+                Effect::Resume(r) => done.resumed.push((r.namespace.clone(), r.job.clone())),
                 Effect::Label(label) => {
                     if let Some(labels) = self.namespaces.get_mut(&label.namespace) {
                         let key = GUARD_LABEL.to_owned();

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 mod backoff;
 mod error;
+mod jobs;
 mod requests;
 
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
@@ -35,6 +36,8 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 enum Outcome {
     Applied(Option<String>),
     Done,
+    /// A workload's Job was suspended instead of its Pods evicted.
+    Suspended,
 }
 
 /// What the executor's task did of one batch.
@@ -89,7 +92,7 @@ impl Drop for Task {
 /// pass gives: guard labels taken off, objects (applies in dependency order, then deletions in
 /// reverse), guard labels set (after the quotas they say are in force), statuses (of
 /// the teams whose own use changed, then the others),
-/// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions. The applies of admission objects run beside those of quotas and
+/// wake-ups of waiting Pods (after the quotas that make their room), Jobs resumed, Events, evictions. The applies of admission objects run beside those of quotas and
 /// templates ([`Phase::lane`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Phase {
@@ -99,6 +102,7 @@ enum Phase {
     Requeue,
     Event,
     Evict,
+    Resume,
 }
 
 impl Phase {
@@ -119,6 +123,7 @@ impl Phase {
             Effect::Requeue(_) => Phase::Requeue,
             Effect::Event(_) => Phase::Event,
             Effect::Evict(_) => Phase::Evict,
+            Effect::Resume(_) => Phase::Resume,
         }
     }
 
@@ -268,6 +273,13 @@ impl Executor {
     /// Runs as a task of its own, off the planning path: it performs each batch sent to
     /// [`Task::send`] and reports what it did, while the reconciler goes on taking in events.
     pub fn spawn(mut self) -> Task {
+        // Once this replica leads: the Jobs reclaim suspended before a restart are resumed.
+        let (requests, mut leader) = (self.requests.clone(), self.leader.clone());
+        tokio::spawn(async move {
+            if leader.wait_for(|leads| *leads).await.is_ok() {
+                requests.resume_left_suspended().await;
+            }
+        });
         // One batch at a time: a pass hands out a batch only once the one before is reported.
         let (batches, mut to_run) = mpsc::channel::<Vec<Effect>>(1);
         let (report, ran) = mpsc::channel(1);
@@ -366,14 +378,14 @@ impl Executor {
             Err(_) => self.backoff.failed(&id, Instant::now()),
         }
         if let Effect::Evict(eviction) = effect {
-            return self.evicted(eviction, result.err(), done);
+            return self.evicted(eviction, result, done);
         }
         match (effect, result) {
             (Effect::Object(write), Ok(outcome)) => {
                 tracing::info!(object = %write.key(), action = effect.verb(), "wrote");
                 match outcome {
                     Outcome::Applied(version) => done.applied.push((write.key().clone(), version)),
-                    Outcome::Done => done.deleted.push(write.key().clone()),
+                    Outcome::Done | Outcome::Suspended => done.deleted.push(write.key().clone()),
                 }
             }
             (Effect::Object(write), Err(error)) => {
@@ -391,6 +403,10 @@ impl Executor {
                 tracing::info!(object = %id, value = ?label.value, "wrote");
                 done.labelled.push(label.clone());
             }
+            (Effect::Resume(r), Ok(_)) => {
+                tracing::info!(object = %id, "resumed the Job reclaim suspended");
+                done.resumed.push((r.namespace.clone(), r.job.clone()));
+            }
             (Effect::Status { kind, name, .. }, Ok(_)) => {
                 tracing::debug!(object = %id, action = effect.verb(), "wrote");
                 done.statuses.push((*kind, name.clone()));
@@ -405,7 +421,20 @@ impl Executor {
     }
 
     /// Counts an eviction's outcome; returns the Events that tell of it.
-    fn evicted(&self, e: &Eviction, error: Option<WriteError>, done: &mut Done) -> Vec<Effect> {
+    fn evicted(
+        &self,
+        e: &Eviction,
+        result: Result<Outcome, WriteError>,
+        done: &mut Done,
+    ) -> Vec<Effect> {
+        if let (Ok(Outcome::Suspended), Some(job), Some((namespace, _))) =
+            (&result, &e.job, e.pods.first())
+        {
+            let pods = e.pods.iter().map(|(_, pod)| pod.clone()).collect();
+            done.suspended
+                .push(((namespace.clone(), job.clone()), pods));
+        }
+        let error = result.err();
         let labels = EvictionLabels {
             team: e.order.borrower.clone(),
             reason: e.why.label(),

@@ -64,8 +64,8 @@ impl<T: Clone> Rotating<T> {
 
 /// The requests of the effects; shared by the writes in flight.
 pub(super) struct Requests {
-    client: kube::Client,
-    metrics: Arc<Metrics>,
+    pub(super) client: kube::Client,
+    pub(super) metrics: Arc<Metrics>,
     recorder: std::sync::Mutex<Rotating<Recorder>>,
     /// Where an apply's resourceVersion is recorded, for the watch to recognise it.
     own_writes: Arc<OwnWrites>,
@@ -116,6 +116,7 @@ impl Requests {
             } => self.patch_status(*kind, name, status).await,
             Effect::Event(event) => self.publish(event).await,
             Effect::Evict(e) => self.evict(e).await,
+            Effect::Resume(r) => self.resume_job(&r.namespace, &r.job).await,
             Effect::Requeue(r) => {
                 self.count_write("pod", "requeue");
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
@@ -137,10 +138,16 @@ impl Requests {
     /// the budgets of a workload of several Pods are counted (a dry run does not spend them).
     /// The Pods go at once, not one by one: an eviction takes up to 0.1 s on the API server,
     /// and the first Pod's devices could be bound elsewhere before the last Pod was evicted.
+    /// A `batch/v1` Job's Pods go by suspending the Job instead (see [`super::jobs`]).
     async fn evict(&self, e: &Eviction) -> Result<Outcome, WriteError> {
         self.evict_all(e, true).await?;
         if e.pods.len() > 1 {
             self.check_budgets(e).await?;
+        }
+        if let (Some(job), Some((namespace, _))) = (&e.job, e.pods.first())
+            && let Some(outcome) = self.suspend_job(namespace, job).await?
+        {
+            return Ok(outcome);
         }
         self.evict_all(e, false).await?;
         Ok(Outcome::Done)
@@ -291,7 +298,7 @@ impl Requests {
 }
 
 /// A JSON merge patch of object `name`, as [`FIELD_MANAGER`].
-async fn merge_patch<K>(
+pub(super) async fn merge_patch<K>(
     api: &Api<K>,
     name: &str,
     patch: serde_json::Value,

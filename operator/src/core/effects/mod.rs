@@ -28,6 +28,7 @@ use crate::core::diff::Write;
 use crate::core::plan::ReclaimOrder;
 pub use events::{EventKey, Published, event_transitions, in_team_namespaces};
 pub use guard_labels::{GuardLabels, Label};
+pub use reclaim::suspended::{Resume, SuspendedJobs};
 pub use reclaim::workload::PodView;
 pub use reclaim::{ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, eviction_events};
 pub use refusals::{FailedWrite, Failure, Refusals, RefusedByOwner};
@@ -63,6 +64,8 @@ pub enum Effect {
     Requeue(Requeue),
     /// Set or take off the guard label of a namespace outside teams.
     Label(Label),
+    /// Resume a Job reclaim suspended, once its Pods and their claims are gone.
+    Resume(Resume),
 }
 
 impl Effect {
@@ -79,6 +82,7 @@ impl Effect {
             Effect::Evict(e) => format!("{} eviction", e.workload),
             Effect::Requeue(r) => format!("pod {}/{} requeue", r.namespace, r.pod),
             Effect::Label(l) => format!("namespace {} guard label", l.namespace),
+            Effect::Resume(r) => format!("job {}/{} resume", r.namespace, r.job),
         }
     }
 
@@ -91,6 +95,7 @@ impl Effect {
             Effect::Evict(_) => "evict",
             Effect::Requeue(_) => "requeue",
             Effect::Label(_) => "label",
+            Effect::Resume(_) => "resume",
         }
     }
 }
@@ -176,6 +181,9 @@ pub struct Eviction {
     pub workload: String,
     /// Its Pods: (namespace, name).
     pub pods: Vec<(String, String)>,
+    /// The `batch/v1` Job of its Pods (in their namespace), suspended for a moment instead of
+    /// evicting them (see [`reclaim::workload::Workload::job`]).
+    pub job: Option<String>,
     /// Devices of the pool it frees.
     pub devices: u64,
     /// Its priority, as a person reads it (`low (100)`).

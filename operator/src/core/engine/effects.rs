@@ -1,5 +1,5 @@
 //! A plan's effects, in the order they are performed: guard labels taken off, objects, guard
-//! labels set, statuses, requeues, Events, evictions.
+//! labels set, statuses, requeues, Jobs resumed, Events, evictions.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -23,7 +23,8 @@ impl Engine {
     }
 
     /// What `plan` asks for, in the order it is done: objects (the differ's order), statuses,
-    /// wake-ups of waiting Pods (after the quotas that make their room), Events, evictions.
+    /// wake-ups of waiting Pods and Jobs resumed (after the quotas that make their room), Events,
+    /// evictions.
     /// `seen`: the differ compared this plan's objects already (an earlier pass's plan).
     pub(super) fn effects(
         &mut self,
@@ -85,6 +86,14 @@ impl Engine {
             let room = effects::room(plan, in_waiting, &namespaces);
             let requeues = (self.requeuer).requeues(&self.waiting, &room, now.instant, now.wall);
             out.extend(requeues.into_iter().map(Effect::Requeue));
+            // A suspended Job is resumed by the pass that sees its claims gone, after the
+            // quotas that pass lowers.
+            let (pods, planner) = (&self.pods, &self.planner);
+            let resumes = (self.suspended).due(
+                |namespace, pod| pods.get(namespace, pod).is_some(),
+                |namespace, claim| planner.claim(namespace, claim).is_some(),
+            );
+            out.extend(resumes.into_iter().map(Effect::Resume));
         }
         let mut events = effects::event_transitions(plan, sharing, teams);
         events.extend(refused.events(sharing, teams));

@@ -46,7 +46,8 @@ use crate::core::diff::{self, ObjectKey};
 use crate::core::effects::reclaim::budgets::BudgetView;
 use crate::core::effects::{
     Effect, EventKey, FailedWrite, GuardLabels, Label, Malformed, PolicyKind, PolicyStatuses,
-    Published, ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, WaitingPod, WrittenStatuses,
+    Published, ReclaimDefaults, ReclaimTracker, Refusals, Requeuer, SuspendedJobs, WaitingPod,
+    WrittenStatuses,
 };
 use crate::core::plan::{self, Plan, admission::Enforcement};
 use crate::core::state::ClusterState;
@@ -113,7 +114,7 @@ pub struct Planned {
     /// Each policy's status as it is written (a follower's with the `Applied` condition its
     /// live status shows), for the condition metrics.
     pub statuses: PolicyStatuses,
-    /// Objects (in dependency order), statuses, requeues, Events, evictions; none for a
+    /// Objects (in dependency order), statuses, requeues, resumes, Events, evictions; none for a
     /// [`Role::Follower`].
     pub effects: Vec<Effect>,
 }
@@ -133,6 +134,10 @@ pub struct Done {
     /// The workloads those Pods were of (as an [`Eviction`](crate::core::effects::Eviction)
     /// names them), and when.
     pub evicted_workloads: Vec<(String, Instant)>,
+    /// Jobs suspended instead of their Pods evicted: (namespace, name), and the Pods.
+    pub suspended: Vec<((String, String), Vec<String>)>,
+    /// Jobs resumed (or found gone): (namespace, name).
+    pub resumed: Vec<(String, String)>,
     /// Deletions that succeeded (or found the object gone).
     pub deleted: Vec<ObjectKey>,
     /// Writes of objects that failed, refused or not: status tells of the refused ones.
@@ -154,6 +159,8 @@ pub struct Engine {
     /// Events published whose finding the live status does not show yet.
     published: Published,
     reclaim: ReclaimTracker,
+    /// Jobs reclaim suspended, until they are resumed.
+    suspended: SuspendedJobs,
     /// Wakes Pods waiting for room that has appeared.
     requeuer: Requeuer,
     /// Writes the API server refuses, for the owning policies' status and Events.
@@ -206,6 +213,7 @@ impl Engine {
             differ: diff::Differ::with_batch_limit(writes_per_batch),
             published: Published::default(),
             reclaim: ReclaimTracker::default(),
+            suspended: SuspendedJobs::default(),
             requeuer: Requeuer::default(),
             refusals: Refusals::default(),
             written: WrittenStatuses::default(),
@@ -307,6 +315,26 @@ impl Engine {
         for (pod, at) in done.evicted {
             self.reclaim.evicted(pod, at);
         }
+        for ((namespace, job), pods) in done.suspended {
+            let claims = self.claims_of(&namespace, &pods);
+            self.suspended.suspended((namespace, job), pods, claims);
+        }
+        for (namespace, job) in done.resumed {
+            self.suspended.resumed(&namespace, &job);
+        }
+    }
+
+    /// The claims Pods `pods` of `namespace` hold or wait for: those reserved for them, and
+    /// those made for them while they wait for a node.
+    fn claims_of(&self, namespace: &str, pods: &[String]) -> Vec<String> {
+        let of_pods = |p: &str| pods.iter().any(|q| q == p);
+        let reserved = (self.planner.claims_in(namespace))
+            .filter(|c| c.reserved_for_pods.iter().any(|p| of_pods(p)))
+            .map(|c| c.name.to_string());
+        let queued = (pods.iter())
+            .filter_map(|p| self.pods.get(namespace, p))
+            .flat_map(|p| p.queued_claims.iter().map(|c| c.to_string()));
+        reserved.chain(queued).collect()
     }
 
     /// The next pass compares every object, not only those whose side changed (a resync:

@@ -58,6 +58,11 @@ impl KeptPods {
         self.unhealthy.values().flat_map(|p| p.unhealthy.iter())
     }
 
+    /// Pod `name` of `namespace`, if it is not done yet.
+    pub(super) fn get(&self, namespace: &str, name: &str) -> Option<&Arc<PodView>> {
+        self.pods.get(&(Arc::from(namespace), Arc::from(name)))
+    }
+
     /// Every Pod, by namespace and name (what reclaim reads, when a reclaim is due).
     pub(super) fn all(&self) -> Vec<Arc<PodView>> {
         self.pods.values().cloned().collect()

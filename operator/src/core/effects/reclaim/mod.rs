@@ -11,6 +11,7 @@ mod kept;
 pub mod moves;
 pub mod nodes;
 mod notes;
+pub mod suspended;
 pub mod victims;
 pub mod workload;
 
@@ -515,6 +516,7 @@ fn eviction(
         pods: (w.pods.iter())
             .map(|(ns, pod)| (ns.to_string(), pod.to_string()))
             .collect(),
+        job: w.job.as_deref().map(str::to_owned),
         devices: w.devices,
         priority: priority_text(w),
         also_labelled_in: shared_label,

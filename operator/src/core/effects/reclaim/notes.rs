@@ -100,14 +100,23 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         ),
         None => String::new(),
     };
+    // A Job is suspended rather than evicted: the job controller counts no failure.
+    let (evicting, resumed) = match e.job {
+        Some(_) => (
+            "suspending",
+            "; teamgpu resumes the Job once its Pods are gone, and its new Pods wait for room \
+             with no failure counted",
+        ),
+        None => ("evicting", ""),
+    };
     let (reason, note) = match outcome {
         Ok(()) if e.why == EvictionWhy::Move => (
             "Moved",
             format!(
-                "evicting {what} so that it runs again on another node: {} waits, within its \
+                "{evicting} {what} so that it runs again on another node: {} waits, within its \
                  guarantee, for {} devices in claims that no node has room for; this workload \
                  fits the free devices of other nodes, and its node then has room; {} keeps \
-                 its share{elsewhere}",
+                 its share{resumed}{elsewhere}",
                 order.for_team, order.devices, order.borrower
             ),
         ),
@@ -117,15 +126,15 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
                 "removing {what} before it starts: {} holds devices above its guarantee that {} \
                  needs back ({} short{held}), and the scheduler would give this workload the \
                  room reclaim makes; no work is lost, its controller makes its Pods again and \
-                 their claims wait for quota{elsewhere}",
+                 their claims wait for quota{resumed}{elsewhere}",
                 order.borrower, order.for_team, order.devices
             ),
         ),
         Ok(()) => (
             "Reclaimed",
             format!(
-                "evicting {what}: {} holds devices above its guarantee that {} needs back \
-                 ({} short{held}){elsewhere}",
+                "{evicting} {what}: {} holds devices above its guarantee that {} needs back \
+                 ({} short{held}){resumed}{elsewhere}",
                 order.borrower, order.for_team, order.devices
             ),
         ),

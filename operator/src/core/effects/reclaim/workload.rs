@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -23,6 +24,7 @@ const JOBSET_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
 /// controllers are StatefulSets, which would make each Pod stand alone.
 const LWS_NAME_LABEL: &str = "leaderworkerset.sigs.k8s.io/name";
 const LWS_GROUP_LABEL: &str = "leaderworkerset.sigs.k8s.io/group-index";
+const BATCH_V1: &str = "batch/v1";
 
 /// Which workload a Pod belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,7 +89,7 @@ impl PodView {
             match controller {
                 Some(owner) if !matches!(owner.kind.as_str(), "ReplicaSet" | "StatefulSet") => {
                     WorkloadKey::Owner {
-                        kind: names.intern(&owner.kind),
+                        kind: names.intern(&owner_kind(owner)),
                         name: names.intern(&owner.name),
                     }
                 }
@@ -130,6 +132,18 @@ impl PodView {
     }
 }
 
+/// A controller's kind as a workload names it: `Job` only for a `batch/v1` Job, which reclaim
+/// suspends; another group's `Job` (Volcano's, say) is `Job.batch.volcano.sh`.
+fn owner_kind(owner: &OwnerReference) -> String {
+    match owner.kind.as_str() {
+        "Job" if owner.api_version != BATCH_V1 => {
+            let group = owner.api_version.split('/').next().unwrap_or_default();
+            format!("Job.{group}")
+        }
+        kind => kind.to_owned(),
+    }
+}
+
 /// One workload of a team, as reclaim weighs it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Workload {
@@ -160,6 +174,11 @@ pub struct Workload {
     /// controller makes its Pods again after a delay that doubles with each failure it counts,
     /// an eviction included (10 s, 20 s, 40 s, ... up to 6 minutes).
     pub evicted_before: u32,
+    /// The `batch/v1` Job that controls its Pods (in their namespace). Reclaim suspends it
+    /// for a moment instead of evicting them: the job controller counts an evicted Pod as a
+    /// failure, which delays the Job's next Pods (10 s, doubling per failure) and spends its
+    /// `backoffLimit`, so one eviction of a Job with more Pods than that would fail it for good.
+    pub job: Option<Arc<str>>,
 }
 
 impl Workload {
@@ -285,6 +304,12 @@ fn assemble(scope: &Scope, pods: &[&PodView]) -> Option<Workload> {
         terminating: false,
         movable: pods.iter().all(|p| p.movable),
         evicted_before: 0,
+        job: match scope {
+            Scope::Namespace(_, WorkloadKey::Owner { kind, name }) if &**kind == "Job" => {
+                Some(name.clone())
+            }
+            _ => None,
+        },
     })
 }
 
@@ -339,6 +364,7 @@ fn released_claim(claim: &ClaimView, held: &[&DeviceId], node_of: NodeOf) -> Wor
         terminating: true,
         movable: false,
         evicted_before: 0,
+        job: None,
     }
 }
 

@@ -92,6 +92,7 @@ fn workload(name: &str, on: &[(Option<&str>, u64)], priority: i32, started: &str
         terminating: false,
         movable: true,
         evicted_before: 0,
+        job: None,
     }
 }
 

@@ -338,6 +338,8 @@ fn an_eviction_is_told_on_the_pods_the_borrower_and_in_both_teams_namespaces() {
         panic!("one eviction: {reclaimed:?}")
     };
     assert_eq!(eviction.pods, [("b".to_owned(), "j3-0".to_owned())]);
+    // A batch/v1 Job is suspended, not its Pods evicted: the job controller counts no failure.
+    assert_eq!(eviction.job.as_deref(), Some("j3"));
     let reference =
         |api_version: &str, kind: &str, namespace: Option<&str>, name: &str| ObjectReference {
             api_version: Some(api_version.into()),
@@ -377,8 +379,10 @@ fn an_eviction_is_told_on_the_pods_the_borrower_and_in_both_teams_namespaces() {
         eviction_events(eviction, Ok(())),
         told(
             "Reclaimed",
-            "evicting Job b/j3 (1 Pod, 4 devices of a, priority 0): borrower holds devices above \
-             its guarantee that owner needs back (2 short; it holds 12 of a, guaranteed 4)"
+            "suspending Job b/j3 (1 Pod, 4 devices of a, priority 0): borrower holds devices \
+             above its guarantee that owner needs back (2 short; it holds 12 of a, guaranteed 4); \
+             teamgpu resumes the Job once its Pods are gone, and its new Pods wait for room with \
+             no failure counted"
         )
     );
     assert_eq!(

@@ -171,6 +171,7 @@ proptest! {
                 terminating: *terminating,
                 movable: true,
                 evicted_before: 0,
+                job: None,
             }).collect();
             borrower(&format!("t{t}"), *owes, *above, workloads)
         }).collect();

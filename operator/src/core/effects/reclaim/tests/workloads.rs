@@ -77,6 +77,60 @@ fn a_pod_belongs_to_its_controller_its_label_or_itself() {
     );
 }
 
+/// Only a `batch/v1` Job is suspended instead of evicted: a JobSet manages its Jobs' `suspend`
+/// itself, a labelled workload may span several Jobs, and another group's `Job` (Volcano's)
+/// has no such field.
+#[test]
+fn only_the_pods_of_one_batch_job_are_taken_back_by_suspending_it() {
+    let volcano = json!({"metadata": {"ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job", "name": "vc", "uid": "v", "controller": true}]}});
+    let pods = views(&[
+        pod("b", "train-0", Some(("Job", "train")), json!({}), json!({})),
+        pod("b", "train-1", Some(("Job", "train")), json!({}), json!({})),
+        pod("b", "vc-0", None, json!({}), volcano),
+        pod(
+            "b",
+            "js-0",
+            Some(("Job", "js-workers-0")),
+            json!({"jobset.sigs.k8s.io/jobset-name": "js"}),
+            json!({}),
+        ),
+        pod(
+            "b",
+            "sweep-0",
+            Some(("Job", "sweep-0")),
+            json!({"teamgpu.io/workload": "sweep"}),
+            json!({}),
+        ),
+        pod("b", "solo", None, json!({}), json!({})),
+    ]);
+    let claims = [
+        claim("b", "train-0-gpu", 2, &["train-0"]),
+        claim("b", "train-1-gpu", 2, &["train-1"]),
+        claim("b", "vc-0-gpu", 1, &["vc-0"]),
+        claim("b", "js-0-gpu", 1, &["js-0"]),
+        claim("b", "sweep-0-gpu", 1, &["sweep-0"]),
+        claim("b", "solo-gpu", 1, &["solo"]),
+    ];
+    let team = ["b".to_owned()];
+    let mut found: Vec<(String, Option<String>)> =
+        workloads(&pods, &claims, &team, (CLASS, &|_| None))
+            .into_iter()
+            .map(|w| (w.name, w.job.as_deref().map(str::to_owned)))
+            .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("Job b/train".to_owned(), Some("train".to_owned())),
+            ("Job.batch.volcano.sh b/vc".to_owned(), None),
+            ("JobSet b/js".to_owned(), None),
+            ("Pod b/solo".to_owned(), None),
+            ("workload sweep".to_owned(), None),
+        ]
+    );
+}
+
 #[test]
 fn a_workload_frees_the_claims_only_its_pods_hold() {
     let pods = views(&[
