@@ -104,21 +104,23 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     )
     .await
     .unwrap();
-    // ml-research borrows the whole 80GB pool while data-science is idle, in workloads of two
-    // Pods (whose budgets reclaim counts before evicting them) ...
-    let ml: Api<Pod> = Api::namespaced(world.client.clone(), &world.ns("ml-research-train"));
+    // ml-research borrows the whole 80GB pool while data-science is idle, in Jobs of two Pods
+    // (whose budgets reclaim counts before it takes one back, by suspending it) ...
+    let ml: Api<Job> = Api::namespaced(world.client.clone(), &world.ns("ml-research-train"));
     let mut started = 0;
-    for i in 0..32 {
-        let mut pod = gpu_pod(&format!("train-{i:02}"), "a100-80gb");
-        let workload = format!("pair-{}", i / 2);
-        pod.labels_mut()
-            .insert("teamgpu.io/workload".into(), workload);
-        if ml.create(&PostParams::default(), &pod).await.is_ok() {
+    for i in 0..16 {
+        let mut spec = gpu_pod("train", "a100-80gb").spec.unwrap();
+        spec.restart_policy = Some("Never".into());
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": format!("pair-{i:02}")},
+            "spec": {"parallelism": 2, "completions": 2, "template": {"spec": spec}}}))
+        .unwrap();
+        if ml.create(&PostParams::default(), &job).await.is_ok() {
             started += 1;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(40)).await;
     }
-    assert!(started > 8, "ml-research could borrow ({started} pods)");
+    assert_eq!(started, 16);
     // ... until data-science wants its guarantee back, which takes an eviction.
     let ds: Api<Pod> = Api::namespaced(world.client.clone(), &world.ns("data-science"));
     for i in 0..4 {
@@ -131,7 +133,8 @@ async fn the_operator_calls_exactly_what_its_rbac_grants() {
     }
     eventually("an eviction happened", Duration::from_secs(20), || async {
         let budgets = requests.get("list", "poddisruptionbudgets.policy");
-        if requests.get("create", "pods/eviction") > 0 && budgets > 0 {
+        let suspended = requests.get("patch", "jobs.batch");
+        if requests.get("create", "pods/eviction") > 0 && budgets > 0 && suspended > 0 {
             Ok(())
         } else {
             Err(format!("{:?}", rbac_calls(&requests)))
