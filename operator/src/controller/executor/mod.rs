@@ -454,7 +454,8 @@ impl Executor {
             let at = Instant::now();
             done.evicted
                 .extend(e.pods.iter().map(|pod| (pod.clone(), at)));
-            done.evicted_workloads.push((e.workload.clone(), at));
+            let workload = (e.order.borrower.clone(), e.workload.clone());
+            done.evicted_workloads.push((workload, at));
             self.metrics.evictions.get_or_create(&labels).inc_by(pods);
             tracing::info!(%note, "reclaim");
         }

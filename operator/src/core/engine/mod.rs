@@ -131,9 +131,9 @@ pub struct Done {
     pub evictions_refused: Vec<(Vec<(String, String)>, Instant)>,
     /// Pods evicted (namespace, name), and when.
     pub evicted: Vec<((String, String), Instant)>,
-    /// The workloads those Pods were of (as an [`Eviction`](crate::core::effects::Eviction)
-    /// names them), and when.
-    pub evicted_workloads: Vec<(String, Instant)>,
+    /// The workloads those Pods were of, by team and name (as an
+    /// [`Eviction`](crate::core::effects::Eviction) names them), and when.
+    pub evicted_workloads: Vec<((String, String), Instant)>,
     /// Jobs suspended instead of their Pods evicted: (namespace, name), and the Pods.
     pub suspended: Vec<((String, String), Vec<String>)>,
     /// Jobs resumed (or found gone): (namespace, name).

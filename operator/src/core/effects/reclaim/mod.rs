@@ -98,10 +98,11 @@ pub struct ReclaimTracker {
     refused: BTreeMap<Vec<(String, String)>, Instant>,
     /// Workloads moved to make room on their node ([`moves`]), by name, and when.
     moved: BTreeMap<String, Instant>,
-    /// Workloads the Eviction API evicted (taken back, moved or dequeued), by name: how many
-    /// times, and when last; forgotten [`EVICTIONS_REMEMBERED`] after. Of otherwise equal
-    /// choices, the one evicted fewer times goes ([`Workload::evicted_before`]).
-    evicted_workloads: BTreeMap<String, (u32, Instant)>,
+    /// Workloads taken back, moved or dequeued, by team and name (two teams' Pods may carry
+    /// the same workload label): how many times, and when last; forgotten
+    /// [`EVICTIONS_REMEMBERED`] after. Of otherwise equal choices, the one taken fewer times
+    /// goes ([`Workload::evicted_before`]).
+    evicted_workloads: BTreeMap<(String, String), (u32, Instant)>,
 }
 
 impl ReclaimTracker {
@@ -143,9 +144,11 @@ impl ReclaimTracker {
         }
     }
 
-    /// The Eviction API evicted every Pod of `workload` (as an [`Eviction`] names it) at `at`.
-    pub fn workload_evicted(&mut self, workload: String, at: Instant) {
-        let times = self.evicted_workloads.entry(workload).or_insert((0, at));
+    /// Every Pod of `workload` of `team` (as an [`Eviction`] names them) went at `at`.
+    pub fn workload_evicted(&mut self, (team, workload): (String, String), at: Instant) {
+        let times = (self.evicted_workloads)
+            .entry((team, workload))
+            .or_insert((0, at));
         *times = (times.0 + 1, at);
     }
 
@@ -158,8 +161,13 @@ impl ReclaimTracker {
     /// running long after; marks the workloads of the others as terminating. Drops the released
     /// claims seen for more than a minute. Tells each workload how often it was evicted lately.
     fn count_in_flight(&mut self, pods: &[Arc<PodView>], borrowers: &mut [Borrower], now: Instant) {
-        for w in borrowers.iter_mut().flat_map(|b| b.workloads.iter_mut()) {
-            w.evicted_before = self.evicted_workloads.get(&w.name).map_or(0, |e| e.0);
+        if !self.evicted_workloads.is_empty() {
+            for b in borrowers.iter_mut() {
+                for w in &mut b.workloads {
+                    let key = (b.team.clone(), w.name.clone());
+                    w.evicted_before = self.evicted_workloads.get(&key).map_or(0, |e| e.0);
+                }
+            }
         }
         // Released claims: a claim still allocated a minute after its Pods went is not being
         // freed (an allocation kept on purpose) and counts for nothing.

@@ -532,16 +532,18 @@ fn a_queued_workload_is_asked_for_once_when_two_teams_wait_on_its_borrower() {
     assert_eq!(queued, ["Job b/q"]);
 }
 
-/// A Job evicted before waits longer to run again (its controller's backoff doubles with each
-/// failure it counts): when the Job's Pod made again is the newest, an equal workload evicted
-/// fewer times goes instead; once the eviction is forgotten, the newest again.
+/// A workload taken back before goes after equal ones that were not: when the Job's Pod made
+/// again is the newest, an equal workload taken fewer times goes instead; once it is
+/// forgotten, the newest again. What another team's workload of the same name went through
+/// does not count.
 #[test]
 fn a_workload_evicted_before_goes_after_equal_ones_that_were_not() {
     let mut waiting = Waiting::new();
     waiting.pass(&plan(), 0);
-    assert_eq!(waiting.pass(&plan(), 30), ["Job b/j3"]);
     let evicted_at = waiting.t0 + Duration::from_secs(30);
-    (waiting.tracker).workload_evicted("Job b/j3".into(), evicted_at);
+    (waiting.tracker).workload_evicted(("owner".into(), "Job b/j3".into()), evicted_at);
+    assert_eq!(waiting.pass(&plan(), 30), ["Job b/j3"]);
+    (waiting.tracker).workload_evicted(("borrower".into(), "Job b/j3".into()), evicted_at);
     // j3's Pod made again, started at 11:00: the newest, and as large as the others.
     let made_again = || three_jobs(("j3-1", 11));
     let chosen = |reclaimed: Reclaimed| -> Vec<String> {
