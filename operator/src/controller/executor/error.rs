@@ -36,6 +36,14 @@ impl WriteError {
         }
     }
 
+    /// The API server's status code, if it answered.
+    pub(super) fn code(&self) -> Option<u16> {
+        match self {
+            WriteError::Api(kube::Error::Api(s)) => Some(s.code),
+            _ => None,
+        }
+    }
+
     /// Whether the API server refused the write (4xx but a conflict, a request timeout or too
     /// many requests: the same write is refused again until a rule changes), or gave no verdict.
     pub(super) fn failure(&self) -> Failure {

@@ -20,7 +20,6 @@ use serde_json::json;
 use super::error::WriteError;
 use super::requests::{Requests, bounded, merge_patch};
 use super::{Outcome, WRITE_TIMEOUT};
-use crate::controller::metrics::{Metrics, WriteLabels};
 
 /// On a Job teamgpu suspended and has not resumed yet.
 const SUSPENDED_LABEL: &str = "teamgpu.io/suspended";
@@ -46,7 +45,7 @@ impl Requests {
         let job = match bounded(WRITE_TIMEOUT, api.get_opt(name)).await {
             Ok(Some(job)) => job,
             Ok(None) => return Ok(None),
-            Err(error) if forbidden(&error) => return Ok(None),
+            Err(error) if error.code() == Some(403) => return Ok(None),
             Err(error) => return Err(error),
         };
         let controlled = (job.metadata.owner_references.iter().flatten())
@@ -57,17 +56,17 @@ impl Requests {
         if job.spec.as_ref().and_then(|s| s.suspend) == Some(true) {
             return Ok(Some(Outcome::Done));
         }
-        count(&self.metrics, "suspend");
+        self.count_write("job", "suspend");
         let patch = json!({"metadata": {"labels": {SUSPENDED_LABEL: SUSPENDED_VALUE}},
                            "spec": {"suspend": true}});
         match merge_patch(&api, name, patch).await {
             Ok(_) => Ok(Some(Outcome::Suspended)),
-            Err(error) if forbidden(&error) => {
+            Err(error) if error.code() == Some(403) => {
                 tracing::warn!(job = %format!("{namespace}/{name}"), %error,
                     "may not suspend the Job; evicting its Pods (it counts them as failed)");
                 Ok(None)
             }
-            Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(None),
+            Err(error) if error.code() == Some(404) => Ok(None),
             Err(error) => Err(error),
         }
     }
@@ -79,16 +78,18 @@ impl Requests {
         name: &str,
     ) -> Result<Outcome, WriteError> {
         let api: Api<Job> = Api::namespaced(self.client.clone(), namespace);
-        count(&self.metrics, "resume");
-        match merge_patch(&api, name, resume_patch()).await {
-            Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(Outcome::Done),
+        self.count_write("job", "resume");
+        let patch = json!({"metadata": {"labels": {SUSPENDED_LABEL: null}},
+                           "spec": {"suspend": false}});
+        match merge_patch(&api, name, patch).await {
+            Err(error) if error.code() == Some(404) => Ok(Outcome::Done),
             result => result,
         }
     }
 
     /// Resumes, each once its controller has suspended it, the Jobs teamgpu suspended and did
     /// not resume (the operator stopped in between). Tries again until it could list them.
-    pub(super) async fn resume_left_suspended(&self) {
+    pub(super) async fn resume_left_suspended(self: &Arc<Self>) {
         let api: Api<Job> = Api::all(self.client.clone());
         let marked = ListParams::default().labels(&format!("{SUSPENDED_LABEL}={SUSPENDED_VALUE}"));
         let mut wait = LAST_LOOK;
@@ -106,8 +107,7 @@ impl Requests {
             let (Some(namespace), Some(name)) = (job.metadata.namespace, job.metadata.name) else {
                 continue;
             };
-            let api: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
-            tokio::spawn(resume_when_suspended(self.metrics.clone(), api, name));
+            tokio::spawn(resume_when_suspended(self.clone(), namespace, name));
         }
     }
 }
@@ -115,15 +115,15 @@ impl Requests {
 /// Waits until Job `name`'s controller has suspended it (its Pods are going), then resumes it;
 /// stops early when the Job is gone or no longer carries [`SUSPENDED_LABEL`] (a person took
 /// over).
-async fn resume_when_suspended(metrics: Arc<Metrics>, api: Api<Job>, name: String) {
+async fn resume_when_suspended(requests: Arc<Requests>, namespace: String, name: String) {
+    let api: Api<Job> = Api::namespaced(requests.client.clone(), &namespace);
     let mut wait = FIRST_LOOK;
     loop {
         match bounded(WRITE_TIMEOUT, api.get_opt(&name)).await {
             Ok(None) => return,
             Ok(Some(job)) if !marked(&job) => return,
             Ok(Some(job)) if suspended(&job) => {
-                count(&metrics, "resume");
-                match merge_patch(&api, &name, resume_patch()).await {
+                match requests.resume_job(&namespace, &name).await {
                     Ok(_) => {
                         tracing::info!(job = %name, "resumed the Job reclaim suspended");
                         return;
@@ -139,28 +139,15 @@ async fn resume_when_suspended(metrics: Arc<Metrics>, api: Api<Job>, name: Strin
     }
 }
 
-fn forbidden(error: &WriteError) -> bool {
-    matches!(error, WriteError::Api(kube::Error::Api(s)) if s.code == 403)
-}
-
-fn resume_patch() -> serde_json::Value {
-    json!({"metadata": {"labels": {SUSPENDED_LABEL: null}}, "spec": {"suspend": false}})
-}
-
 fn marked(job: &Job) -> bool {
-    (job.metadata.labels.as_ref()).and_then(|l| l.get(SUSPENDED_LABEL))
-        == Some(&SUSPENDED_VALUE.to_owned())
+    (job.metadata.labels.as_ref())
+        .and_then(|l| l.get(SUSPENDED_LABEL))
+        .map(String::as_str)
+        == Some(SUSPENDED_VALUE)
 }
 
 /// The job controller has acted on `suspend`: it removed the active Pods and said so.
 fn suspended(job: &Job) -> bool {
     let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
     (conditions.into_iter().flatten()).any(|c| c.type_ == "Suspended" && c.status == "True")
-}
-
-fn count(metrics: &Metrics, verb: &'static str) {
-    metrics
-        .writes
-        .get_or_create(&WriteLabels { kind: "job", verb })
-        .inc();
 }

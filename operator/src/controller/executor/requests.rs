@@ -65,7 +65,7 @@ impl<T: Clone> Rotating<T> {
 /// The requests of the effects; shared by the writes in flight.
 pub(super) struct Requests {
     pub(super) client: kube::Client,
-    pub(super) metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     recorder: std::sync::Mutex<Rotating<Recorder>>,
     /// Where an apply's resourceVersion is recorded, for the watch to recognise it.
     own_writes: Arc<OwnWrites>,
@@ -93,7 +93,7 @@ impl Requests {
         }
     }
 
-    fn count_write(&self, kind: &'static str, verb: &'static str) {
+    pub(super) fn count_write(&self, kind: &'static str, verb: &'static str) {
         self.metrics
             .writes
             .get_or_create(&WriteLabels { kind, verb })
@@ -172,7 +172,7 @@ impl Requests {
         for result in futures::future::join_all(evictions).await {
             match result {
                 // Gone already: its devices are on their way back.
-                Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => {}
+                Err(error) if error.code() == Some(404) => {}
                 result => {
                     result?;
                 }
@@ -246,7 +246,7 @@ impl Requests {
         {
             Ok(_) => Ok(Outcome::Done),
             // Gone already: what a deletion wants.
-            Err(WriteError::Api(kube::Error::Api(s))) if s.code == 404 => Ok(Outcome::Done),
+            Err(error) if error.code() == Some(404) => Ok(Outcome::Done),
             Err(e) => Err(e),
         }
     }

@@ -88,12 +88,14 @@ impl Engine {
             out.extend(requeues.into_iter().map(Effect::Requeue));
             // A suspended Job is resumed by the pass that sees its claims gone, after the
             // quotas that pass lowers.
-            let (pods, planner) = (&self.pods, &self.planner);
-            let resumes = (self.suspended).due(
-                |namespace, pod| pods.get(namespace, pod).is_some(),
-                |namespace, claim| planner.claim(namespace, claim).is_some(),
-            );
-            out.extend(resumes.into_iter().map(Effect::Resume));
+            if !self.suspended.is_empty() {
+                let (pods, planner) = (&self.pods, &self.planner);
+                let resumes = (self.suspended).due(
+                    |namespace, pod| pods.get(namespace, pod).is_some(),
+                    |namespace, claim| planner.claim(namespace, claim).is_some(),
+                );
+                out.extend(resumes.into_iter().map(Effect::Resume));
+            }
         }
         let mut events = effects::event_transitions(plan, sharing, teams);
         events.extend(refused.events(sharing, teams));
