@@ -4,7 +4,7 @@
 //! with kubectl: whose Pods are evicted, what each team holds, how soon a waiting Pod is bound.
 //! Expected values are written here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
@@ -407,9 +407,12 @@ async fn bound_after_deleting(pods: &Api<Pod>, room: &str, waiting: &str) -> Dur
 
 /// 16 GPUs: owner is guaranteed 8 (holds 6) and reclaims after 3 s; "other" holds its 2;
 /// borrower is guaranteed 4 and holds 8 in two training Jobs of 2 Pods x 2 GPUs, train-low
-/// (low priority, started first) and train-high. Returns the namespaces of owner and borrower,
-/// and the borrower's Pods.
-async fn two_training_jobs(world: &World) -> (String, String, BTreeSet<(String, String)>) {
+/// (low priority, started first, with labels `low_labels`) and train-high. Returns the
+/// namespaces of owner and borrower, and the borrower's Pods.
+async fn two_training_jobs(
+    world: &World,
+    low_labels: Value,
+) -> (String, String, BTreeSet<(String, String)>) {
     // 16 GPUs: owner is guaranteed 8 and reclaims after 3 s; "other" holds its 2; borrower is
     // guaranteed 4 and may borrow up to 12.
     let owner = (world.team(
@@ -437,9 +440,10 @@ async fn two_training_jobs(world: &World) -> (String, String, BTreeSet<(String, 
     world.holds(&other, 2, CONVERGE).await;
     // Two training Jobs of 2 Pods x 2 GPUs: the low-priority one first, the high one later.
     let x2 = format!("{POLICY}-x2");
-    world
-        .create_job(&borrower, job("train-low", 2, &x2, Some("teamgpu-e2e-low")))
-        .await;
+    let mut low = job("train-low", 2, &x2, Some("teamgpu-e2e-low"));
+    let labels = low.metadata.labels.get_or_insert_default();
+    labels.extend(serde_json::from_value::<BTreeMap<String, String>>(low_labels).unwrap());
+    world.create_job(&borrower, low).await;
     world.holds(&borrower, 4, CONVERGE).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     world
@@ -462,7 +466,7 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
     let Some(world) = World::new().await else {
         return;
     };
-    let (owner, borrower, before) = two_training_jobs(&world).await;
+    let (owner, borrower, before) = two_training_jobs(&world, json!({})).await;
     // The owner wants its last 2: nothing is free, and every borrowed claim is 2 devices in a
     // Job of 4.
     let asked = Instant::now();
@@ -496,6 +500,52 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
     );
 }
 
+/// A Job Kueue manages (its queue label) is not suspended: Kueue resumes a Job it admitted that
+/// someone else suspended, and the two would fight over `spec.suspend`. Its Pods are evicted
+/// instead, the job controller counts them as failed, and the Events say "evicting".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_kueue_manages_has_its_pods_evicted_and_is_never_suspended() {
+    let Some(world) = World::new().await else {
+        return;
+    };
+    let kueue = json!({"kueue.x-k8s.io/queue-name": "gpus"});
+    let (owner, borrower, before) = two_training_jobs(&world, kueue).await;
+    let jobs: Api<Job> = Api::namespaced(world.client.clone(), &borrower);
+    for i in 6..8 {
+        world
+            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
+            .await;
+    }
+    world.holds(&owner, 8, Duration::from_secs(40)).await;
+    let after = world.evicted_whole(&borrower, &before, "train-low").await;
+    assert_eq!(of_job(&before, "train-high"), of_job(&after, "train-high"));
+    let told = world.events(&borrower, "Reclaimed").await;
+    assert!(
+        told.iter().any(|n| n.contains("evicting Job")
+            && n.contains("/train-low (2 Pods, 4 devices of pcie")
+            && !n.contains("resumes")),
+        "{told:?}"
+    );
+    // Evicted, as the job controller tells: two failures.
+    let failed = eventually("train-low counts its evicted Pods", CONVERGE, || async {
+        let job = jobs.get("train-low").await.map_err(|e| e.to_string())?;
+        match job.status.as_ref().and_then(|s| s.failed) {
+            Some(2) => Ok(job),
+            failed => Err(format!("failed: {failed:?}")),
+        }
+    })
+    .await;
+    // Never suspended: the job controller marks a Job it suspended (`Suspended`, True and then
+    // False once resumed), and teamgpu labels one it suspends.
+    assert!(!failed.labels().contains_key("teamgpu.io/suspended"));
+    assert_ne!(failed.spec.as_ref().and_then(|s| s.suspend), Some(true));
+    let conditions = failed.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        conditions.iter().all(|c| c.type_ != "Suspended"),
+        "{conditions:?}"
+    );
+}
+
 /// A PodDisruptionBudget that allows one disruption passes the dry run of each of a 2-Pod
 /// Job's evictions, as a dry run does not spend it, and would refuse the second real one. The
 /// low-priority Job it covers is left whole, the refusal says why, and the high-priority Job
@@ -505,7 +555,7 @@ async fn a_job_a_budget_would_split_is_left_whole_and_another_goes_instead() {
     let Some(world) = World::new().await else {
         return;
     };
-    let (owner, borrower, before) = two_training_jobs(&world).await;
+    let (owner, borrower, before) = two_training_jobs(&world, json!({})).await;
     // The disruption controller counts both Pods healthy: one may go.
     let spec = json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "train-low"}}});
     world.budget(&borrower, "train-low", spec, (2, 1)).await;
@@ -539,7 +589,7 @@ async fn budgets_that_keep_every_borrowed_job_are_named_to_the_owner_and_reclaim
     let Some(world) = World::new().await else {
         return;
     };
-    let (owner, borrower, before) = two_training_jobs(&world).await;
+    let (owner, borrower, before) = two_training_jobs(&world, json!({})).await;
     let spec = json!({"minAvailable": 4, "selector": {"matchExpressions": [
         {"key": "app", "operator": "In", "values": ["train-low", "train-high"]}]}});
     let budgets = world.budget(&borrower, "training", spec, (4, 0)).await;

@@ -20,6 +20,7 @@ use serde_json::json;
 use super::error::WriteError;
 use super::requests::{Requests, bounded, merge_patch};
 use super::{Outcome, WRITE_TIMEOUT};
+use crate::core::effects::Taken;
 
 /// On a Job teamgpu suspended and has not resumed yet.
 const SUSPENDED_LABEL: &str = "teamgpu.io/suspended";
@@ -31,11 +32,11 @@ const FIRST_LOOK: Duration = Duration::from_millis(100);
 const LAST_LOOK: Duration = Duration::from_secs(5);
 
 impl Requests {
-    /// Suspends Job `name` of `namespace`: [`Outcome::Suspended`], for the engine to resume it
-    /// once its Pods are gone; [`Outcome::Done`] if someone else suspended it already (its Pods
-    /// are going, and it is not teamgpu's to resume). `None` if its Pods are to be evicted
-    /// instead: the Job is gone, another controller manages it (a `suspend` it would undo), or
-    /// teamgpu may not patch Jobs.
+    /// Suspends Job `name` of `namespace`: [`Taken::Suspended`], for the engine to resume it
+    /// once its Pods are gone; [`Taken::SuspendedAlready`] if someone else suspended it (its
+    /// Pods are going, and it is not teamgpu's to resume). `None` if its Pods are to be evicted
+    /// instead: the Job is gone, its `suspend` is another controller's ([`suspend_owned_by`]),
+    /// or teamgpu may not patch Jobs.
     pub(super) async fn suspend_job(
         &self,
         namespace: &str,
@@ -48,19 +49,19 @@ impl Requests {
             Err(error) if error.code() == Some(403) => return Ok(None),
             Err(error) => return Err(error),
         };
-        let controlled = (job.metadata.owner_references.iter().flatten())
-            .any(|o| o.controller == Some(true) && o.kind != "CronJob");
-        if controlled {
+        if let Some(owner) = suspend_owned_by(&job) {
+            tracing::info!(job = %format!("{namespace}/{name}"), %owner,
+                "the Job's suspend is not teamgpu's to set; evicting its Pods");
             return Ok(None);
         }
         if job.spec.as_ref().and_then(|s| s.suspend) == Some(true) {
-            return Ok(Some(Outcome::Done));
+            return Ok(Some(Outcome::Taken(Taken::SuspendedAlready)));
         }
         self.count_write("job", "suspend");
         let patch = json!({"metadata": {"labels": {SUSPENDED_LABEL: SUSPENDED_VALUE}},
                            "spec": {"suspend": true}});
         match merge_patch(&api, name, patch).await {
-            Ok(_) => Ok(Some(Outcome::Suspended)),
+            Ok(_) => Ok(Some(Outcome::Taken(Taken::Suspended))),
             Err(error) if error.code() == Some(403) => {
                 tracing::warn!(job = %format!("{namespace}/{name}"), %error,
                     "may not suspend the Job; evicting its Pods (it counts them as failed)");
@@ -139,6 +140,37 @@ async fn resume_when_suspended(requests: Arc<Requests>, namespace: String, name:
     }
 }
 
+/// Who else sets Job `job`'s `spec.suspend`, if anyone: teamgpu would fight them over it.
+/// - its controller, unless a CronJob (which only creates Jobs): a JobSet suspends and resumes
+///   its Jobs itself, and so do the operators of MPIJob, RayJob and the like;
+/// - a controller other than the built-in job controller named in `spec.managedBy` (MultiKueue
+///   and others): the built-in one would not act on `suspend`;
+/// - Kueue, for a Job with its queue label (or the annotation older releases used): it admits a
+///   Job by resuming it, and resumes one it admitted that someone else suspended.
+///
+/// A Job Kueue manages without that label (`manageJobsWithoutQueueName`) cannot be told from
+/// others by the Job alone.
+fn suspend_owned_by(job: &Job) -> Option<String> {
+    const KUEUE_QUEUE: &str = "kueue.x-k8s.io/queue-name";
+    let meta = &job.metadata;
+    let controller = (meta.owner_references.iter().flatten())
+        .find(|o| o.controller == Some(true) && o.kind != "CronJob");
+    if let Some(owner) = controller {
+        return Some(format!("{} {}", owner.kind, owner.name));
+    }
+    let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.as_deref());
+    if let Some(manager) = managed_by.filter(|m| *m != "kubernetes.io/job-controller") {
+        return Some(manager.to_owned());
+    }
+    let queued = meta
+        .labels
+        .iter()
+        .flatten()
+        .chain(meta.annotations.iter().flatten())
+        .any(|(key, _)| key == KUEUE_QUEUE);
+    queued.then(|| "Kueue".to_owned())
+}
+
 fn marked(job: &Job) -> bool {
     (job.metadata.labels.as_ref())
         .and_then(|l| l.get(SUSPENDED_LABEL))
@@ -150,4 +182,62 @@ fn marked(job: &Job) -> bool {
 fn suspended(job: &Job) -> bool {
     let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
     (conditions.into_iter().flatten()).any(|c| c.type_ == "Suspended" && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A Job shaped as `kubectl get job -o json` shows one (batch/v1, Kubernetes 1.36), with
+    /// `metadata` and `spec` merged over a plain one.
+    fn job(metadata: Value, spec: Value) -> Job {
+        let mut object = json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "train", "namespace": "ml", "labels": {"app": "train"}},
+            "spec": {"parallelism": 2, "completions": 2, "suspend": false,
+                     "template": {"spec": {"restartPolicy": "Never",
+                                           "containers": [{"name": "main", "image": "pause"}]}}}});
+        for (part, extra) in [("metadata", metadata), ("spec", spec)] {
+            let into = object[part].as_object_mut().unwrap();
+            into.extend(extra.as_object().unwrap().clone());
+        }
+        serde_json::from_value(object).unwrap()
+    }
+
+    fn owner(kind: &str, name: &str) -> Value {
+        json!([{"apiVersion": "x/v1", "kind": kind, "name": name, "uid": "u",
+                "controller": true, "blockOwnerDeletion": true}])
+    }
+
+    #[test]
+    fn a_job_is_suspended_by_teamgpu_only_where_nobody_else_sets_its_suspend() {
+        let ours = |metadata, spec| suspend_owned_by(&job(metadata, spec));
+        // Plain, from a CronJob, or naming the built-in controller: teamgpu's to suspend.
+        assert_eq!(ours(json!({}), json!({})), None);
+        let nightly = json!({"ownerReferences": owner("CronJob", "nightly")});
+        assert_eq!(ours(nightly, json!({})), None);
+        let built_in = json!({"managedBy": "kubernetes.io/job-controller"});
+        assert_eq!(ours(json!({}), built_in), None);
+        // Someone else's.
+        let jobset = json!({"ownerReferences": owner("JobSet", "pretrain")});
+        assert_eq!(ours(jobset, json!({})).as_deref(), Some("JobSet pretrain"));
+        let multikueue = json!({"managedBy": "kueue.x-k8s.io/multikueue"});
+        assert_eq!(
+            ours(json!({}), multikueue).as_deref(),
+            Some("kueue.x-k8s.io/multikueue")
+        );
+        let queued = json!({"labels": {"kueue.x-k8s.io/queue-name": "gpus"}});
+        assert_eq!(ours(queued, json!({})).as_deref(), Some("Kueue"));
+        let queued_before = json!({"annotations": {"kueue.x-k8s.io/queue-name": "gpus"}});
+        assert_eq!(ours(queued_before, json!({})).as_deref(), Some("Kueue"));
+        // An owner that is not the controller does not set `suspend`.
+        let mut referenced = owner("Workflow", "wf");
+        referenced[0]["controller"] = json!(false);
+        assert_eq!(
+            ours(json!({"ownerReferences": referenced}), json!({})),
+            None
+        );
+    }
 }

@@ -18,7 +18,7 @@ mod requests;
 
 use super::metrics::{ErrorLabels, EvictionLabels, Metrics};
 use crate::core::diff::{Kind, OwnWrites, Write};
-use crate::core::effects::{Effect, Eviction, FailedWrite, eviction_events};
+use crate::core::effects::{Effect, Eviction, FailedWrite, Taken, eviction_events};
 use crate::core::engine::Done;
 use backoff::Backoff;
 pub use error::WriteError;
@@ -36,8 +36,8 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 enum Outcome {
     Applied(Option<String>),
     Done,
-    /// A workload's Job was suspended instead of its Pods evicted.
-    Suspended,
+    /// How a workload was taken back.
+    Taken(Taken),
 }
 
 /// What the executor's task did of one batch.
@@ -385,7 +385,7 @@ impl Executor {
                 tracing::info!(object = %write.key(), action = effect.verb(), "wrote");
                 match outcome {
                     Outcome::Applied(version) => done.applied.push((write.key().clone(), version)),
-                    Outcome::Done | Outcome::Suspended => done.deleted.push(write.key().clone()),
+                    Outcome::Done | Outcome::Taken(_) => done.deleted.push(write.key().clone()),
                 }
             }
             (Effect::Object(write), Err(error)) => {
@@ -427,14 +427,18 @@ impl Executor {
         result: Result<Outcome, WriteError>,
         done: &mut Done,
     ) -> Vec<Effect> {
-        if let (Ok(Outcome::Suspended), Some(job), Some((namespace, _))) =
+        if let (Ok(Outcome::Taken(Taken::Suspended)), Some(job), Some((namespace, _))) =
             (&result, &e.job, e.pods.first())
         {
             let pods = e.pods.iter().map(|(_, pod)| pod.clone()).collect();
             done.suspended
                 .push(((namespace.clone(), job.clone()), pods));
         }
-        let error = result.err();
+        let (taken, error) = match result {
+            Ok(Outcome::Taken(taken)) => (taken, None),
+            Ok(_) => (Taken::Evicted, None),
+            Err(error) => (Taken::Evicted, Some(error)),
+        };
         let labels = EvictionLabels {
             team: e.order.borrower.clone(),
             reason: e.why.label(),
@@ -442,7 +446,7 @@ impl Executor {
             for_team: e.order.for_team.clone(),
         };
         let refusal = error.map(|error| error.refusal());
-        let events = eviction_events(e, refusal.as_deref().map_or(Ok(()), Err));
+        let events = eviction_events(e, refusal.as_deref().map_or(Ok(taken), Err));
         let note = events.first().map(|e| e.note.as_str()).unwrap_or_default();
         let pods = e.pods.len() as u64;
         if refusal.is_some() {

@@ -19,7 +19,9 @@ use crate::controller::FIELD_MANAGER;
 use crate::controller::metrics::{Metrics, WriteLabels};
 use crate::core::diff::{ObjectKey, OwnWrites, Payload, Write};
 use crate::core::effects::reclaim::budgets::{BudgetView, BudgetedPod, Ledger};
-use crate::core::effects::{Effect, Event, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION};
+use crate::core::effects::{
+    Effect, Event, EventType, Eviction, PolicyKind, REQUEUE_ANNOTATION, Taken,
+};
 use crate::core::plan::outside_teams::GUARD_LABEL;
 
 /// How long one eviction may take: the client retries a PodDisruptionBudget's 429 for minutes,
@@ -150,7 +152,7 @@ impl Requests {
             return Ok(outcome);
         }
         self.evict_all(e, false).await?;
-        Ok(Outcome::Done)
+        Ok(Outcome::Taken(Taken::Evicted))
     }
 
     async fn evict_all(&self, e: &Eviction, dry_run: bool) -> Result<(), WriteError> {

@@ -30,7 +30,9 @@ pub use events::{EventKey, Published, event_transitions, in_team_namespaces};
 pub use guard_labels::{GuardLabels, Label};
 pub use reclaim::suspended::{Resume, SuspendedJobs};
 pub use reclaim::workload::PodView;
-pub use reclaim::{ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, eviction_events};
+pub use reclaim::{
+    ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, Taken, eviction_events,
+};
 pub use refusals::{FailedWrite, Failure, Refusals, RefusedByOwner};
 pub use requeue::{REQUEUE_ANNOTATION, Requeue, Requeuer, WaitingPod, room};
 pub use status::{

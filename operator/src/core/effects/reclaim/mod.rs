@@ -15,7 +15,7 @@ pub mod suspended;
 pub mod victims;
 pub mod workload;
 
-pub use notes::eviction_events;
+pub use notes::{Taken, eviction_events};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

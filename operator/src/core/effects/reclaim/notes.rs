@@ -67,8 +67,20 @@ pub(super) fn waiting_note(
     })
 }
 
-/// The Events that tell of an eviction's outcome: `Ok`, or `Err` with why it was refused.
-pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Event> {
+/// How a workload was taken back, as the executor did it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// Its Pods were evicted.
+    Evicted,
+    /// teamgpu suspended its `batch/v1` Job, and resumes it once its Pods are gone.
+    Suspended,
+    /// Its Job was suspended already, not by teamgpu: its Pods are going, and it stays so.
+    SuspendedAlready,
+}
+
+/// The Events that tell of an eviction's outcome: `Ok` with how the workload was taken, or
+/// `Err` with why it was refused.
+pub fn eviction_events(eviction: &Eviction, outcome: Result<Taken, &str>) -> Vec<Event> {
     let (e, order) = (eviction, &eviction.order);
     let pods = match e.pods.len() {
         1 => "1 Pod".to_owned(),
@@ -100,17 +112,22 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
         ),
         None => String::new(),
     };
-    // A Job is suspended rather than evicted: the job controller counts no failure.
-    let (evicting, resumed) = match e.job {
-        Some(_) => (
+    // A Job is suspended rather than evicted where teamgpu may: the job controller then
+    // counts no failure.
+    let (evicting, resumed) = match outcome {
+        Ok(Taken::Suspended) => (
             "suspending",
             "; teamgpu resumes the Job once its Pods are gone, and its new Pods wait for room \
              with no failure counted",
         ),
-        None => ("evicting", ""),
+        Ok(Taken::SuspendedAlready) => (
+            "taking back",
+            "; its Job was suspended already, not by teamgpu, and stays suspended",
+        ),
+        Ok(Taken::Evicted) | Err(_) => ("evicting", ""),
     };
     let (reason, note) = match outcome {
-        Ok(()) if e.why == EvictionWhy::Move => (
+        Ok(_) if e.why == EvictionWhy::Move => (
             "Moved",
             format!(
                 "{evicting} {what} so that it runs again on another node: {} waits, within its \
@@ -120,7 +137,7 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
                 order.for_team, order.devices, order.borrower
             ),
         ),
-        Ok(()) if e.why == EvictionWhy::Queued => (
+        Ok(_) if e.why == EvictionWhy::Queued => (
             "Dequeued",
             format!(
                 "removing {what} before it starts: {} holds devices above its guarantee that {} \
@@ -130,7 +147,7 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<(), &str>) -> Vec<Ev
                 order.borrower, order.for_team, order.devices
             ),
         ),
-        Ok(()) => (
+        Ok(_) => (
             "Reclaimed",
             format!(
                 "{evicting} {what}: {} holds devices above its guarantee that {} needs back \

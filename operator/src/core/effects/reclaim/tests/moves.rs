@@ -280,7 +280,7 @@ fn a_team_within_its_guarantee_gets_a_node_by_a_move_once_its_grace_has_passed()
         (e.workload.as_str(), e.why == EvictionWhy::Move, e.devices),
         ("Job b/small", true, 1)
     );
-    let events = eviction_events(e, Ok(()));
+    let events = eviction_events(e, Ok(Taken::Evicted));
     let on_pod = events
         .iter()
         .find(|ev| ev.regarding.kind.as_deref() == Some("Pod"));

@@ -376,13 +376,32 @@ fn an_eviction_is_told_on_the_pods_the_borrower_and_in_both_teams_namespaces() {
         .collect()
     };
     assert_eq!(
-        eviction_events(eviction, Ok(())),
+        eviction_events(eviction, Ok(Taken::Suspended)),
         told(
             "Reclaimed",
             "suspending Job b/j3 (1 Pod, 4 devices of a, priority 0): borrower holds devices \
              above its guarantee that owner needs back (2 short; it holds 12 of a, guaranteed 4); \
              teamgpu resumes the Job once its Pods are gone, and its new Pods wait for room with \
              no failure counted"
+        )
+    );
+    // A Job whose `suspend` another controller sets (Kueue, a JobSet) has its Pods evicted, and
+    // the Events say so: nothing is resumed.
+    assert_eq!(
+        eviction_events(eviction, Ok(Taken::Evicted)),
+        told(
+            "Reclaimed",
+            "evicting Job b/j3 (1 Pod, 4 devices of a, priority 0): borrower holds devices \
+             above its guarantee that owner needs back (2 short; it holds 12 of a, guaranteed 4)"
+        )
+    );
+    assert_eq!(
+        eviction_events(eviction, Ok(Taken::SuspendedAlready)),
+        told(
+            "Reclaimed",
+            "taking back Job b/j3 (1 Pod, 4 devices of a, priority 0): borrower holds devices \
+             above its guarantee that owner needs back (2 short; it holds 12 of a, guaranteed 4); \
+             its Job was suspended already, not by teamgpu, and stays suspended"
         )
     );
     assert_eq!(
@@ -476,7 +495,7 @@ fn a_borrowers_workloads_queued_for_room_go_with_the_evictions_and_lose_no_work(
     );
     let dequeued = &reclaimed.evictions[1];
     assert_eq!(dequeued.pods, [("b".to_owned(), "q-0".to_owned())]);
-    let note = &eviction_events(dequeued, Ok(()))[0];
+    let note = &eviction_events(dequeued, Ok(Taken::Evicted))[0];
     assert_eq!(note.reason, "Dequeued");
     assert!(
         note.note.starts_with(
