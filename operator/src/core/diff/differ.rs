@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::{
-    Kind, Live, LiveObject, LiveView, ObjectKey, Payload, PayloadOf, Write, in_safe_order,
-    key_of_meta, verdict,
+    Kind, Live, LiveObject, LiveView, ObjectKey, Payload, PayloadOf, Rank, Write, in_safe_order,
+    key_of_meta, rank, ranks, verdict,
 };
 use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
 use crate::core::plan::{DesiredObjects, NamespacedQuota, NamespacedTemplate};
@@ -237,8 +237,11 @@ pub struct Differ {
     handed: HashMap<ObjectKey, Handed>,
     /// Writes found and not handed out yet: a call hands out at most `batch_limit`, so that
     /// a long converge goes out in batches and what changes meanwhile is written between
-    /// them. Not compared again until a side of theirs changes.
-    backlog: BTreeMap<ObjectKey, Write>,
+    /// them. Not compared again until a side of theirs changes. Kept in the order they go
+    /// out (rank, then key), so that a call costs its batch, not the backlog: at 10,000
+    /// namespaces, sorting and rebuilding 100,000 writes for each batch of 1,024 cost the
+    /// converge 15 s of CPU.
+    backlog: BTreeMap<(Rank, ObjectKey), Write>,
     /// At most this many writes per call (none: no limit).
     batch_limit: Option<usize>,
 }
@@ -359,7 +362,9 @@ impl Differ {
         let mut out = Vec::new();
         for key in std::mem::take(&mut self.dirty) {
             // Compared now: what the backlog held for it is replaced by what this finds.
-            self.backlog.remove(&key);
+            for rank in ranks(key.kind) {
+                self.backlog.remove(&(rank, key.clone()));
+            }
             self.handed.remove(&key);
             let desired = match self.desired.get(&key).map(|(o, _)| o.to_json()) {
                 Some(Some(value)) => Some(value),
@@ -426,26 +431,37 @@ impl Differ {
     }
 
     /// Of the `found` writes and the backlog, the first [`Differ::batch_limit`] in the safe
-    /// order (within a kind, those just found before the backlog's); the rest are kept. A
+    /// order (within a rank, those just found before the backlog's); the rest are kept. A
     /// write handed out is compared again at the next call: until it is settled or its watch
     /// event comes, the object may still differ.
     fn hand_out(&mut self, found: Vec<Write>) -> Vec<Write> {
-        let mut all = found;
-        all.extend(std::mem::take(&mut self.backlog).into_values());
-        let mut out = in_safe_order(all);
-        let rest = match self.batch_limit {
-            Some(limit) if out.len() > limit => out.split_off(limit),
-            _ => Vec::new(),
-        };
+        let limit = self.batch_limit.unwrap_or(usize::MAX);
+        let mut found = in_safe_order(found).into_iter().peekable();
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let from_backlog = match (found.peek(), self.backlog.first_key_value()) {
+                (Some(next), Some(((first, _), _))) => *first < rank(next),
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (None, None) => break,
+            };
+            let write = match from_backlog {
+                true => self.backlog.pop_first().map(|(_, write)| write),
+                false => found.next(),
+            };
+            out.extend(write);
+        }
+        for write in found {
+            self.backlog
+                .insert((rank(&write), write.key().clone()), write);
+        }
         self.dirty.extend(out.iter().map(|w| w.key().clone()));
-        self.backlog = rest.into_iter().map(|w| (w.key().clone(), w)).collect();
-        // A new table, not the old one retained: a first converge's 10,000 applies would keep
-        // its capacity.
-        let (dirty, backlog) = (&self.dirty, &self.backlog);
-        self.handed = std::mem::take(&mut self.handed)
-            .into_iter()
-            .filter(|(key, _)| dirty.contains(key) || backlog.contains_key(key))
-            .collect();
+        // Every key handed holds stays dirty or in the backlog until it is compared again or
+        // settled, when it leaves. Its table is made smaller as a long converge's applies
+        // settle, so that it does not keep their capacity.
+        if self.handed.capacity() > 4 * self.handed.len().max(256) {
+            self.handed.shrink_to_fit();
+        }
         out
     }
 

@@ -255,16 +255,27 @@ fn verdict(
     }
 }
 
-/// `Kind`'s order is the dependency order: applies follow it, deletions (last) reverse it.
-/// The sort is stable, so objects of one kind stay in key order.
+/// Where a write goes in the safe order: `Kind`'s order is the dependency order, applies
+/// follow it, deletions (last) reverse it.
+type Rank = (i8, i8);
+
+fn rank(write: &Write) -> Rank {
+    let order = write.key().kind as i8;
+    match write {
+        Write::Delete { .. } => (1, -order),
+        Write::Apply { .. } | Write::Recreate { .. } => (0, order),
+    }
+}
+
+/// The ranks a write of an object of `kind` can have: an apply's, a deletion's.
+fn ranks(kind: Kind) -> [Rank; 2] {
+    [(0, kind as i8), (1, -(kind as i8))]
+}
+
+/// `writes` in the safe order ([`rank`]). The sort is stable, so objects of one kind stay in
+/// the order they came.
 fn in_safe_order(mut writes: Vec<Write>) -> Vec<Write> {
-    writes.sort_by_key(|w| {
-        let order = w.key().kind as i8;
-        match w {
-            Write::Delete { .. } => (1, -order),
-            Write::Apply { .. } | Write::Recreate { .. } => (0, order),
-        }
-    });
+    writes.sort_by_key(rank);
     writes
 }
 
