@@ -239,8 +239,8 @@ pub struct Differ {
     /// a long converge goes out in batches and what changes meanwhile is written between
     /// them. Not compared again until a side of theirs changes. Kept in the order they go
     /// out (rank, then key), so that a call costs its batch, not the backlog: at 10,000
-    /// namespaces, sorting and rebuilding 100,000 writes for each batch of 1,024 cost the
-    /// converge 15 s of CPU.
+    /// namespaces, sorting and rebuilding up to 99,000 writes for each batch of 1,024 made
+    /// the converge's 90 passes take 21.9 s (9.6 s since).
     backlog: BTreeMap<(Rank, ObjectKey), Write>,
     /// At most this many writes per call (none: no limit).
     batch_limit: Option<usize>,
