@@ -456,9 +456,9 @@ impl Differ {
                 .insert((rank(&write), write.key().clone()), write);
         }
         self.dirty.extend(out.iter().map(|w| w.key().clone()));
-        // Every key handed holds stays dirty or in the backlog until it is compared again or
-        // settled, when it leaves. Its table is made smaller as a long converge's applies
-        // settle, so that it does not keep their capacity.
+        // A key in `handed` stays dirty or in the backlog until it is compared again or
+        // settled, when it leaves `handed` too. The table is made smaller as a long converge's
+        // applies settle, so that it does not keep their capacity.
         if self.handed.capacity() > 4 * self.handed.len().max(256) {
             self.handed.shrink_to_fit();
         }
