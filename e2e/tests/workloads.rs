@@ -458,6 +458,16 @@ async fn two_training_jobs(
     (owner, borrower, before)
 }
 
+/// The owner of [`two_training_jobs`] asks for the last 2 of its guarantee: nothing is free,
+/// and every borrowed claim is 2 devices in a Job of 4.
+async fn owner_asks_for_its_last_two(world: &World, owner: &str) {
+    for i in 6..8 {
+        world
+            .create_pod(owner, pod(&format!("serve-{i}"), POLICY, None))
+            .await;
+    }
+}
+
 /// The case: the owner waits 2 devices short while the borrower holds them in Jobs of
 /// 4 devices each. The whole low-priority Job is taken back, though the high-priority one
 /// started later, and the owner gets its guarantee.
@@ -467,14 +477,8 @@ async fn a_guarantee_comes_back_from_jobs_larger_than_the_shortfall_lowest_prior
         return;
     };
     let (owner, borrower, before) = two_training_jobs(&world, json!({})).await;
-    // The owner wants its last 2: nothing is free, and every borrowed claim is 2 devices in a
-    // Job of 4.
     let asked = Instant::now();
-    for i in 6..8 {
-        world
-            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
-            .await;
-    }
+    owner_asks_for_its_last_two(&world, &owner).await;
     world.holds(&owner, 8, Duration::from_secs(40)).await;
     let restored = asked.elapsed();
     // Both Pods of train-low go (the job controller may have made new ones, which wait); the
@@ -511,11 +515,7 @@ async fn a_job_kueue_manages_has_its_pods_evicted_and_is_never_suspended() {
     let kueue = json!({"kueue.x-k8s.io/queue-name": "gpus"});
     let (owner, borrower, before) = two_training_jobs(&world, kueue).await;
     let jobs: Api<Job> = Api::namespaced(world.client.clone(), &borrower);
-    for i in 6..8 {
-        world
-            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
-            .await;
-    }
+    owner_asks_for_its_last_two(&world, &owner).await;
     world.holds(&owner, 8, Duration::from_secs(40)).await;
     let after = world.evicted_whole(&borrower, &before, "train-low").await;
     assert_eq!(of_job(&before, "train-high"), of_job(&after, "train-high"));
@@ -560,11 +560,7 @@ async fn a_job_a_budget_would_split_is_left_whole_and_another_goes_instead() {
     let spec = json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "train-low"}}});
     world.budget(&borrower, "train-low", spec, (2, 1)).await;
 
-    for i in 6..8 {
-        world
-            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
-            .await;
-    }
+    owner_asks_for_its_last_two(&world, &owner).await;
     // Reclaim counts the budget as it chooses: train-low, which it would take first, is passed
     // over before any eviction is asked for, and train-high goes in its place.
     world.holds(&owner, 8, Duration::from_secs(40)).await;
@@ -593,11 +589,7 @@ async fn budgets_that_keep_every_borrowed_job_are_named_to_the_owner_and_reclaim
     let spec = json!({"minAvailable": 4, "selector": {"matchExpressions": [
         {"key": "app", "operator": "In", "values": ["train-low", "train-high"]}]}});
     let budgets = world.budget(&borrower, "training", spec, (4, 0)).await;
-    for i in 6..8 {
-        world
-            .create_pod(&owner, pod(&format!("serve-{i}"), POLICY, None))
-            .await;
-    }
+    owner_asks_for_its_last_two(&world, &owner).await;
     let blocked = eventually("the owner told why", Duration::from_secs(40), || async {
         let notes = world.events(&owner, "ReclaimBlocked").await;
         let pods = world.pods(&borrower).await;

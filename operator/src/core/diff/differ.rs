@@ -362,9 +362,7 @@ impl Differ {
         let mut out = Vec::new();
         for key in std::mem::take(&mut self.dirty) {
             // Compared now: what the backlog held for it is replaced by what this finds.
-            for rank in ranks(key.kind) {
-                self.backlog.remove(&(rank, key.clone()));
-            }
+            let key = self.out_of_backlog(key);
             self.handed.remove(&key);
             let desired = match self.desired.get(&key).map(|(o, _)| o.to_json()) {
                 Some(Some(value)) => Some(value),
@@ -428,6 +426,20 @@ impl Differ {
             }
         }
         self.hand_out(out)
+    }
+
+    /// Takes what the backlog holds for `key` out of it, under either rank; gives `key` back.
+    fn out_of_backlog(&mut self, key: ObjectKey) -> ObjectKey {
+        if self.backlog.is_empty() {
+            return key;
+        }
+        let [apply, delete] = ranks(key.kind);
+        let mut slot = (apply, key);
+        if self.backlog.remove(&slot).is_none() {
+            slot.0 = delete;
+            self.backlog.remove(&slot);
+        }
+        slot.1
     }
 
     /// Of the `found` writes and the backlog, the first [`Differ::batch_limit`] in the safe

@@ -102,7 +102,7 @@ pub struct ReclaimTracker {
     /// the same workload label): how many times, and when last; forgotten
     /// [`EVICTIONS_REMEMBERED`] after. Of otherwise equal choices, the one taken fewer times
     /// goes ([`Workload::evicted_before`]).
-    evicted_workloads: BTreeMap<(String, String), (u32, Instant)>,
+    evicted_workloads: BTreeMap<String, BTreeMap<String, (u32, Instant)>>,
 }
 
 impl ReclaimTracker {
@@ -146,9 +146,8 @@ impl ReclaimTracker {
 
     /// Every Pod of `workload` of `team` (as an [`Eviction`] names them) went at `at`.
     pub fn workload_evicted(&mut self, (team, workload): (String, String), at: Instant) {
-        let times = (self.evicted_workloads)
-            .entry((team, workload))
-            .or_insert((0, at));
+        let of_team = self.evicted_workloads.entry(team).or_default();
+        let times = of_team.entry(workload).or_insert((0, at));
         *times = (times.0 + 1, at);
     }
 
@@ -161,12 +160,12 @@ impl ReclaimTracker {
     /// running long after; marks the workloads of the others as terminating. Drops the released
     /// claims seen for more than a minute. Tells each workload how often it was evicted lately.
     fn count_in_flight(&mut self, pods: &[Arc<PodView>], borrowers: &mut [Borrower], now: Instant) {
-        if !self.evicted_workloads.is_empty() {
-            for b in borrowers.iter_mut() {
-                for w in &mut b.workloads {
-                    let key = (b.team.clone(), w.name.clone());
-                    w.evicted_before = self.evicted_workloads.get(&key).map_or(0, |e| e.0);
-                }
+        for b in borrowers.iter_mut() {
+            let Some(of_team) = self.evicted_workloads.get(&b.team) else {
+                continue;
+            };
+            for w in &mut b.workloads {
+                w.evicted_before = of_team.get(&w.name).map_or(0, |e| e.0);
             }
         }
         // Released claims: a claim still allocated a minute after its Pods went is not being
@@ -281,8 +280,10 @@ impl ReclaimTracker {
         (self.waiting_since).retain(|k, _| owed.contains_key(k) || fragmented.contains_key(k));
         self.next_attempt = None;
         (self.moved).retain(|_, at| now.duration_since(*at) < moves::MOVED_AGAIN_AFTER);
-        (self.evicted_workloads)
-            .retain(|_, (_, at)| now.duration_since(*at) < EVICTIONS_REMEMBERED);
+        self.evicted_workloads.retain(|_, of_team| {
+            of_team.retain(|_, (_, at)| now.duration_since(*at) < EVICTIONS_REMEMBERED);
+            !of_team.is_empty()
+        });
         let mut out = Reclaimed::default();
         let mut budgets = PassBudgets::new(input.budgets, input.pods);
         for ((policy, team), orders) in &owed {
