@@ -4,6 +4,7 @@
 //! refuses never holds up the others or hammers the server. It runs as a task of its own
 //! ([`Executor::spawn`]), one batch at a time, off the planning path. Needs a client.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,37 +49,59 @@ pub struct Ran {
     pub next_retry: Option<Instant>,
 }
 
-/// The executor's task ([`Executor::spawn`]): batches go in through a channel of one, and
-/// what it did of each comes back. Stopped when dropped.
+/// The executor's task ([`Executor::spawn`]): batches go in through a channel, at most
+/// [`BATCHES_OUT`] at once, and what it did of each comes back, in order. Stopped when
+/// dropped.
 #[derive(Debug)]
 pub struct Task {
     batches: mpsc::Sender<Vec<Effect>>,
     ran: mpsc::Receiver<Ran>,
-    /// A batch was sent and its report has not been taken.
-    in_flight: bool,
+    /// The batches sent whose reports have not been taken, first the one performed: whether
+    /// each is a prefetch (object writes from the backlog, see `Engine::prefetch`).
+    sent: VecDeque<bool>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// Batches handed to the task at once: the one performed, and the one that follows it
+/// without a pause.
+const BATCHES_OUT: usize = 2;
 
 impl Task {
     /// Whether a batch is being performed.
     pub fn in_flight(&self) -> bool {
-        self.in_flight
+        !self.sent.is_empty()
     }
 
-    /// Hands `effects` to the task; false if it has stopped (a bug: it never returns while
-    /// batches can come). Only one batch is in flight at once.
-    pub fn send(&mut self, effects: Vec<Effect>) -> bool {
-        debug_assert!(!self.in_flight, "a batch is in flight already");
-        self.in_flight = self.batches.try_send(effects).is_ok();
-        self.in_flight
+    /// Whether a pass may run now: nothing is in flight, or only a prefetch (whose objects a
+    /// pass leaves alone) with room behind it for the pass's batch. Any other batch may have
+    /// statuses, Events or evictions in flight, which a pass would ask for again.
+    pub fn may_pass(&self) -> bool {
+        self.sent.iter().all(|prefetch| *prefetch) && self.sent.len() < BATCHES_OUT
     }
 
-    /// What the task did of the batch in flight, once it is done; None if the task stopped.
-    /// Cancel-safe: a report not taken stays for the next call.
-    pub async fn ran(&mut self) -> Option<Ran> {
-        let ran = self.ran.recv().await;
-        self.in_flight = false;
-        ran
+    /// Whether a prefetch may follow what is in flight: one batch of a pass is, and none
+    /// waits. (Behind a prefetch comes the batch of the pass that runs during it.)
+    pub fn room_for_prefetch(&self) -> bool {
+        self.sent.len() == 1 && !self.sent[0]
+    }
+
+    /// Hands `effects` to the task (a `prefetch`, or a pass's); false if it has stopped (a
+    /// bug: it never returns while batches can come).
+    pub fn send(&mut self, effects: Vec<Effect>, prefetch: bool) -> bool {
+        debug_assert!(self.sent.len() < BATCHES_OUT, "batches out already");
+        let sent = self.batches.try_send(effects).is_ok();
+        if sent {
+            self.sent.push_back(prefetch);
+        }
+        sent
+    }
+
+    /// What the task did of the first batch in flight once it is done, and whether it was a
+    /// prefetch; None if the task stopped. Cancel-safe: a report not taken stays for the next
+    /// call.
+    pub async fn ran(&mut self) -> Option<(Ran, bool)> {
+        let ran = self.ran.recv().await?;
+        Some((ran, self.sent.pop_front().unwrap_or_default()))
     }
 }
 
@@ -280,8 +303,8 @@ impl Executor {
                 requests.resume_left_suspended().await;
             }
         });
-        // One batch at a time: a pass hands out a batch only once the one before is reported.
-        let (batches, mut to_run) = mpsc::channel::<Vec<Effect>>(1);
+        // Batches are performed one after another; the next one may wait in the channel.
+        let (batches, mut to_run) = mpsc::channel::<Vec<Effect>>(BATCHES_OUT);
         let (report, ran) = mpsc::channel(1);
         let task = tokio::spawn(async move {
             while let Some(effects) = to_run.recv().await {
@@ -295,7 +318,7 @@ impl Executor {
         Task {
             batches,
             ran,
-            in_flight: false,
+            sent: VecDeque::new(),
             task,
         }
     }

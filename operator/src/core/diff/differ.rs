@@ -1,22 +1,15 @@
 //! The kept differ: [`super::writes`] between passes, comparing only what changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::api::resource::v1::DeviceClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
+use super::desired::DesiredObject;
 use super::{
-    Kind, Live, LiveObject, LiveView, ObjectKey, Payload, PayloadOf, Rank, Write, in_safe_order,
-    key_of_meta, rank, ranks, verdict,
+    Desired, Kind, Live, LiveObject, LiveView, ObjectKey, Payload, PayloadOf, Rank, Write,
+    in_safe_order, rank, ranks, verdict,
 };
-use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
-use crate::core::plan::{DesiredObjects, NamespacedQuota, NamespacedTemplate};
+use crate::core::plan::DesiredObjects;
 use crate::core::state::Delta;
 
 /// A live object in the differ, with the fingerprint of the desired object this version was
@@ -27,170 +20,14 @@ struct LiveEntry {
     holds: Option<u64>,
 }
 
-/// Fingerprint of a desired object's JSON.
-fn fingerprint(value: &Value) -> u64 {
-    use std::hash::{BuildHasher, BuildHasherDefault};
-    BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(value.to_string())
-}
-
-/// A desired object, shared with the planner.
-#[derive(Debug, Clone)]
-pub(super) enum DesiredObject {
-    DeviceClass(Arc<DeviceClass>),
-    AdmissionPolicy(Arc<ValidatingAdmissionPolicy>),
-    AdmissionBinding(Arc<ValidatingAdmissionPolicyBinding>),
-    ResourceQuota(Arc<NamespacedQuota>),
-    ResourceClaimTemplate(NamespacedTemplate),
-    ClusterRole(Arc<ClusterRole>),
-    ClusterRoleBinding(Arc<ClusterRoleBinding>),
-}
-
-impl DesiredObject {
-    /// The metadata of a cluster-wide object, or a template's shared one; a quota keeps its
-    /// own (see [`NamespacedQuota::same_as`]).
-    fn meta(&self) -> Option<&ObjectMeta> {
-        match self {
-            DesiredObject::DeviceClass(o) => Some(&o.metadata),
-            DesiredObject::AdmissionPolicy(o) => Some(&o.metadata),
-            DesiredObject::AdmissionBinding(o) => Some(&o.metadata),
-            DesiredObject::ResourceQuota(_) => None,
-            DesiredObject::ResourceClaimTemplate(o) => Some(&o.template.metadata),
-            DesiredObject::ClusterRole(o) => Some(&o.metadata),
-            DesiredObject::ClusterRoleBinding(o) => Some(&o.metadata),
-        }
-    }
-
-    /// The namespace and name of the object, borrowed (see [`DesiredObject::key`]).
-    fn key_parts(&self) -> (Option<&str>, &str) {
-        fn of_meta(meta: &ObjectMeta) -> (Option<&str>, &str) {
-            (
-                meta.namespace.as_deref(),
-                meta.name.as_deref().unwrap_or_default(),
-            )
-        }
-        match self {
-            DesiredObject::DeviceClass(o) => of_meta(&o.metadata),
-            DesiredObject::AdmissionPolicy(o) => of_meta(&o.metadata),
-            DesiredObject::AdmissionBinding(o) => of_meta(&o.metadata),
-            DesiredObject::ResourceQuota(q) => (Some(&q.namespace), q.name()),
-            DesiredObject::ResourceClaimTemplate(t) => (Some(&t.namespace), t.name()),
-            DesiredObject::ClusterRole(o) => of_meta(&o.metadata),
-            DesiredObject::ClusterRoleBinding(o) => of_meta(&o.metadata),
-        }
-    }
-
-    /// Whether `other` is this very object (not an equal one): a template is shared by the
-    /// namespaces of its team, so its namespace counts too.
-    fn is(&self, other: &DesiredObject) -> bool {
-        match (self, other) {
-            (DesiredObject::ResourceClaimTemplate(a), DesiredObject::ResourceClaimTemplate(b)) => {
-                Arc::ptr_eq(&a.template, &b.template) && Arc::ptr_eq(&a.namespace, &b.namespace)
-            }
-            _ => std::ptr::eq(self.address(), other.address()),
-        }
-    }
-
-    fn key(&self, kind: Kind) -> ObjectKey {
-        let in_namespace = |namespace: &str, name: &str| ObjectKey {
-            kind,
-            namespace: Some(namespace.to_owned()),
-            name: name.to_owned(),
-        };
-        match self {
-            DesiredObject::DeviceClass(o) => key_of_meta(kind, &o.metadata),
-            DesiredObject::AdmissionPolicy(o) => key_of_meta(kind, &o.metadata),
-            DesiredObject::AdmissionBinding(o) => key_of_meta(kind, &o.metadata),
-            DesiredObject::ResourceQuota(q) => in_namespace(&q.namespace, q.name()),
-            DesiredObject::ResourceClaimTemplate(t) => in_namespace(&t.namespace, t.name()),
-            DesiredObject::ClusterRole(o) => key_of_meta(kind, &o.metadata),
-            DesiredObject::ClusterRoleBinding(o) => key_of_meta(kind, &o.metadata),
-        }
-    }
-
-    /// Whether `self` is `known` unchanged without comparing content: the same object, or one
-    /// with equal metadata that carries the hash of its spec.
-    fn same_as(&self, known: &DesiredObject) -> bool {
-        if std::ptr::eq(known.address(), self.address()) {
-            return true;
-        }
-        match (self, known) {
-            (DesiredObject::ResourceQuota(a), DesiredObject::ResourceQuota(b)) => a.same_as(b),
-            _ => self.meta().is_some_and(|meta| {
-                let hashed = meta
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(CONTENT_HASH_ANNOTATION));
-                hashed && known.meta() == Some(meta)
-            }),
-        }
-    }
-
-    /// Where the object lives: the planner hands out the same object while it is unchanged.
-    fn address(&self) -> *const () {
-        match self {
-            DesiredObject::DeviceClass(o) => Arc::as_ptr(o).cast(),
-            DesiredObject::AdmissionPolicy(o) => Arc::as_ptr(o).cast(),
-            DesiredObject::AdmissionBinding(o) => Arc::as_ptr(o).cast(),
-            DesiredObject::ResourceQuota(o) => Arc::as_ptr(o).cast(),
-            DesiredObject::ResourceClaimTemplate(o) => Arc::as_ptr(&o.template).cast(),
-            DesiredObject::ClusterRole(o) => Arc::as_ptr(o).cast(),
-            DesiredObject::ClusterRoleBinding(o) => Arc::as_ptr(o).cast(),
-        }
-    }
-
-    pub(super) fn to_json(&self) -> Option<Value> {
-        match self {
-            DesiredObject::DeviceClass(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::AdmissionPolicy(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::AdmissionBinding(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::ResourceQuota(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::ResourceClaimTemplate(o) => serde_json::to_value(o).ok(),
-            DesiredObject::ClusterRole(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::ClusterRoleBinding(o) => serde_json::to_value(&**o).ok(),
-        }
-    }
-
-    /// Every desired object, with its key.
-    fn all(objects: &DesiredObjects) -> impl Iterator<Item = (Kind, DesiredObject)> + '_ {
-        let o = objects;
-        (o.device_classes
-            .iter()
-            .map(|c| (Kind::DeviceClass, DesiredObject::DeviceClass(c.clone()))))
-        .chain(o.admission_policies.iter().map(|p| {
-            (
-                Kind::ValidatingAdmissionPolicy,
-                DesiredObject::AdmissionPolicy(p.clone()),
-            )
-        }))
-        .chain(o.admission_bindings.iter().map(|b| {
-            (
-                Kind::ValidatingAdmissionPolicyBinding,
-                DesiredObject::AdmissionBinding(b.clone()),
-            )
-        }))
-        .chain(
-            o.resource_quotas
-                .iter()
-                .map(|q| (Kind::ResourceQuota, DesiredObject::ResourceQuota(q.clone()))),
-        )
-        .chain(o.claim_templates.iter().map(|t| {
-            (
-                Kind::ResourceClaimTemplate,
-                DesiredObject::ResourceClaimTemplate(t.clone()),
-            )
-        }))
-        .chain(
-            o.member_roles
-                .iter()
-                .map(|r| (Kind::ClusterRole, DesiredObject::ClusterRole(r.clone()))),
-        )
-        .chain(o.member_bindings.iter().map(|b| {
-            (
-                Kind::ClusterRoleBinding,
-                DesiredObject::ClusterRoleBinding(b.clone()),
-            )
-        }))
-    }
+/// A desired object as the differ keeps it: with the [`Differ::round`] of the last plan that
+/// had it, and the fingerprint of its JSON once it was compared (each object is compared at
+/// least twice as it is written: when the write is handed out, and at its watch event).
+#[derive(Debug)]
+struct DesiredEntry {
+    object: DesiredObject,
+    round: bool,
+    fingerprint: Option<u64>,
 }
 
 /// Drops the objects `keep` does not keep from `map`, marking them to be compared again.
@@ -216,8 +53,7 @@ fn forget<V>(
 /// watch caches, not copied. Gives the same writes as [`super::writes`] on the same input.
 #[derive(Debug, Default)]
 pub struct Differ {
-    /// Each desired object, with the [`Differ::round`] of the last plan that had it.
-    desired: HashMap<ObjectKey, (DesiredObject, bool)>,
+    desired: HashMap<ObjectKey, DesiredEntry>,
     /// Flips with every plan taken in, so that what a plan no longer has is found without a
     /// second table of the keys it has.
     round: bool,
@@ -242,6 +78,9 @@ pub struct Differ {
     /// namespaces, sorting and rebuilding up to 99,000 writes for each batch of 1,024 made
     /// the converge's 90 passes take 21.9 s (9.6 s since).
     backlog: BTreeMap<(Rank, ObjectKey), Write>,
+    /// Writes [`Differ::prefetch`] handed out whose batch is not reported yet: not compared
+    /// until it is ([`Differ::prefetch_done`]), as a comparison now would write them again.
+    prefetched: HashSet<ObjectKey>,
     /// At most this many writes per call (none: no limit).
     batch_limit: Option<usize>,
 }
@@ -268,6 +107,40 @@ impl Differ {
     /// How many writes were found and are not handed out yet.
     pub fn backlog(&self) -> usize {
         self.backlog.len()
+    }
+
+    /// Whether writes wait: in the backlog, or handed out by [`Differ::prefetch`] and not
+    /// reported yet.
+    pub fn writes_wait(&self) -> bool {
+        !self.backlog.is_empty() || !self.prefetched.is_empty()
+    }
+
+    /// The next batch from the backlog, without comparing anything: handed out while the
+    /// batch before it is performed, so that a long converge goes out without a pause for a
+    /// pass between batches. Until [`Differ::prefetch_done`], a comparison leaves these
+    /// objects alone (the passes that run meanwhile would otherwise write them again). One
+    /// prefetch at a time: none while the last one is not done.
+    pub fn prefetch(&mut self) -> Vec<Write> {
+        let limit = self.batch_limit.unwrap_or(usize::MAX);
+        let mut out = Vec::new();
+        if !self.prefetched.is_empty() {
+            return out;
+        }
+        while out.len() < limit
+            && let Some((_, write)) = self.backlog.pop_first()
+        {
+            self.prefetched.insert(write.key().clone());
+            out.push(write);
+        }
+        // Compared at the first call after the batch is reported, as any write handed out.
+        self.dirty.extend(out.iter().map(|w| w.key().clone()));
+        out
+    }
+
+    /// The batch [`Differ::prefetch`] handed out was performed, and what succeeded of it
+    /// [`Differ::written`]: its objects are compared again from now on.
+    pub fn prefetch_done(&mut self) {
+        self.prefetched.clear();
     }
 
     /// Takes in the live objects of `kind` (all of them). Kinds whose watch saw no event since
@@ -361,19 +234,30 @@ impl Differ {
         }
         let mut out = Vec::new();
         for key in std::mem::take(&mut self.dirty) {
+            if !self.prefetched.is_empty() && self.prefetched.contains(&key) {
+                self.dirty.insert(key);
+                continue;
+            }
             // Compared now: what the backlog held for it is replaced by what this finds.
             let key = self.out_of_backlog(key);
             self.handed.remove(&key);
-            let desired = match self.desired.get(&key).map(|(o, _)| o.to_json()) {
-                Some(Some(value)) => Some(value),
-                // Wanted but not serializable (a bug, never seen): neither applied nor deleted.
-                Some(None) => {
-                    tracing::error!(object = %key, "a desired object could not be serialized; left as it is");
-                    continue;
-                }
+            let desired = self.desired.get_mut(&key);
+            let desired_fingerprint = match desired {
+                Some(entry) => match entry.fingerprint.or_else(|| entry.object.fingerprint()) {
+                    Some(fingerprint) => {
+                        entry.fingerprint = Some(fingerprint);
+                        Some(fingerprint)
+                    }
+                    // Wanted but not serializable (a bug, never seen): neither applied nor
+                    // deleted.
+                    None => {
+                        tracing::error!(object = %key, "a desired object could not be serialized; left as it is");
+                        continue;
+                    }
+                },
                 None => None,
             };
-            let desired_fingerprint = desired.as_ref().map(fingerprint);
+            let desired_object = self.desired.get(&key).map(|d| &d.object);
             let live = self.live.get_mut(&key);
             let live_json = live.as_ref().and_then(|l| l.object.to_json());
             let live_side = match (&live, &live_json) {
@@ -394,12 +278,11 @@ impl Differ {
             };
             let write = verdict(
                 &key,
-                desired.as_ref(),
+                desired_object.map(Desired::Object),
                 live_side,
                 &self.retained,
                 &self.retained_owners,
             );
-            let desired_object = self.desired.get(&key).map(|(o, _)| o);
             let write = write.map(|needs| {
                 needs.write(key.clone(), || match desired_object {
                     Some(object) => Payload(PayloadOf::Object(object.clone()), desired_fingerprint),
@@ -571,8 +454,8 @@ impl Differ {
         for (kind, object) in next {
             self.take_in(object.key(*kind), object.clone());
         }
-        forget(&mut self.desired, &mut self.dirty, |_, (_, seen)| {
-            *seen == round
+        forget(&mut self.desired, &mut self.dirty, |_, entry| {
+            entry.round == round
         });
     }
 
@@ -581,16 +464,22 @@ impl Differ {
     fn take_in(&mut self, key: ObjectKey, object: DesiredObject) {
         let round = self.round;
         match self.desired.get_mut(&key) {
-            Some((known, seen)) => {
-                *seen = round;
-                if !object.same_as(known) {
-                    *known = object;
+            Some(known) => {
+                known.round = round;
+                if !object.same_as(&known.object) {
+                    known.object = object;
+                    known.fingerprint = None;
                     self.dirty.insert(key);
                 }
             }
             None => {
                 self.dirty.insert(key.clone());
-                self.desired.insert(key, (object, round));
+                let entry = DesiredEntry {
+                    object,
+                    round,
+                    fingerprint: None,
+                };
+                self.desired.insert(key, entry);
             }
         }
     }

@@ -5,6 +5,7 @@
 //! compares only what changed); the tests hold the two together. `live.rs` is what the watch
 //! caches keep of the objects teamgpu owns.
 
+mod desired;
 mod differ;
 mod live;
 #[cfg(test)]
@@ -18,7 +19,7 @@ use serde_json::Value;
 use crate::core::plan::DesiredObjects;
 use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
 pub use crate::core::state::{Kind, ObjectKey};
-use differ::DesiredObject;
+use desired::DesiredObject;
 pub use differ::Differ;
 pub use live::{LiveObject, LiveView, OwnWrites, TemplateCharges};
 
@@ -162,6 +163,32 @@ fn content_hash(value: &Value) -> Option<&str> {
     value["metadata"]["annotations"][CONTENT_HASH_ANNOTATION].as_str()
 }
 
+/// The desired side of one comparison: JSON, or the planner's object, turned into JSON only
+/// when a live object must be compared with it field by field (an object the differ compared
+/// before, or one that is missing, needs only its content hash).
+#[derive(Clone, Copy, Debug)]
+enum Desired<'a> {
+    Json(&'a Value),
+    Object(&'a DesiredObject),
+}
+
+impl Desired<'_> {
+    fn content_hash(&self) -> Option<&str> {
+        match self {
+            Desired::Json(v) => content_hash(v),
+            Desired::Object(o) => o.content_hash(),
+        }
+    }
+
+    /// Whether `live` has everything this says (see [`holds`]).
+    fn held_by(&self, live: &Value) -> bool {
+        match self {
+            Desired::Json(v) => holds(live, v),
+            Desired::Object(o) => o.to_json().is_some_and(|v| holds(live, &v)),
+        }
+    }
+}
+
 /// The live side of one comparison: the object itself, or what is known of it once it has
 /// been compared (see [`LiveView`]).
 #[derive(Clone, Copy, Debug)]
@@ -192,9 +219,9 @@ impl Live<'_> {
         }
     }
 
-    fn holds(&self, desired: &Value) -> bool {
+    fn holds(&self, desired: Desired<'_>) -> bool {
         match self {
-            Live::Object(v) => holds(v, desired),
+            Live::Object(v) => desired.held_by(v),
             Live::Known { holds, .. } => *holds,
         }
     }
@@ -228,7 +255,7 @@ impl Needs {
 /// What one object needs, if anything: `desired` and `live` are its two sides.
 fn verdict(
     key: &ObjectKey,
-    desired: Option<&Value>,
+    desired: Option<Desired<'_>>,
     live: Option<Live<'_>>,
     retained: &BTreeSet<String>,
     retained_owners: &BTreeSet<String>,
@@ -236,7 +263,7 @@ fn verdict(
     match (desired, live) {
         (Some(_), None) => Some(Needs::Apply),
         (Some(object), Some(current)) => {
-            let same_content = current.content_hash() == content_hash(object);
+            let same_content = current.content_hash() == object.content_hash();
             if key.kind == Kind::ResourceClaimTemplate && !same_content {
                 Some(Needs::Recreate)
             } else if !same_content || !current.holds(object) {
@@ -294,7 +321,8 @@ pub fn writes(
         keys.into_iter()
             .filter_map(|k| {
                 let live = live.get(k).map(Live::Object);
-                let needs = verdict(k, desired.get(k), live, retained, retained_owners)?;
+                let desired_side = desired.get(k).map(Desired::Json);
+                let needs = verdict(k, desired_side, live, retained, retained_owners)?;
                 Some(needs.write(k.clone(), || {
                     Payload::from(desired.get(k).cloned().unwrap_or_default())
                 }))

@@ -80,9 +80,9 @@ impl Engine {
         let namespaces: BTreeSet<&str> =
             self.waiting.iter().map(|w| w.namespace.as_str()).collect();
         let in_waiting = namespaces.iter().flat_map(|ns| self.planner.claims_in(ns));
-        // A wake-up follows the quotas that make its room: none while some are still in the
-        // backlog (a long converge), where they may be.
-        if self.differ.backlog() == 0 {
+        // A wake-up follows the quotas that make its room: none while writes still wait (a
+        // long converge), among which they may be.
+        if !self.differ.writes_wait() {
             let room = effects::room(plan, in_waiting, &namespaces);
             let requeues = (self.requeuer).requeues(&self.waiting, &room, now.instant, now.wall);
             out.extend(requeues.into_iter().map(Effect::Requeue));
@@ -102,7 +102,7 @@ impl Engine {
         events.extend(reclaimed.events);
         events.extend(effects::waiting_events(plan, &self.waiting));
         let unpublished = self.published.unpublished(events);
-        let waiting_writes = self.differ.backlog() > 0;
+        let waiting_writes = self.differ.writes_wait();
         let events = held_while_writes_wait(&mut self.held_events, unpublished, waiting_writes);
         out.extend(events.into_iter().map(|e| Effect::Event(Box::new(e))));
         out.extend((reclaimed.evictions.into_iter()).map(|e| Effect::Evict(Box::new(e))));

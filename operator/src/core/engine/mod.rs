@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! take_in(Input)*  ->  pass(Now, Role) -> Pass  ->  (executor)  ->  settle(Done)
+//!                                 prefetch() ->  (executor)  ->  settle_prefetched(Done, Now)
 //! ```
 //!
 //! Choices, against the sketch of the issue:
@@ -19,6 +20,10 @@
 //!   objects, the policies' statuses) compares the live objects and statuses with it instead
 //!   of planning again. At 10,000 namespaces planning is most of a pass, and every write's
 //!   echo would cost one.
+//! - [`Engine::prefetch`] hands out the next batch of the backlog while the last pass's batch
+//!   is performed, and a pass may run while a prefetched batch is: the differ leaves its
+//!   objects alone until [`Engine::settle_prefetched`], and a prefetch has nothing else
+//!   (statuses, Events, evictions) that a pass could ask for a second time.
 //! - A slice list asked for is remembered ([`Input::SliceListAsked`] for the one asked before
 //!   the engine ran), so a pass during the list waits ([`Pass::AwaitSlices`]) instead of
 //!   starting the list again.
@@ -191,9 +196,10 @@ pub struct Engine {
     replan: bool,
     /// The differ has compared the kept plan's objects (a follower's passes do not compare).
     differ_has_plan: bool,
-    /// A pass at this instant left writes in the differ's backlog: the next pass is due at
-    /// once (after its batch was performed).
-    backlog_at: Option<Instant>,
+    /// The next pass is due at once: a pass at this instant left writes in the differ's
+    /// backlog (the next batch), or a prefetched batch was reported then (the passes during it
+    /// left its objects alone).
+    pass_due_at: Option<Instant>,
     /// Events found while writes wait in the backlog, published once it is empty.
     held_events: Vec<crate::core::effects::Event>,
 }
@@ -230,7 +236,7 @@ impl Engine {
             plan: None,
             replan: true,
             differ_has_plan: false,
-            backlog_at: None,
+            pass_due_at: None,
             held_events: Vec::new(),
         }
     }
@@ -241,7 +247,7 @@ impl Engine {
         // again and again if the pass does not reach reclaim or requeue.
         self.reclaim.clear_due(now.instant);
         self.requeuer.clear_due(now.instant);
-        self.backlog_at = None;
+        self.pass_due_at = None;
         let pending_changed = self.refresh_pending();
         // Devices are kept only as far as expressions read them: one that reads more
         // (a new policy, a changed class) needs the slices listed again before counting.
@@ -274,7 +280,7 @@ impl Engine {
             Role::Leader => {
                 let seen = std::mem::replace(&mut self.differ_has_plan, true);
                 let effects = self.effects(&plan, seen, (&statuses, &refused), now);
-                self.backlog_at = (self.differ.backlog() > 0).then_some(now.instant);
+                self.pass_due_at = (self.differ.backlog() > 0).then_some(now.instant);
                 effects
             }
             Role::Follower => Vec::new(),
@@ -324,6 +330,25 @@ impl Engine {
         }
     }
 
+    /// The next object writes of the backlog, handed out while a batch is performed so that
+    /// they follow it at once (see [`Differ::prefetch`]); none for a follower, whose passes
+    /// compare nothing. Nothing else: a pass may run while these are performed, and it leaves
+    /// their objects alone until [`Engine::settle_prefetched`].
+    ///
+    /// [`Differ::prefetch`]: crate::core::diff::Differ::prefetch
+    pub fn prefetch(&mut self) -> Vec<Effect> {
+        let writes = self.differ.prefetch();
+        writes.into_iter().map(Effect::Object).collect()
+    }
+
+    /// [`Engine::settle`] for a batch [`Engine::prefetch`] handed out, at `now`: the next
+    /// pass compares its objects, which the passes during it left alone.
+    pub fn settle_prefetched(&mut self, done: Done, now: Now) {
+        self.settle(done, now.wall);
+        self.differ.prefetch_done();
+        self.pass_due_at = Some(now.instant);
+    }
+
     /// The claims Pods `pods` of `namespace` hold or wait for: those reserved for them, and
     /// those made for them while they wait for a node.
     fn claims_of(&self, namespace: &str, pods: &[String]) -> Vec<String> {
@@ -346,15 +371,16 @@ impl Engine {
 
     /// When a pass must run though nothing changes: a reclaim's grace period ends or a
     /// refused eviction is due again, a wake-up of waiting Pods is due to be retried, a status
-    /// held back by its pace may be written, writes are left in the backlog (at once). (The
-    /// executor's retries of failed writes are the executor's.)
+    /// held back by its pace may be written, writes are left in the backlog or a prefetched
+    /// batch was reported (at once). (The executor's retries of failed writes are the
+    /// executor's.)
     pub fn next_wake(&self) -> Option<Instant> {
         let statuses = self.written.next_wake();
         [
             self.reclaim.next_attempt(),
             self.requeuer.next_attempt(),
             statuses,
-            self.backlog_at,
+            self.pass_due_at,
         ]
         .into_iter()
         .flatten()

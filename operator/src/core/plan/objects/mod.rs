@@ -458,6 +458,11 @@ impl NamespacedQuota {
         self.meta.name.as_deref().unwrap_or_default()
     }
 
+    /// The hash of the spec, as the quota's annotation carries it.
+    pub fn content_hash(&self) -> &str {
+        &self.content_hash
+    }
+
     /// Devices per quota resource name.
     pub fn hard(&self) -> impl Iterator<Item = (&str, u32)> {
         self.hard.iter().map(|(name, n)| (&**name, *n))
