@@ -115,13 +115,12 @@ impl Differ {
         !self.backlog.is_empty() || !self.prefetched.is_empty()
     }
 
-    /// The next batch from the backlog, without comparing anything: handed out while the
-    /// batch before it is performed, so that a long converge goes out without a pause for a
-    /// pass between batches. Until [`Differ::prefetch_done`], a comparison leaves these
+    /// The next `limit` writes of the backlog, without comparing anything: handed out while
+    /// the batch before them is performed, so that a long converge goes on writing while the
+    /// pass between batches runs. Until [`Differ::prefetch_done`], a comparison leaves these
     /// objects alone (the passes that run meanwhile would otherwise write them again). One
     /// prefetch at a time: none while the last one is not done.
-    pub fn prefetch(&mut self) -> Vec<Write> {
-        let limit = self.batch_limit.unwrap_or(usize::MAX);
+    pub fn prefetch(&mut self, limit: usize) -> Vec<Write> {
         let mut out = Vec::new();
         if !self.prefetched.is_empty() {
             return out;

@@ -337,7 +337,10 @@ impl Engine {
     ///
     /// [`Differ::prefetch`]: crate::core::diff::Differ::prefetch
     pub fn prefetch(&mut self) -> Vec<Effect> {
-        let writes = self.differ.prefetch();
+        // A whole batch: a quarter (256) measured worse at 10,000 namespaces (converge 1.40x
+        // the apply floor, CPU 35.5 s, against 1.22x and 31.8 s), as a pass then comes every
+        // 1,280 writes instead of every 2,048.
+        let writes = self.differ.prefetch(self.settings.writes_per_batch);
         writes.into_iter().map(Effect::Object).collect()
     }
 

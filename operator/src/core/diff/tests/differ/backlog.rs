@@ -105,7 +105,7 @@ fn a_prefetched_write_is_left_alone_until_reported_then_what_changed_meanwhile_i
     };
     assert_eq!(namespaces_of(&differ.writes(&objects(1))), ["a"]);
     // b follows a without a pass between them.
-    assert_eq!(namespaces_of(&differ.prefetch()), ["b"]);
+    assert_eq!(namespaces_of(&differ.prefetch(1)), ["b"]);
     assert!(differ.writes_wait());
     // a is done and b in flight, its apply already stored; meanwhile b is wanted with 2. The
     // pass leaves b alone (a write now would race the one in flight) and hands out c.
@@ -134,19 +134,22 @@ fn a_prefetched_write_is_left_alone_until_reported_then_what_changed_meanwhile_i
 type Sent = VecDeque<(Vec<Write>, bool, bool)>;
 
 /// Hands out batches as the operator does until none is left, and gives what was written: a
-/// pass's batch, with `prefetch` the backlog's next batch behind it, a pass only while nothing
-/// but a prefetch is in flight. `perform` is the server doing a batch (what it wrote); with
+/// pass's batch, with `prefetch` the backlog's next writes (that many) behind it, a pass only
+/// while nothing but a prefetch is in flight. `perform` is the server doing a batch (what it wrote); with
 /// `echo_early` a prefetch's watch events come before the pass that runs during it.
 fn converge(
     differ: &mut Differ,
     objects: &DesiredObjects,
     limit: usize,
-    (prefetch, echo_early): (bool, bool),
+    (prefetch, echo_early): (Option<usize>, bool),
     perform: &mut impl FnMut(&[Write], &mut Differ) -> Vec<(ObjectKey, bool)>,
 ) -> Result<Vec<(ObjectKey, bool)>, TestCaseError> {
     let top_up = |differ: &mut Differ, sent: &mut Sent| {
-        if prefetch && sent.len() == 1 && !sent[0].1 {
-            let batch = differ.prefetch();
+        if let Some(size) = prefetch
+            && sent.len() == 1
+            && !sent[0].1
+        {
+            let batch = differ.prefetch(size);
             if !batch.is_empty() {
                 sent.push_back((batch, true, false));
             }
@@ -164,7 +167,12 @@ fn converge(
         let Some((batch, prefetched, performed)) = sent.pop_front() else {
             return Ok(written);
         };
-        prop_assert!(batch.len() <= limit);
+        let most = if prefetched {
+            prefetch.unwrap_or(0)
+        } else {
+            limit
+        };
+        prop_assert!(batch.len() <= most);
         if !performed {
             written.extend(perform(&batch, differ));
         }
@@ -209,7 +217,7 @@ proptest! {
         class_desired in proptest::option::of(0..3u8),
         class_live in proptest::option::of(0..3u8),
         limit in 1..5usize,
-        prefetch in any::<bool>(),
+        prefetch in proptest::option::of(1..5usize),
         echo_early in any::<bool>(),
     ) {
         let namespaces = ["a", "b", "c", "d", "e", "f"];
