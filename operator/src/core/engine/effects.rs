@@ -111,7 +111,7 @@ impl Engine {
 }
 
 /// The Events to publish now, of `found` and those `held` before: none while writes wait in
-/// the differ's backlog. A first converge at 1,000 team namespaces finds over a thousand
+/// the differ's backlog or a prefetched batch. A first converge at 1,000 team namespaces finds over a thousand
 /// Events, which published in its first batch held up the next one for seconds; held, they go
 /// out after the last batch, as they did when the converge was one batch. One found is
 /// published even if the status shows its finding by then.

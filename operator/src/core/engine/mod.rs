@@ -200,7 +200,7 @@ pub struct Engine {
     /// backlog (the next batch), or a prefetched batch was reported then (the passes during it
     /// left its objects alone).
     pass_due_at: Option<Instant>,
-    /// Events found while writes wait in the backlog, published once it is empty.
+    /// Events found while writes wait (in the backlog or prefetched), published once none do.
     held_events: Vec<crate::core::effects::Event>,
 }
 
