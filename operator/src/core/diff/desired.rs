@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use super::{Kind, ObjectKey, Payload, PayloadOf, key_of_meta};
+use super::{Kind, ObjectKey, key_of_meta};
 use crate::core::plan::objects::CONTENT_HASH_ANNOTATION;
 use crate::core::plan::{DesiredObjects, NamespacedQuota, NamespacedTemplate};
 
@@ -29,7 +29,7 @@ impl std::io::Write for Hashing {
     }
 }
 
-/// A desired object, shared with the planner.
+/// A desired object, shared with the planner; serialized as the object itself.
 #[derive(Debug, Clone)]
 pub(super) enum DesiredObject {
     DeviceClass(Arc<DeviceClass>),
@@ -151,24 +151,12 @@ impl DesiredObject {
     /// cannot be serialized.
     pub(super) fn fingerprint(&self) -> Option<u64> {
         let mut hashing = Hashing(std::hash::DefaultHasher::new());
-        serde_json::to_writer(
-            &mut hashing,
-            &Payload(PayloadOf::Object(self.clone()), None),
-        )
-        .ok()?;
+        serde_json::to_writer(&mut hashing, self).ok()?;
         Some(std::hash::Hasher::finish(&hashing.0))
     }
 
     pub(super) fn to_json(&self) -> Option<Value> {
-        match self {
-            DesiredObject::DeviceClass(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::AdmissionPolicy(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::AdmissionBinding(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::ResourceQuota(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::ResourceClaimTemplate(o) => serde_json::to_value(o).ok(),
-            DesiredObject::ClusterRole(o) => serde_json::to_value(&**o).ok(),
-            DesiredObject::ClusterRoleBinding(o) => serde_json::to_value(&**o).ok(),
-        }
+        serde_json::to_value(self).ok()
     }
 
     /// Every desired object, with its key.
@@ -213,5 +201,19 @@ impl DesiredObject {
                 DesiredObject::ClusterRoleBinding(b.clone()),
             )
         }))
+    }
+}
+
+impl serde::Serialize for DesiredObject {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DesiredObject::DeviceClass(o) => o.serialize(serializer),
+            DesiredObject::AdmissionPolicy(o) => o.serialize(serializer),
+            DesiredObject::AdmissionBinding(o) => o.serialize(serializer),
+            DesiredObject::ResourceQuota(o) => o.serialize(serializer),
+            DesiredObject::ResourceClaimTemplate(o) => o.serialize(serializer),
+            DesiredObject::ClusterRole(o) => o.serialize(serializer),
+            DesiredObject::ClusterRoleBinding(o) => o.serialize(serializer),
+        }
     }
 }

@@ -93,13 +93,7 @@ impl serde::Serialize for Payload {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match &self.0 {
             PayloadOf::Json(v) => v.serialize(serializer),
-            PayloadOf::Object(DesiredObject::DeviceClass(o)) => o.serialize(serializer),
-            PayloadOf::Object(DesiredObject::AdmissionPolicy(o)) => o.serialize(serializer),
-            PayloadOf::Object(DesiredObject::AdmissionBinding(o)) => o.serialize(serializer),
-            PayloadOf::Object(DesiredObject::ResourceQuota(o)) => o.serialize(serializer),
-            PayloadOf::Object(DesiredObject::ResourceClaimTemplate(o)) => o.serialize(serializer),
-            PayloadOf::Object(DesiredObject::ClusterRole(o)) => o.serialize(serializer),
-            PayloadOf::Object(DesiredObject::ClusterRoleBinding(o)) => o.serialize(serializer),
+            PayloadOf::Object(o) => o.serialize(serializer),
         }
     }
 }
