@@ -31,7 +31,7 @@ const CLASS: &str = "a.teamgpu.io";
 fn team_report(name: &str, namespaces: Vec<String>, allocated: u32, guarantee: u32) -> TeamReport {
     TeamReport {
         name: name.into(),
-        namespaces,
+        namespaces: namespaces.into(),
         quotas: vec![QuotaStatus {
             sharing_policy: "a".into(),
             allocated,

@@ -69,7 +69,7 @@ async fn installing_the_samples_creates_device_classes_and_ready_policies() {
     })
     .await;
     assert_eq!(
-        ml.namespaces,
+        ml.namespaces[..],
         [world.ns("ml-research-dev"), world.ns("ml-research-train")]
     );
     let q = ml
@@ -438,7 +438,7 @@ async fn a_namespace_claimed_twice_stays_with_its_team_or_gets_nothing_until_fix
     eventually("contested is rogue-a's", CONVERGE, || async {
         let s = world.team_status("rogue-a").await?;
         let quota = world.quota_hard("contested").await;
-        if s.namespaces == [contested.clone()] && quota.is_ok() {
+        if s.namespaces[..] == [contested.clone()] && quota.is_ok() {
             Ok(())
         } else {
             Err(format!("{:?} {quota:?}", s.namespaces))

@@ -315,7 +315,7 @@ fn a_namespace_a_team_had_stays_with_it_when_another_team_names_it() {
         .find(|t| t.metadata.name.as_deref() == Some("ml-research"))
         .unwrap();
     ml.status = Some(teamgpu::api::TeamGpuPolicyStatus {
-        namespaces: vec!["ml-research-dev".into(), "ml-research-train".into()],
+        namespaces: ["ml-research-dev".into(), "ml-research-train".into()].into(),
         ..Default::default()
     });
     let before = plan(&state);
@@ -627,7 +627,10 @@ fn statuses_are_deterministic_and_keep_transition_times() {
         first, again,
         "the same plan must not change the status (no reconcile storm)"
     );
-    assert_eq!(first.namespaces, ["ml-research-dev", "ml-research-train"]);
+    assert_eq!(
+        first.namespaces[..],
+        ["ml-research-dev", "ml-research-train"]
+    );
     let q = first
         .quotas
         .iter()

@@ -92,7 +92,7 @@ pub(super) fn team_name(team: &TeamGpuPolicy) -> String {
 pub(super) fn namespaces_of(team: &TeamGpuPolicy) -> &[String] {
     team.status
         .as_ref()
-        .map(|s| s.namespaces.as_slice())
+        .map(|s| &s.namespaces[..])
         .unwrap_or_default()
 }
 

@@ -60,7 +60,7 @@ pub fn event_transitions(
                     event.regarding.kind.as_deref() == Some("TeamGpuPolicy")
                         && event.regarding.name.as_deref() == Some(t.name.as_str())
                 })
-                .map(|t| t.namespaces.as_slice())
+                .map(|t| &t.namespaces[..])
                 .unwrap_or_default();
             in_team_namespaces(&event.regarding, namespaces)
                 .into_iter()
@@ -239,7 +239,7 @@ mod tests {
             teams: vec![TeamReport {
                 department: None,
                 name: "ml".into(),
-                namespaces: vec!["ml-dev".into(), "ml-train".into()],
+                namespaces: vec!["ml-dev".into(), "ml-train".into()].into(),
                 quotas: vec![quota(4)],
                 conditions: vec![
                     DesiredCondition::new("Ready", true, "Planned", "ok"),

@@ -222,7 +222,7 @@ mod tests {
                 department: None,
                 name: "ml".into(),
                 generation: Some(2),
-                namespaces: vec!["ml-dev".into()],
+                namespaces: vec!["ml-dev".into()].into(),
                 quotas: vec![QuotaStatus {
                     sharing_policy: "a100".into(),
                     entitlement: 4,
@@ -356,7 +356,7 @@ mod tests {
         let report = |name: &str, entitlement, requested| TeamReport {
             name: name.into(),
             generation: Some(2),
-            namespaces: vec!["ml-dev".into()],
+            namespaces: vec!["ml-dev".into()].into(),
             quotas: vec![QuotaStatus {
                 sharing_policy: "a100".into(),
                 entitlement,

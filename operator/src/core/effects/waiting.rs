@@ -99,7 +99,7 @@ mod tests {
             teams: vec![TeamReport {
                 department: None,
                 name: "ml".into(),
-                namespaces: vec!["ml-dev".into(), "ml-train".into()],
+                namespaces: vec!["ml-dev".into(), "ml-train".into()].into(),
                 quotas: vec![QuotaStatus {
                     sharing_policy: "a100".into(),
                     requested: 8,

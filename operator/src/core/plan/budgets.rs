@@ -93,7 +93,7 @@ fn charged(owner: &str, class: &str, membership: &Membership, demand: &Demand) -
     };
     let used: u64 = (teams.iter())
         .filter_map(|team| membership.namespaces.get(*team))
-        .flatten()
+        .flat_map(|namespaces| namespaces.iter())
         .map(|ns| demand.usage(ns, class))
         .map(|u| u.requested.max(u.allocated))
         .sum();

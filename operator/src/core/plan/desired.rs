@@ -200,7 +200,7 @@ fn team_objects(
 ) {
     let team_name = name_of(team);
     let namespaces: &[String] =
-        (inputs.membership.namespaces.get(&team_name)).map_or(&[], Vec::as_slice);
+        (inputs.membership.namespaces.get(&team_name)).map_or(&[], |n| &n[..]);
     let usable: Vec<&CompiledPolicy> = team
         .spec
         .quotas

@@ -66,7 +66,7 @@ pub fn label_selector_matches(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Membership {
     /// Team name -> the namespaces it owns, sorted.
-    pub namespaces: BTreeMap<String, Vec<String>>,
+    pub namespaces: BTreeMap<String, Arc<[String]>>,
     /// Team name -> namespace -> the other teams that also claim it.
     pub conflicts: BTreeMap<String, BTreeMap<String, Vec<String>>>,
     /// Namespace claimed by several teams -> the one of them that keeps it: the one that had it
@@ -229,7 +229,7 @@ impl Membership {
     pub fn all_team_namespaces(&self) -> BTreeSet<&str> {
         self.namespaces
             .values()
-            .flatten()
+            .flat_map(|namespaces| namespaces.iter())
             .map(String::as_str)
             .collect()
     }
@@ -285,10 +285,11 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
     let existing: BTreeSet<&str> = namespaces.iter().map(|n| n.name.as_str()).collect();
     let mut claims: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     let mut membership = Membership::default();
+    let mut lists: BTreeMap<String, Vec<String>> = BTreeMap::new();
 
     for team in teams {
         let name = team.metadata.name.clone().unwrap_or_default();
-        membership.namespaces.entry(name.clone()).or_default();
+        lists.entry(name.clone()).or_default();
         for listed in &team.spec.namespaces {
             if existing.contains(listed.as_str()) {
                 claims
@@ -336,11 +337,7 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
             .iter()
             .filter(|o| owners.len() == 1 || had(o, namespace));
         if let (Some(owner), None) = (holders.next(), holders.next()) {
-            membership
-                .namespaces
-                .entry(owner.clone())
-                .or_default()
-                .push(namespace.to_owned());
+            (lists.entry(owner.clone()).or_default()).push(namespace.to_owned());
             if owners.len() > 1 {
                 membership.kept.insert(namespace.to_owned(), owner.clone());
             }
@@ -357,16 +354,19 @@ pub fn resolve(teams: &[TeamGpuPolicy], namespaces: &[Arc<NamespaceInfo>]) -> Me
                 .insert(namespace.to_owned(), others);
         }
     }
-    for list in membership.namespaces.values_mut() {
-        list.sort();
-    }
     membership.tree = Tree::resolve(teams);
     // A department owns no namespaces (the CRD refuses them; an object stored before keeps none).
     for team in teams.iter().filter(|t| t.spec.department) {
         if let Some(name) = team.metadata.name.as_deref() {
-            membership.namespaces.remove(name);
+            lists.remove(name);
         }
     }
+    membership.namespaces = (lists.into_iter())
+        .map(|(team, mut list)| {
+            list.sort();
+            (team, list.into())
+        })
+        .collect();
     let in_teams = membership.all_team_namespaces();
     let mut outside: Vec<String> = (namespaces.iter())
         .filter(|n| !in_teams.contains(n.name.as_str()))
@@ -421,7 +421,7 @@ mod tests {
         let mut namespaces = vec![ns("ml-dev", &[("teamgpu.io/team", "ml")]), ns("web", &[])];
         let mut teams = vec![team("ml", Some("ml"), &[])];
         let first = kept.resolve(&teams, &namespaces);
-        assert_eq!(first.namespaces["ml"], ["ml-dev"]);
+        assert_eq!(first.namespaces["ml"][..], ["ml-dev"]);
         // The same views (a claim's pass): the kept answer.
         assert!(Arc::ptr_eq(&first, &kept.resolve(&teams, &namespaces)));
         // Equal labels in a new view: still the same answer.
@@ -430,7 +430,7 @@ mod tests {
         // A namespace labelled into the team.
         namespaces[1] = ns("web", &[("teamgpu.io/team", "ml")]);
         assert_eq!(
-            kept.resolve(&teams, &namespaces).namespaces["ml"],
+            kept.resolve(&teams, &namespaces).namespaces["ml"][..],
             ["ml-dev", "web"]
         );
         // The team's selector changed.
@@ -440,7 +440,7 @@ mod tests {
         teams = vec![team("ml", Some("ml"), &[]), team("web", None, &["web"])];
         assert_eq!(kept.resolve(&teams, &namespaces).team_of("web"), None);
         teams[1].status = Some(crate::api::TeamGpuPolicyStatus {
-            namespaces: vec!["web".into()],
+            namespaces: vec!["web".into()].into(),
             ..Default::default()
         });
         assert_eq!(
@@ -457,7 +457,7 @@ mod tests {
             ns("web", &[("teamgpu.io/team", "web")]),
         ];
         let m = resolve(&[team("ml", Some("ml"), &["ml-prod", "gone"])], &namespaces);
-        assert_eq!(m.namespaces["ml"], ["ml-dev", "ml-prod"]);
+        assert_eq!(m.namespaces["ml"][..], ["ml-dev", "ml-prod"]);
         assert_eq!(m.missing["ml"], ["gone"]);
         assert_eq!(m.team_of("ml-prod"), Some("ml"));
         assert_eq!(m.team_of("web"), None);
@@ -474,7 +474,7 @@ mod tests {
             &namespaces,
         );
         assert!(m.namespaces["a"].is_empty());
-        assert_eq!(m.namespaces["b"], ["b-only"]);
+        assert_eq!(m.namespaces["b"][..], ["b-only"]);
         assert_eq!(m.conflicts["a"]["shared"], ["b"]);
         assert_eq!(m.conflicts["b"]["shared"], ["a"]);
         assert_eq!(m.team_of("shared"), None);
@@ -485,7 +485,7 @@ mod tests {
         let namespaces = [ns("a-train", &[("teamgpu.io/team", "a")])];
         let mut a = team("a", None, &["a-train"]);
         a.status = Some(crate::api::TeamGpuPolicyStatus {
-            namespaces: vec!["a-train".into()],
+            namespaces: vec!["a-train".into()].into(),
             ..Default::default()
         });
         // b selects a's namespace by its label: it takes nothing from a.

@@ -149,7 +149,7 @@ type Unread = (u64, Option<u32>);
 
 /// The namespaces `team` owns.
 fn namespaces_of<'a>(membership: &'a Membership, team: &str) -> &'a [String] {
-    membership.namespaces.get(team).map_or(&[], Vec::as_slice)
+    membership.namespaces.get(team).map_or(&[], |n| &n[..])
 }
 
 /// Fills in each team's use of `class`, namespace by namespace; `most_free` as for

@@ -72,7 +72,8 @@ pub struct TeamReport {
     pub department: Option<String>,
     pub generation: Option<i64>,
     pub weight: u32,
-    pub namespaces: Vec<String>,
+    /// The team's namespaces, sorted (shared with the membership and the status).
+    pub namespaces: Arc<[String]>,
     pub quotas: Vec<QuotaStatus>,
     pub gpu_equivalents: Option<EquivalentTotals>,
     pub budget: Option<BudgetStatus>,

@@ -421,7 +421,7 @@ impl<'a> TeamInPlan<'a> {
         let report = plan.teams.iter().find(|t| t.name == name);
         TeamInPlan {
             name,
-            namespaces: report.map(|t| t.namespaces.as_slice()).unwrap_or_default(),
+            namespaces: report.map(|t| &t.namespaces[..]).unwrap_or_default(),
             report,
         }
     }

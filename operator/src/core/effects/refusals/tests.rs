@@ -60,7 +60,7 @@ fn plan() -> Plan {
         department: None,
         name: name.into(),
         generation: Some(1),
-        namespaces: vec![namespace.into()],
+        namespaces: vec![namespace.into()].into(),
         conditions: vec![DesiredCondition::new(
             "Ready",
             true,
@@ -196,7 +196,9 @@ fn each_refused_object_shows_on_the_policies_that_own_it() {
     );
     // The quota of no team is forgotten: a team that takes the namespace later starts afresh.
     let mut later = plan();
-    later.teams[0].namespaces.push("elsewhere".into());
+    let mut namespaces = later.teams[0].namespaces.to_vec();
+    namespaces.push("elsewhere".into());
+    later.teams[0].namespaces = namespaces.into();
     let again = refusals.of_policies(&later);
     let cv = again
         .condition(PolicyKind::TeamGpuPolicy, "cv", &[])

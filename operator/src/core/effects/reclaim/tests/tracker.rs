@@ -16,7 +16,7 @@ pub(super) fn team_report(
     TeamReport {
         department: None,
         name: name.into(),
-        namespaces: vec![namespace.into()],
+        namespaces: vec![namespace.into()].into(),
         quotas: vec![QuotaStatus {
             sharing_policy: "a".into(),
             allocated,
@@ -536,7 +536,7 @@ fn a_queued_workload_is_asked_for_once_when_two_teams_wait_on_its_borrower() {
     plan.reclaims.push(second);
     plan.teams.push(TeamReport {
         name: "owner2".into(),
-        namespaces: vec!["o2".into()],
+        namespaces: vec!["o2".into()].into(),
         ..TeamReport::default()
     });
     let mut waiting = Waiting::new();
