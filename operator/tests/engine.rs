@@ -13,31 +13,15 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
-use server::{Server, Watch};
+use server::{Server, Watch, engine_with};
 use teamgpu::core::diff::Kind;
-use teamgpu::core::effects::{Effect, Label, ReclaimDefaults};
-use teamgpu::core::engine::{Done, Engine, Input, Now, Pass, Role, Settings};
+use teamgpu::core::effects::{Effect, Label};
+use teamgpu::core::engine::{Done, Engine, Input, Now, Pass, Role};
 use teamgpu::core::plan::Plan;
-use teamgpu::core::plan::admission::Enforcement;
 use teamgpu::core::plan::outside_teams::GUARD_LABEL;
 
 fn engine() -> Engine {
     engine_with(teamgpu::core::engine::WRITES_PER_BATCH)
-}
-
-/// An engine that hands out at most `writes_per_batch` object writes a pass.
-fn engine_with(writes_per_batch: usize) -> Engine {
-    Engine::new(Settings {
-        operator_user: "system:serviceaccount:teamgpu-system:teamgpu".into(),
-        admin_groups: None,
-        enforcement: Enforcement::Deny,
-        reclaim: ReclaimDefaults {
-            enabled: false,
-            grace: Duration::from_secs(120),
-            min_runtime: Duration::ZERO,
-        },
-        writes_per_batch,
-    })
 }
 
 /// `seconds` after a start both clocks agree on.

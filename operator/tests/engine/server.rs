@@ -1,7 +1,8 @@
 //! A cluster and the API server in front of it, as the engine's tests need them: what teamgpu
 //! applies is stored with the defaults the real server adds (so the differ must tolerate them),
 //! every change gets a new resourceVersion and a no-op apply keeps it, statuses are stored as
-//! written, and each watch says whether it saw a change since the engine last took it in.
+//! written, and each watch says whether it saw a change since the engine last took it in. Also
+//! the engine as the operator makes it, for the tests and `benches/engine.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -11,14 +12,16 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use teamgpu::core::diff::{Kind, LiveView, ObjectKey, Write};
+use teamgpu::core::effects::ReclaimDefaults;
 use teamgpu::core::effects::{Effect, PolicyKind};
-use teamgpu::core::engine::{Done, Input};
+use teamgpu::core::engine::{Done, Engine, Input, Settings};
+use teamgpu::core::plan::admission::Enforcement;
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::objects::is_managed;
 use teamgpu::core::plan::outside_teams::GUARD_LABEL;
 use teamgpu::core::plan::pending::PendingPodView;
 use teamgpu::core::plan::usage::{ClaimView, Names};
-use teamgpu::core::state::{NamespaceInfo, NamespaceView, Taken};
+use teamgpu::core::state::{ClusterState, NamespaceInfo, NamespaceView, Taken};
 use teamgpu::dra_cel::DeviceReads;
 
 /// One watch of the operator.
@@ -58,6 +61,22 @@ pub struct Server {
     changed: BTreeSet<Watch>,
 }
 
+/// An engine with the operator's settings (enforcement on, reclaim off by default) that hands out
+/// at most `writes_per_batch` object writes a pass.
+pub fn engine_with(writes_per_batch: usize) -> Engine {
+    Engine::new(Settings {
+        operator_user: "system:serviceaccount:teamgpu-system:teamgpu".into(),
+        admin_groups: None,
+        enforcement: Enforcement::Deny,
+        reclaim: ReclaimDefaults {
+            enabled: false,
+            grace: std::time::Duration::from_secs(120),
+            min_runtime: std::time::Duration::ZERO,
+        },
+        writes_per_batch,
+    })
+}
+
 fn dynamic(value: Value) -> DynamicObject {
     serde_json::from_value(value).expect("a Kubernetes object")
 }
@@ -66,7 +85,11 @@ impl Server {
     /// The built-in example's cluster (config/samples, six 8-GPU nodes, claims in use), as a
     /// real server holds it: every object with a uid and a resourceVersion.
     pub fn example() -> Self {
-        let state = teamgpu::cli::example::state().expect("the built-in example loads");
+        Self::holding(teamgpu::cli::example::state().expect("the built-in example loads"))
+    }
+
+    /// `state`'s cluster, as a real server holds it.
+    pub fn holding(state: ClusterState) -> Self {
         let mut server = Server::default();
         for p in state.sharing_policies {
             let object = dynamic(json!(p));
