@@ -5,7 +5,8 @@
 //! each pass's effects performed by the engine tests' stand-in for the API server
 //! (`tests/engine/server.rs`) and settled. `plan` measures the planner and differ alone; this is
 //! what a claim's reaction waits for in the operator, with the allocator the operator binary
-//! uses. Prints the median and p90 of the passes.
+//! uses. Prints the median, p90 and max of the claims' passes and of the passes their own
+//! writes coming back wake, and how long the converge's first pass took.
 //!
 //! `cargo bench -p teamgpu --bench engine` (docs/operator.md); another scale with
 //! `cargo bench -p teamgpu --bench engine -- TEAMS NAMESPACES-PER-TEAM CLAIMS ROUNDS`.
