@@ -198,3 +198,60 @@ fn extreme_values_do_not_panic() {
     assert_eq!(out.teams.len(), 3);
     assert!(compute_pool(&PoolInput::default()).teams.is_empty());
 }
+
+#[test]
+fn a_teams_quota_holds_while_its_claims_are_on_their_way_to_free_devices() {
+    // research (8 guaranteed) starts 16 one-GPU Pods; production (8 guaranteed) is idle and
+    // lends at most 4 of its 8. research may hold its 8 and production's 4: 12. Its claims are
+    // created faster than the scheduler allocates them, so it is below its guarantee in
+    // allocated devices while its Pods wait; but its claims are charged and the free devices
+    // cover them, so nothing waits on a borrower. Its quota must stay at 12 throughout: every
+    // change of a ResourceQuota's hard makes kube-controller-manager recount its use from a
+    // cache that lags the burst, and admission then lets a claim past the hard.
+    let pool = |requested, allocated, pending| PoolInput {
+        departments: Vec::new(),
+        capacity: 16,
+        teams: vec![
+            team(
+                "research",
+                8,
+                16,
+                1,
+                vec![ns("research", requested, allocated, pending)],
+            ),
+            lending(4, team("production", 8, 16, 1, vec![])),
+        ],
+    };
+    // (requested, allocated, pending) as the burst goes on; the last is when it has all.
+    for usage in [
+        (4, 4, 12),
+        (4, 0, 12),
+        (9, 4, 6),
+        (11, 3, 8),
+        (12, 7, 9),
+        (12, 12, 4),
+    ] {
+        let out = compute_pool(&pool(usage.0, usage.1, usage.2));
+        let research = share(&out, "research");
+        assert_eq!(
+            research.entitlement, 12,
+            "{usage:?}: {}",
+            research.explanation
+        );
+        assert!(out.reclaims.is_empty(), "{usage:?}");
+    }
+    // production's own Pods then wait for 2 while research holds its 12, 4 of them production's:
+    // the 4 production kept unlent are free and cover them, nobody gives back.
+    let out = compute_pool(&PoolInput {
+        teams: vec![
+            team("research", 8, 16, 1, vec![ns("research", 12, 12, 4)]),
+            lending(
+                4,
+                team("production", 8, 16, 1, vec![ns("production", 0, 0, 2)]),
+            ),
+        ],
+        ..pool(0, 0, 0)
+    });
+    assert_eq!(share(&out, "research").entitlement, 12);
+    assert!(out.reclaims.is_empty());
+}

@@ -371,7 +371,17 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     assert_eq!(u64::from(out.lendable), lendable);
     let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, lendable).0).sum();
     let waiting_owner = |t: &TeamShare| t.pending > 0 && t.allocated < t.effective_guarantee;
-    let over_lent = out.teams.iter().any(waiting_owner) && base_sum > capacity;
+    // Over-lent: borrowers eat into guarantees, and some waiting owner lacks devices of its
+    // guarantee that none of its claims is charged for, or the devices no claim is allocated
+    // do not cover what the waiting owners lack.
+    let uncharged = (out.teams.iter().filter(|t| waiting_owner(t)))
+        .any(|t| t.requested < t.effective_guarantee.min(t.allocated + t.pending));
+    let lacking: u64 = (out.teams.iter().filter(|t| waiting_owner(t)))
+        .map(|t| u64::from(t.pending.min(t.effective_guarantee - t.allocated)))
+        .sum();
+    let allocated: u64 = out.teams.iter().map(|t| u64::from(t.allocated)).sum();
+    let uncovered = lacking > capacity.saturating_sub(allocated);
+    let over_lent = base_sum > capacity && (uncharged || uncovered);
     // While over-lent, only owners waiting below their guarantee borrow, for their own waiting
     // Pods, from the idle devices beyond every such owner's lendable unused guarantee.
     let pool = match over_lent {

@@ -86,8 +86,8 @@ pub(super) fn lend(
     // Rules 2 and 3: lend the devices no claim is charged for. A team holds max(guarantee, use)
     // without borrowing; it may borrow up to its limit, and never its own unused guarantee.
     // While borrowers hold devices some owner is guaranteed (the pool is over-lent) *and* such an
-    // owner waits for devices (pending demand below its guarantee), every idle device is owed to
-    // the waiting owners and lent to nobody else. While no owner waits, lending stays as it was:
+    // owner waits on them (`waiting_owners`), every idle device is owed to the waiting owners and
+    // lent to nobody else. While no owner waits, lending stays as it was:
     // a borrower's quota must not shrink merely because it used what it was lent.
     let used: Vec<u64> = teams
         .iter()
@@ -100,11 +100,8 @@ pub(super) fn lend(
     let (kept, reserved) = unlent(teams, &base, &used, level);
     let reserved_sum: u64 = reserved.iter().sum();
     let lendable = idle.saturating_sub(reserved_sum);
-    // Owners below their guarantee whose Pods wait.
-    let waiting_owner: Vec<bool> = (0..n)
-        .map(|i| teams[i].pending > 0 && teams[i].allocated < effective[i])
-        .collect();
-    let over_lent = waiting_owner.contains(&true) && base.iter().sum::<u64>() > capacity;
+    // Owners below their guarantee whose Pods wait, and whether the pool is over-lent.
+    let (waiting_owner, over_lent) = waiting_owners(teams, effective, &base, capacity);
     // While over-lent, the idle devices are the waiting owners': only they borrow, and only for
     // their own waiting Pods (a claim larger than what an owner lacks of its guarantee needs
     // devices beyond it, else it waits with the devices idle), from what is idle beyond every
@@ -171,6 +168,37 @@ pub(super) fn lend(
         to_waiting,
         wants: wants.iter().map(|w| w.0).collect(),
     }
+}
+
+/// Per team, whether it is an owner below its effective guarantee whose Pods wait; and whether
+/// the pool is over-lent: borrowers' claims eat into guarantees (Σ`base` above `capacity`) while
+/// such an owner waits on them.
+fn waiting_owners(
+    teams: &[Team<'_>],
+    effective: &[u64],
+    base: &[u64],
+    capacity: u64,
+) -> (Vec<bool>, bool) {
+    let waiting_owner: Vec<bool> = (0..teams.len())
+        .map(|i| teams[i].pending > 0 && teams[i].allocated < effective[i])
+        .collect();
+    // They wait on borrowers while part of what they lack of their guarantee is not yet charged
+    // to their claims (its devices are idle, and lending them races their Pods), or while the
+    // free devices (no claim allocated) do not cover it (reclaim acts, rule 6). Not for claims
+    // on their way to a free device: lending would stop, and every borrower's quota shrink, for
+    // the moment between an owner's claims being created and allocated.
+    let uncharged = (0..teams.len()).any(|i| {
+        let lacks_up_to = effective[i].min(teams[i].allocated + teams[i].pending);
+        waiting_owner[i] && teams[i].requested < lacks_up_to
+    });
+    let short: u64 = (0..teams.len())
+        .filter(|&i| waiting_owner[i])
+        .map(|i| teams[i].pending.min(effective[i] - teams[i].allocated))
+        .sum();
+    let allocated: u64 = teams.iter().map(|t| t.allocated).sum();
+    let uncovered = short > capacity.saturating_sub(allocated);
+    let over_lent = (uncharged || uncovered) && base.iter().sum::<u64>() > capacity;
+    (waiting_owner, over_lent)
 }
 
 /// Per team, of its unused guarantee (`base - used`): what a department keeps for its waiting
