@@ -371,11 +371,11 @@ fn check_pool(input: &PoolInput, out: &PoolShares) {
     assert_eq!(u64::from(out.lendable), lendable);
     let base_sum: u64 = out.teams.iter().map(|t| base_and_cap(t, lendable).0).sum();
     let waiting_owner = |t: &TeamShare| t.pending > 0 && t.allocated < t.effective_guarantee;
-    // Over-lent: borrowers eat into guarantees, and some waiting owner lacks devices of its
-    // guarantee that none of its claims is charged for, or the devices no claim is allocated
-    // do not cover what the waiting owners lack.
+    // Over-lent: borrowers eat into guarantees, and some waiting owner's claims do not cover
+    // its guarantee, or the devices no claim is allocated do not cover what the waiting owners
+    // lack.
     let uncharged = (out.teams.iter().filter(|t| waiting_owner(t)))
-        .any(|t| t.requested < t.effective_guarantee.min(t.allocated + t.pending));
+        .any(|t| t.requested < t.effective_guarantee);
     let lacking: u64 = (out.teams.iter().filter(|t| waiting_owner(t)))
         .map(|t| u64::from(t.pending.min(t.effective_guarantee - t.allocated)))
         .sum();

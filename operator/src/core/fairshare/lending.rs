@@ -182,15 +182,13 @@ fn waiting_owners(
     let waiting_owner: Vec<bool> = (0..teams.len())
         .map(|i| teams[i].pending > 0 && teams[i].allocated < effective[i])
         .collect();
-    // They wait on borrowers while part of what they lack of their guarantee is not yet charged
-    // to their claims (its devices are idle, and lending them races their Pods), or while the
-    // free devices (no claim allocated) do not cover it (reclaim acts, rule 6). Not for claims
-    // on their way to a free device: lending would stop, and every borrower's quota shrink, for
-    // the moment between an owner's claims being created and allocated.
-    let uncharged = (0..teams.len()).any(|i| {
-        let lacks_up_to = effective[i].min(teams[i].allocated + teams[i].pending);
-        waiting_owner[i] && teams[i].requested < lacks_up_to
-    });
+    // They wait on borrowers while their claims do not cover their guarantee (the devices they
+    // lack are idle or held by borrowers), or while the free devices (no claim allocated) do not
+    // cover what they lack (reclaim acts, rule 6). An owner whose claims cover its guarantee,
+    // on their way to free devices, waits on nobody: else lending would stop, and every
+    // borrower's quota shrink (its own too, when it borrows), for the moment between its
+    // claims being made and allocated.
+    let uncharged = (0..teams.len()).any(|i| waiting_owner[i] && teams[i].requested < effective[i]);
     let short: u64 = (0..teams.len())
         .filter(|&i| waiting_owner[i])
         .map(|i| teams[i].pending.min(effective[i] - teams[i].allocated))
