@@ -15,7 +15,7 @@ use teamgpu::core::diff::{Kind, LiveView, ObjectKey, Write};
 use teamgpu::core::effects::ReclaimDefaults;
 use teamgpu::core::effects::{Effect, PolicyKind};
 use teamgpu::core::engine::{Done, Engine, Input, Settings};
-use teamgpu::core::plan::admission::Enforcement;
+use teamgpu::core::plan::admission::{DEFAULT_OPERATOR_USER, Enforcement};
 use teamgpu::core::plan::inventory::SliceView;
 use teamgpu::core::plan::objects::is_managed;
 use teamgpu::core::plan::outside_teams::GUARD_LABEL;
@@ -65,7 +65,7 @@ pub struct Server {
 /// at most `writes_per_batch` object writes a pass.
 pub fn engine_with(writes_per_batch: usize) -> Engine {
     Engine::new(Settings {
-        operator_user: "system:serviceaccount:teamgpu-system:teamgpu".into(),
+        operator_user: DEFAULT_OPERATOR_USER.into(),
         admin_groups: None,
         enforcement: Enforcement::Deny,
         reclaim: ReclaimDefaults {

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::api::TeamGpuPolicy;
+use crate::core::plan::admission::DEFAULT_OPERATOR_USER;
 
 fn team_object(name: &str, spec: serde_json::Value) -> Arc<DynamicObject> {
     Arc::new(
@@ -39,7 +40,7 @@ fn a_policy_that_does_not_fit_its_type_is_skipped_and_reported() {
 #[test]
 fn a_malformed_policy_gets_a_status_that_says_so_once_the_slices_are_in() {
     let mut engine = Engine::new(Settings {
-        operator_user: "system:serviceaccount:teamgpu-system:teamgpu".into(),
+        operator_user: DEFAULT_OPERATOR_USER.into(),
         admin_groups: None,
         enforcement: Enforcement::Deny,
         reclaim: ReclaimDefaults {

@@ -1,6 +1,7 @@
 //! Rules 2 and 3 of one pool: which idle devices are lent, and to whom.
 
 use super::apportion::water_fill_above;
+use super::reclaim::needs_and_free;
 use super::{Explanation, LevelRules, Team, to_u32};
 
 /// How one pool's idle devices are lent (rules 2 and 3), per team in the order of `teams`.
@@ -189,12 +190,8 @@ fn waiting_owners(
     // borrower's quota shrink (its own too, when it borrows), for the moment between its
     // claims being made and allocated.
     let uncharged = (0..teams.len()).any(|i| waiting_owner[i] && teams[i].requested < effective[i]);
-    let short: u64 = (0..teams.len())
-        .filter(|&i| waiting_owner[i])
-        .map(|i| teams[i].pending.min(effective[i] - teams[i].allocated))
-        .sum();
-    let allocated: u64 = teams.iter().map(|t| t.allocated).sum();
-    let uncovered = short > capacity.saturating_sub(allocated);
+    let (needs, free) = needs_and_free(teams, capacity, effective);
+    let uncovered = needs.iter().sum::<u64>() > free;
     let over_lent = (uncharged || uncovered) && base.iter().sum::<u64>() > capacity;
     (waiting_owner, over_lent)
 }

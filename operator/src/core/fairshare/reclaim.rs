@@ -8,14 +8,8 @@ use super::{Reclaim, Team, to_u32};
 /// owner with a lending limit lent at most that many devices: the rest of its need is served
 /// from the free devices first.
 pub(super) fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> Vec<Reclaim> {
-    let needs: Vec<u64> = teams
-        .iter()
-        .zip(effective)
-        .map(|(t, &eg)| t.pending.min(eg.saturating_sub(t.allocated)))
-        .collect();
+    let (needs, free) = needs_and_free(teams, capacity, effective);
     let need_sum: u64 = needs.iter().sum();
-    let allocated_sum: u64 = teams.iter().map(|t| t.allocated).sum();
-    let free = capacity.saturating_sub(allocated_sum);
     if need_sum <= free {
         return Vec::new();
     }
@@ -83,4 +77,20 @@ pub(super) fn reclaims(teams: &[Team<'_>], capacity: u64, effective: &[u64]) -> 
     }
     out.sort_by(|a, b| (&a.for_team, &a.borrower).cmp(&(&b.for_team, &b.borrower)));
     out
+}
+
+/// What each team lacks of its `effective` guarantee that its Pods wait for (0 unless it is an
+/// owner below its guarantee whose Pods wait), and the free devices: `capacity` less every
+/// allocated device. Reclaim acts, and lending stops for all but the owners, when the needs
+/// add up to more than the free devices.
+pub(super) fn needs_and_free(
+    teams: &[Team<'_>],
+    capacity: u64,
+    effective: &[u64],
+) -> (Vec<u64>, u64) {
+    let needs = (teams.iter().zip(effective))
+        .map(|(t, &eg)| t.pending.min(eg.saturating_sub(t.allocated)))
+        .collect();
+    let allocated: u64 = teams.iter().map(|t| t.allocated).sum();
+    (needs, capacity.saturating_sub(allocated))
 }
