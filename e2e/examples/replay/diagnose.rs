@@ -193,7 +193,13 @@ pub fn unpaid_move(setting: &Setting, timeline: &Timeline, pod: &PodTrace, ended
     };
     let mut there: Vec<(Seconds, String)> = Vec::new();
     let mut elsewhere: Vec<(Seconds, String)> = Vec::new();
-    for p in timeline.pods.values().filter(|p| within(p)) {
+    let held: BTreeMap<usize, u32> = (holdings_at(setting, timeline, ended).into_values())
+        .flatten()
+        .fold(BTreeMap::new(), |mut held, (team, devices)| {
+            *held.entry(team).or_default() += devices;
+            held
+        });
+    for (uid, p) in timeline.pods.iter().filter(|(_, p)| within(p)) {
         let team = setting.team_of.get(&p.namespace).copied();
         let bound = p.bound.unwrap_or(ended);
         let what = format!(
@@ -203,7 +209,21 @@ pub fn unpaid_move(setting: &Setting, timeline: &Timeline, pod: &PodTrace, ended
             p.gpus
         );
         if p.node.as_deref() == Some(node) {
-            there.push((bound, what));
+            // Whether the team that took the room was owed it: what it held when the moved Pod
+            // went, against its guarantee, and when its claim was made.
+            let claimed = (timeline.claims.values())
+                .filter(|c| c.pod.as_deref() == Some(uid.as_str()))
+                .map(|c| c.created)
+                .min_by(f64::total_cmp);
+            let owed = team.map_or(String::new(), |t| {
+                format!(
+                    " (its team held {} of its guarantee of {} then; claim made at {})",
+                    held.get(&t).copied().unwrap_or(0),
+                    setting.teams[t].guaranteed,
+                    claimed.map_or("?".to_owned(), |c| format!("{c:.1} s")),
+                )
+            });
+            there.push((bound, what + &owed));
         } else if team.is_some() && team == waiting {
             let on = p.node.as_deref().unwrap_or("?");
             elsewhere.push((bound, format!("{what} on {on}")));

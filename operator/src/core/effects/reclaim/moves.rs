@@ -166,8 +166,8 @@ impl ReclaimTracker {
 }
 
 /// The teams other than the waiting `team`, each with its workloads holding devices of
-/// `policy`, what it holds above its effective guarantee, and, for a team above it, its
-/// workloads queued for room (they would take the room made first).
+/// `policy`, what it holds above its effective guarantee, and, for a team that holds its
+/// guarantee, its workloads queued for room (they would take the room made first).
 fn other_teams(
     input: ReclaimInput<'_>,
     (policy, team): (&str, &str),
@@ -177,9 +177,10 @@ fn other_teams(
     (input.plan.teams.iter())
         .filter(|t| t.name != *team)
         .map(|t| {
-            let above_guarantee = above_guarantee(quota_of(t, policy));
-            // A borrower's workloads queued for room would take the room made first.
-            let queued = if above_guarantee > 0 {
+            let quota = quota_of(t, policy);
+            // A team that holds its guarantee borrows every device its queued workloads are
+            // charged, and the scheduler would give them the room made first.
+            let queued = if quota.is_some_and(|q| q.allocated >= q.effective_guarantee) {
                 queued(input.pods, input.claims, &t.namespaces, &class)
             } else {
                 Vec::new()
@@ -187,7 +188,7 @@ fn other_teams(
             Borrower {
                 team: t.name.clone(),
                 owes: 0,
-                above_guarantee,
+                above_guarantee: above_guarantee(quota),
                 workloads: workloads(input.pods, input.claims, &t.namespaces, (&class, &node_of)),
                 queued,
             }

@@ -430,9 +430,15 @@ fn a_borrowers_pod_queued_for_a_node_goes_with_a_move_so_that_it_does_not_take_t
             ("Job b/small", EvictionWhy::Move)
         ]
     );
-    // Nothing is removed from a team within its guarantee, nor when nothing moves.
+    // A team that holds exactly its guarantee borrows all 8 its queued Job is charged: it goes
+    // too (in the replay, such a team's 8-GPU Pod took the node a move had emptied).
+    let mut at = fragmented_plan();
+    at.teams.push(team_report("d", "d", 4, 4));
+    assert_eq!(what_and_why(&after_grace(&at, cluster)), what);
+    // Nothing is removed from a team below its guarantee (it is owed room too), nor when
+    // nothing moves.
     let mut within = fragmented_plan();
-    within.teams.push(team_report("d", "d", 4, 4));
+    within.teams.push(team_report("d", "d", 3, 4));
     let pass = after_grace(&within, cluster);
     assert_eq!(pass.evictions.len(), 1, "{:?}", pass.evictions);
 }
