@@ -209,6 +209,19 @@ impl World {
             .collect()
     }
 
+    /// Waits until an Event with `reason` in `ns` has a note that contains every one of `parts`.
+    async fn told(&self, ns: &str, reason: &str, parts: &[&str]) {
+        eventually(&format!("{reason} told in {ns}"), CONVERGE, || async {
+            let told = self.events(ns, reason).await;
+            if told.iter().any(|n| parts.iter().all(|p| n.contains(p))) {
+                Ok(())
+            } else {
+                Err(format!("{told:?}"))
+            }
+        })
+        .await;
+    }
+
     /// Waits until the quota of `ns` reads `hard` and `used` devices of the policy's class on
     /// the server.
     async fn quota_reads(&self, ns: &str, hard: &str, used: &str) {
@@ -715,15 +728,7 @@ async fn a_minimum_runtime_is_respected_before_a_workload_is_taken() {
     let started = Instant::now();
     world.create_pod(&owner, pod("serve", &x4, None)).await;
     // Nothing is evicted for 20 s after the borrower's Pods started; then one 4-GPU Pod goes.
-    eventually("the owner is told reclaim waits", CONVERGE, || async {
-        let told = world.events(&owner, "ReclaimWaiting").await;
-        if told.iter().any(|n| n.contains("minimum runtime (20 s)")) {
-            Ok(())
-        } else {
-            Err(format!("{told:?}"))
-        }
-    })
-    .await;
+    (world.told(&owner, "ReclaimWaiting", &["minimum runtime (20 s)"])).await;
     assert_eq!(world.pods(&borrower).await.len(), 4, "nothing evicted yet");
     world.holds(&owner, 4, Duration::from_secs(45)).await;
     let waited = started.elapsed();
@@ -1076,18 +1081,9 @@ async fn a_borrowers_job_queued_for_a_node_does_not_take_the_room_made_for_the_o
     let mut expected: BTreeSet<String> = (0..6).map(|i| format!("low-gpu-a-03-{i}")).collect();
     expected.extend(queued.iter().map(|(n, _)| n.clone()));
     assert_eq!(gone, expected);
-    eventually("the queued Job's removal told", CONVERGE, || async {
-        let told = world.events(&borrower, "Dequeued").await;
-        let note = "sweep (1 Pod, waiting for 8 devices of sxm, priority teamgpu-e2e-high (1000)) \
-                    before it starts: borrower holds devices above its guarantee that owner \
-                    needs back";
-        if told.iter().any(|n| n.contains(note)) {
-            Ok(())
-        } else {
-            Err(format!("{told:?}"))
-        }
-    })
-    .await;
+    let note = "sweep (1 Pod, waiting for 8 devices of sxm, priority teamgpu-e2e-high (1000)) \
+                before it starts: borrower holds devices above its guarantee that owner needs back";
+    world.told(&borrower, "Dequeued", &[note]).await;
     // Its Job makes the Pod again, and quota refuses its claim: the borrower holds 18 and is
     // lent the 6 idle devices (32 - 8 - 18), 24 in all, 2 short of the 8-GPU claim.
     world.holds(&borrower, 18, CONVERGE).await;
@@ -1283,18 +1279,11 @@ async fn a_claim_that_fits_no_node_does_not_keep_its_teams_next_pod_waiting() {
     eprintln!("owner's 2-GPU Pod holds its devices {served:?} after asking");
 }
 
-/// Issue 22's fragmentation with nobody borrowing (the replay, seed 22: 23 devices free, no team
-/// above its guarantee, an 8-GPU Pod waiting 18 s): the other team, within its guarantee, has a
-/// 1-GPU Job alone on one node and full or nearly full nodes elsewhere, so the owner's 8-GPU
-/// claim, within its guarantee, fits no node and there is no borrower to take from. After the
-/// owner's grace period the Job's Pod is moved: evicted (`Moved`), the owner's Pod is bound on
-/// the node it left, and the Job's Pod made again runs on another node; the other team holds
-/// what it held.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
-    let Some((world, owner)) = whole_nodes_and_an_owner().await else {
-        return;
-    };
+/// The other team (guaranteed 24, its limit) holding 22: gpu-a-02 and gpu-a-03 whole, 5 of
+/// gpu-a-04, and a 1-GPU Job `small` alone on gpu-a-01. 7 devices are free on gpu-a-01, 3 on
+/// gpu-a-04: no node has room for 8, but the Job fits gpu-a-04. Returns the other team's
+/// namespace, its Pods and the Job's node.
+async fn a_small_job_alone_on_a_node(world: &World) -> (String, Api<Pod>, String) {
     let other = (world.team("other", json!({"guaranteed": 24, "limit": 24}), json!({}))).await;
     let pinned = world.pinned().await;
     // gpu-a-02 and gpu-a-03 full, gpu-a-04 full for now: the Job can only go to gpu-a-01.
@@ -1320,25 +1309,33 @@ async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
         pods.delete(&name, &DeleteParams::default()).await.unwrap();
     }
     world.holds(&other, 22, CONVERGE).await;
-    let first_node = small_jobs_node(&pods)
+    let node = small_jobs_node(&pods)
         .await
         .expect("the Job's Pod on a node");
+    (other, pods, node)
+}
+
+/// Issue 22's fragmentation with nobody borrowing (the replay, seed 22: 23 devices free, no team
+/// above its guarantee, an 8-GPU Pod waiting 18 s): the other team, within its guarantee, has a
+/// 1-GPU Job alone on one node and full or nearly full nodes elsewhere, so the owner's 8-GPU
+/// claim, within its guarantee, fits no node and there is no borrower to take from. After the
+/// owner's grace period the Job's Pod is moved: evicted (`Moved`), the owner's Pod is bound on
+/// the node it left, and the Job's Pod made again runs on another node; the other team holds
+/// what it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
+    let Some((world, owner)) = whole_nodes_and_an_owner().await else {
+        return;
+    };
+    let (other, pods, first_node) = a_small_job_alone_on_a_node(&world).await;
 
     let (bound, train_node) = train_on_a_whole_node(&world, &owner).await;
     assert_eq!(
         train_node, first_node,
         "the owner's Pod is bound on the node the Job left"
     );
-    eventually("the move told on the Job's Pod", CONVERGE, || async {
-        let told = world.events(&other, "Moved").await;
-        let about = "owner waits, within its guarantee, for 8 devices in claims";
-        if told.iter().any(|n| n.contains("Job ") && n.contains(about)) {
-            Ok(())
-        } else {
-            Err(format!("{told:?}"))
-        }
-    })
-    .await;
+    let about = "owner waits, within its guarantee, for 8 devices in claims";
+    world.told(&other, "Moved", &["Job ", about]).await;
     // The Job controller makes its Pod again (after its failure backoff, 10 s) and it runs on
     // another node: the other team holds its 22 again, nothing else of it was evicted.
     world.holds(&other, 22, Duration::from_secs(60)).await;
@@ -1348,6 +1345,39 @@ async fn a_small_job_moves_to_another_node_so_that_an_eight_gpu_claim_fits() {
         .expect("the Job's Pod made again, on a node");
     assert_ne!(second_node, first_node);
     assert_eq!(now.len(), 2 + 5 + 1, "{now:?}");
+    eprintln!("owner's 8-GPU Pod bound {bound:?} after asking (3 s grace)");
+}
+
+/// A move's room is not taken by a team that holds its guarantee. As in the move above, and a
+/// third team, guaranteed none (limit 8), was lent 8 idle devices before the owner asked: its
+/// 1-Pod 8-GPU Job's claim is charged and fits no node. Holding its guarantee (none), it
+/// borrows all 8; the scheduler would give it the node the move empties as readily as the
+/// owner's Pod. The move removes the queued Job with it (`Dequeued`), and the owner's Pod is
+/// bound on the node the small Job left. Until moves removed the queued workloads of a team at
+/// exactly its guarantee (not only above it), the Job stayed and raced the owner for the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_at_its_guarantee_with_a_job_queued_for_a_node_does_not_take_a_moves_room() {
+    let Some((world, owner)) = whole_nodes_and_an_owner().await else {
+        return;
+    };
+    let (_, _, first_node) = a_small_job_alone_on_a_node(&world).await;
+    let queued = (world.team("queued", json!({"guaranteed": 0, "limit": 8}), json!({}))).await;
+    world
+        .create_job(&queued, job("big", 1, "sxm-x8", None))
+        .await;
+    world.quota_reads(&queued, "8", "8").await;
+
+    let (bound, train_node) = train_on_a_whole_node(&world, &owner).await;
+    assert_eq!(
+        train_node, first_node,
+        "the owner's Pod is bound on the node the small Job left"
+    );
+    world
+        .told(&queued, "Dequeued", &["big (1 Pod", "owner"])
+        .await;
+    // Its Pod made again waits without a claim: the team is lent the 2 idle devices (32 - 8 -
+    // 22), not the 8 it asks for.
+    world.quota_reads(&queued, "2", "0").await;
     eprintln!("owner's 8-GPU Pod bound {bound:?} after asking (3 s grace)");
 }
 
@@ -1407,15 +1437,7 @@ async fn a_borrowers_pods_taken_back_and_a_small_job_moved_clear_a_node_for_an_e
         "the owner's Pod is bound on the node cleared for it"
     );
     for (namespace, reason, what) in [(&other, "Moved", "Job "), (&borrower, "Reclaimed", "Pod ")] {
-        eventually(&format!("{reason} told"), CONVERGE, || async {
-            let told = world.events(namespace, reason).await;
-            if told.iter().any(|n| n.contains(what) && n.contains("owner")) {
-                Ok(())
-            } else {
-                Err(format!("{told:?}"))
-            }
-        })
-        .await;
+        world.told(namespace, reason, &[what, "owner"]).await;
     }
     // The borrower is back at its guarantee (its bare Pods are not made again); the Job's Pod
     // made again runs on gpu-a-04, and the other team holds its 16 again.
