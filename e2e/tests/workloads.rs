@@ -1082,13 +1082,46 @@ async fn a_borrowers_job_queued_for_a_node_does_not_take_the_room_made_for_the_o
     expected.extend(queued.iter().map(|(n, _)| n.clone()));
     assert_eq!(gone, expected);
     let note = "sweep (1 Pod, waiting for 8 devices of sxm, priority teamgpu-e2e-high (1000)) \
-                before it starts: borrower holds devices above its guarantee that owner needs back";
+                before it starts: borrower is charged for it beyond its guarantee while owner \
+                needs devices back";
     world.told(&borrower, "Dequeued", &[note]).await;
     // Its Job makes the Pod again, and quota refuses its claim: the borrower holds 18 and is
     // lent the 6 idle devices (32 - 8 - 18), 24 in all, 2 short of the 8-GPU claim.
     world.holds(&borrower, 18, CONVERGE).await;
     world.quota_reads(&borrower, "24", "18").await;
     eprintln!("owner's 8-GPU Pod bound {restored:?} after asking (3 s grace)");
+}
+
+/// As above, but the Job queued for a node is a third team's, guaranteed none (limit 8), that
+/// was lent the owner's unused 8 before the owner asked. It holds its guarantee (none), so
+/// reclaim asks nothing of it, yet every device its Job is charged is borrowed and the
+/// scheduler would give the Job the node reclaim empties. It is removed with the evictions
+/// (`Dequeued`), and the owner's Pod is bound where the low-priority Pods ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_queued_by_a_team_at_its_guarantee_does_not_take_the_room_reclaim_makes() {
+    let Some((world, owner, borrower)) = scattered().await else {
+        return;
+    };
+    let queued = (world.team("queued", json!({"guaranteed": 0, "limit": 8}), json!({}))).await;
+    world
+        .create_job(&queued, job("big", 1, "sxm-x8", None))
+        .await;
+    world.quota_reads(&queued, "8", "8").await;
+    let low_node = (world.pod_named(&borrower, "low-gpu-a-03-0").await)
+        .spec
+        .and_then(|s| s.node_name);
+
+    let (bound, train_node) = train_on_a_whole_node(&world, &owner).await;
+    assert_eq!(
+        Some(train_node),
+        low_node,
+        "train bound where the low-priority Pods ran"
+    );
+    world
+        .told(&queued, "Dequeued", &["big (1 Pod", "owner"])
+        .await;
+    world.holds(&borrower, 18, CONVERGE).await;
+    eprintln!("owner's 8-GPU Pod bound {bound:?} after asking (3 s grace)");
 }
 
 /// An owner 2 devices below its guarantee whose next Pod asks for 4, while a borrower holds 2

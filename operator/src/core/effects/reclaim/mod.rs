@@ -340,7 +340,11 @@ impl ReclaimTracker {
             devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
             for_team: team.name.to_owned(),
         };
-        let queued = self.dequeue(input, &borrowers, &order, team.namespaces);
+        let mut queued = self.dequeue(input, &borrowers, &order, team.namespaces);
+        if !choice.evict.is_empty() {
+            let elsewhere = queued_elsewhere(input, (policy, team.name), orders);
+            queued.extend(self.dequeue(input, &elsewhere, &order, team.namespaces));
+        }
         // Asked for already for another waiting team: by its Pods (a label's name is the
         // same in two teams).
         let taken: Vec<_> = out.evictions.iter().map(|e| e.pods.clone()).collect();
@@ -435,6 +439,40 @@ impl<'a> TeamInPlan<'a> {
 /// `team`'s quota of sharing policy `policy`.
 fn quota_of<'a>(team: &'a TeamReport, policy: &str) -> Option<&'a QuotaStatus> {
     team.quotas.iter().find(|q| q.sharing_policy == policy)
+}
+
+/// `team`'s workloads queued for room of `policy` ([`queued`]) when it holds its guarantee
+/// (allocated devices at least its effective guarantee): every device they are charged is
+/// borrowed, and the scheduler would give them the room that reclaim or a move makes first.
+fn queued_if_borrowed(input: ReclaimInput<'_>, team: &TeamReport, policy: &str) -> Vec<Workload> {
+    let quota = quota_of(team, policy);
+    if quota.is_some_and(|q| q.allocated >= q.effective_guarantee) {
+        let class = objects::device_class_name(policy);
+        queued(input.pods, input.claims, &team.namespaces, &class)
+    } else {
+        Vec::new()
+    }
+}
+
+/// The teams other than `waiting` and the borrowers of `orders` with workloads queued for room
+/// of `policy` while they hold their guarantee ([`queued_if_borrowed`]), to remove with
+/// reclaim's evictions: they give back nothing, but would take the room made.
+fn queued_elsewhere(
+    input: ReclaimInput<'_>,
+    (policy, waiting): (&str, &str),
+    orders: &[&ReclaimOrder],
+) -> Vec<Borrower> {
+    (input.plan.teams.iter())
+        .filter(|t| t.name != waiting && !orders.iter().any(|o| o.borrower == t.name))
+        .map(|t| Borrower {
+            team: t.name.clone(),
+            owes: 0,
+            above_guarantee: above_guarantee(quota_of(t, policy)),
+            workloads: Vec::new(),
+            queued: queued_if_borrowed(input, t, policy),
+        })
+        .filter(|b| !b.queued.is_empty())
+        .collect()
 }
 
 /// Devices a team holds above its effective guarantee, by its quota: the most it ever gives.

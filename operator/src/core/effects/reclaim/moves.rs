@@ -33,10 +33,10 @@ use k8s_openapi::jiff::Timestamp;
 use super::kept::{PassBudgets, choose_within_budgets};
 use super::nodes::{self, Free, MOST_WEIGHED, fit};
 use super::victims::{Borrower, Choice, eligible_at, runtime};
-use super::workload::{NodeOf, Workload, queued, workloads};
+use super::workload::{NodeOf, Workload, workloads};
 use super::{
     EvictionWhy, ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, TeamInPlan,
-    above_guarantee, eviction, quota_of,
+    above_guarantee, eviction, queued_if_borrowed, quota_of,
 };
 use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::placement::Placement;
@@ -176,22 +176,12 @@ fn other_teams(
     let class = objects::device_class_name(policy);
     (input.plan.teams.iter())
         .filter(|t| t.name != *team)
-        .map(|t| {
-            let quota = quota_of(t, policy);
-            // A team that holds its guarantee borrows every device its queued workloads are
-            // charged, and the scheduler would give them the room made first.
-            let queued = if quota.is_some_and(|q| q.allocated >= q.effective_guarantee) {
-                queued(input.pods, input.claims, &t.namespaces, &class)
-            } else {
-                Vec::new()
-            };
-            Borrower {
-                team: t.name.clone(),
-                owes: 0,
-                above_guarantee: above_guarantee(quota),
-                workloads: workloads(input.pods, input.claims, &t.namespaces, (&class, &node_of)),
-                queued,
-            }
+        .map(|t| Borrower {
+            team: t.name.clone(),
+            owes: 0,
+            above_guarantee: above_guarantee(quota_of(t, policy)),
+            workloads: workloads(input.pods, input.claims, &t.namespaces, (&class, &node_of)),
+            queued: queued_if_borrowed(input, t, policy),
         })
         .collect()
 }

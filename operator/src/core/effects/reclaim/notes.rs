@@ -140,10 +140,10 @@ pub fn eviction_events(eviction: &Eviction, outcome: Result<Taken, &str>) -> Vec
         Ok(_) if e.why == EvictionWhy::Queued => (
             "Dequeued",
             format!(
-                "removing {what} before it starts: {} holds devices above its guarantee that {} \
-                 needs back ({} short{held}), and the scheduler would give this workload the \
-                 room reclaim makes; no work is lost, its controller makes its Pods again and \
-                 their claims wait for quota{resumed}{elsewhere}",
+                "removing {what} before it starts: {} is charged for it beyond its guarantee \
+                 while {} needs devices back ({} short{held}), and the scheduler would give this \
+                 workload the room reclaim makes; no work is lost, its controller makes its Pods \
+                 again and their claims wait for quota{resumed}{elsewhere}",
                 order.borrower, order.for_team, order.devices
             ),
         ),

@@ -121,6 +121,7 @@ fn room_left(borrowers: &[Borrower]) -> Vec<u64> {
 
 mod kept;
 mod moves;
+mod queued;
 mod tracker;
 mod victims;
 mod workloads;

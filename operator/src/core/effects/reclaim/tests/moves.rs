@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::tracker::{Waiting, queued_pod, team_report, unallocated};
+use super::queued::{queued_pod, unallocated};
+use super::tracker::{Waiting, team_report};
 use super::*;
 use crate::core::effects::reclaim::moves::{MOVED_AGAIN_AFTER, choose_moves};
 use crate::core::effects::reclaim::nodes::Free;
