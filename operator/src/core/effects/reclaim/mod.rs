@@ -204,24 +204,23 @@ impl ReclaimTracker {
         (self.evicted).contains_key(&(namespace.to_string(), name.to_string()))
     }
 
-    /// The removal of the borrowers' workloads queued for room that the Eviction API has not
-    /// taken yet. They go before the evictions: the scheduler would give them the room the
+    /// The removal of the `queued` workloads (each with its team, borrowing what they are
+    /// charged) that the Eviction API has not taken yet. They go before the evictions: the scheduler would give them the room the
     /// evictions make (quota charged them while their team could borrow), and their claims,
     /// made again, wait for quota now.
-    fn dequeue(
+    fn dequeue<'w>(
         &self,
         input: ReclaimInput<'_>,
-        borrowers: &[Borrower],
-        order: &dyn Fn(&Borrower) -> ReclaimOrder,
+        queued: impl IntoIterator<Item = (&'w str, &'w Workload)>,
+        order: &dyn Fn(&str) -> ReclaimOrder,
         waiting_namespaces: &[String],
     ) -> Vec<Eviction> {
-        (borrowers.iter())
-            .flat_map(|b| b.queued.iter().map(move |w| (b, w)))
+        (queued.into_iter())
             .filter(|(_, w)| !w.pods.iter().all(|p| self.is_evicted(p)))
-            .map(|(b, w)| {
+            .map(|(team, w)| {
                 eviction(
                     input,
-                    order(b),
+                    order(team),
                     w,
                     (waiting_namespaces, EvictionWhy::Queued),
                 )
@@ -334,16 +333,17 @@ impl ReclaimTracker {
         }
         self.wake_when_eligible(choice.eligible_at, (now, wall));
         let team = TeamInPlan::of(input.plan, team);
-        let order = |borrower: &Borrower| ReclaimOrder {
+        let order = |borrower: &str| ReclaimOrder {
             sharing_policy: policy.to_owned(),
-            borrower: borrower.team.clone(),
+            borrower: borrower.to_owned(),
             devices: u32::try_from(shortfall).unwrap_or(u32::MAX),
             for_team: team.name.to_owned(),
         };
-        let mut queued = self.dequeue(input, &borrowers, &order, team.namespaces);
+        let mut queued = self.dequeue(input, queued_of(&borrowers), &order, team.namespaces);
         if !choice.evict.is_empty() {
             let elsewhere = queued_elsewhere(input, (policy, team.name), orders);
-            queued.extend(self.dequeue(input, &elsewhere, &order, team.namespaces));
+            let elsewhere = (elsewhere.iter()).flat_map(|(t, ws)| ws.iter().map(move |w| (*t, w)));
+            queued.extend(self.dequeue(input, elsewhere, &order, team.namespaces));
         }
         // Asked for already for another waiting team: by its Pods (a label's name is the
         // same in two teams).
@@ -352,7 +352,7 @@ impl ReclaimTracker {
         let reclaimed: Vec<Eviction> = (choice.evict.iter())
             .map(|(b, w)| {
                 let why = EvictionWhy::Reclaim;
-                eviction(input, order(&borrowers[*b]), w, (team.namespaces, why))
+                eviction(input, order(&borrowers[*b].team), w, (team.namespaces, why))
             })
             .collect();
         let freeing: Vec<_> = reclaimed.iter().map(|e| e.pods.clone()).collect();
@@ -444,11 +444,15 @@ fn quota_of<'a>(team: &'a TeamReport, policy: &str) -> Option<&'a QuotaStatus> {
 /// `team`'s workloads queued for room of `policy` ([`queued`]) when it holds its guarantee
 /// (allocated devices at least its effective guarantee): every device they are charged is
 /// borrowed, and the scheduler would give them the room that reclaim or a move makes first.
-fn queued_if_borrowed(input: ReclaimInput<'_>, team: &TeamReport, policy: &str) -> Vec<Workload> {
+/// `class` is the policy's DeviceClass.
+fn queued_if_borrowed(
+    input: ReclaimInput<'_>,
+    team: &TeamReport,
+    (policy, class): (&str, &str),
+) -> Vec<Workload> {
     let quota = quota_of(team, policy);
     if quota.is_some_and(|q| q.allocated >= q.effective_guarantee) {
-        let class = objects::device_class_name(policy);
-        queued(input.pods, input.claims, &team.namespaces, &class)
+        queued(input.pods, input.claims, &team.namespaces, class)
     } else {
         Vec::new()
     }
@@ -457,22 +461,27 @@ fn queued_if_borrowed(input: ReclaimInput<'_>, team: &TeamReport, policy: &str) 
 /// The teams other than `waiting` and the borrowers of `orders` with workloads queued for room
 /// of `policy` while they hold their guarantee ([`queued_if_borrowed`]), to remove with
 /// reclaim's evictions: they give back nothing, but would take the room made.
-fn queued_elsewhere(
-    input: ReclaimInput<'_>,
+fn queued_elsewhere<'p>(
+    input: ReclaimInput<'p>,
     (policy, waiting): (&str, &str),
     orders: &[&ReclaimOrder],
-) -> Vec<Borrower> {
+) -> Vec<(&'p str, Vec<Workload>)> {
+    let class = objects::device_class_name(policy);
     (input.plan.teams.iter())
         .filter(|t| t.name != waiting && !orders.iter().any(|o| o.borrower == t.name))
-        .map(|t| Borrower {
-            team: t.name.clone(),
-            owes: 0,
-            above_guarantee: above_guarantee(quota_of(t, policy)),
-            workloads: Vec::new(),
-            queued: queued_if_borrowed(input, t, policy),
+        .map(|t| {
+            (
+                t.name.as_str(),
+                queued_if_borrowed(input, t, (policy, &class)),
+            )
         })
-        .filter(|b| !b.queued.is_empty())
+        .filter(|(_, queued)| !queued.is_empty())
         .collect()
+}
+
+/// Each of `borrowers`' workloads queued for room, with its team.
+fn queued_of(borrowers: &[Borrower]) -> impl Iterator<Item = (&str, &Workload)> {
+    (borrowers.iter()).flat_map(|b| b.queued.iter().map(move |w| (b.team.as_str(), w)))
 }
 
 /// Devices a team holds above its effective guarantee, by its quota: the most it ever gives.

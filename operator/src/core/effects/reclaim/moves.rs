@@ -36,7 +36,7 @@ use super::victims::{Borrower, Choice, eligible_at, runtime};
 use super::workload::{NodeOf, Workload, workloads};
 use super::{
     EvictionWhy, ReclaimDefaults, ReclaimInput, ReclaimTracker, Reclaimed, TeamInPlan,
-    above_guarantee, eviction, queued_if_borrowed, quota_of,
+    above_guarantee, eviction, queued_if_borrowed, queued_of, quota_of,
 };
 use crate::core::plan::inventory::DeviceId;
 use crate::core::plan::placement::Placement;
@@ -140,18 +140,18 @@ impl ReclaimTracker {
         let (_, choice, _) = choose_within_budgets(&mut others, budgets, &choose);
         self.wake_when_eligible(choice.eligible_at, (now, wall));
         let waiting_namespaces = TeamInPlan::of(input.plan, team).namespaces;
-        let order = |other: &Borrower| ReclaimOrder {
+        let order = |other: &str| ReclaimOrder {
             sharing_policy: policy.to_owned(),
-            borrower: other.team.clone(),
+            borrower: other.to_owned(),
             devices: u32::try_from(wanted).unwrap_or(u32::MAX),
             for_team: team.to_owned(),
         };
         if !choice.evict.is_empty() {
-            let queued = self.dequeue(input, &others, &order, waiting_namespaces);
+            let queued = self.dequeue(input, queued_of(&others), &order, waiting_namespaces);
             (out.evictions).extend(queued.into_iter().filter(|e| !taken.contains(&e.pods)));
         }
         for (k, (t, w)) in choice.evict.iter().enumerate() {
-            let order = order(&others[*t]);
+            let order = order(&others[*t].team);
             let why = if choice.moved.contains(&k) {
                 self.moved.insert(w.name.clone(), now);
                 EvictionWhy::Move
@@ -181,7 +181,7 @@ fn other_teams(
             owes: 0,
             above_guarantee: above_guarantee(quota_of(t, policy)),
             workloads: workloads(input.pods, input.claims, &t.namespaces, (&class, &node_of)),
-            queued: queued_if_borrowed(input, t, policy),
+            queued: queued_if_borrowed(input, t, (policy, &class)),
         })
         .collect()
 }
