@@ -25,6 +25,7 @@
 mod diagnose;
 mod metrics;
 mod observe;
+mod reference;
 mod report;
 mod setup;
 mod workload;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::diagnose;
 use crate::observe::{PodTrace, QuotaSample, Seconds, Timeline};
+use crate::reference::{self, Bounds, Queue};
 use crate::workload::{CAPACITY, GPUS_PER_NODE, GRACE_SECONDS, Job, NODES, Team};
 
 /// Sampling step of the time integrals.
@@ -60,6 +61,10 @@ pub struct Figures {
     pub utilization: f64,
     /// The integral of min(capacity, demand) / capacity-seconds.
     pub ideal: f64,
+    /// The same jobs placed with no latency within the configuration's bounds (see
+    /// `reference.rs`), first come and by a weighted fair queue.
+    pub first_come: Reference,
+    pub fair_queue: Reference,
     pub teams: Vec<TeamFigures>,
     /// Sum of guarantee x window.
     pub guaranteed_device_seconds: f64,
@@ -147,22 +152,60 @@ impl Figures {
     }
 }
 
+/// What the reference scheduler did with the same jobs in the same configuration, measured
+/// as the replay is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reference {
+    pub utilization: f64,
+    pub ideal: f64,
+    /// Mean |allocated - weighted max-min share| per team.
+    pub fairness_deviation: f64,
+}
+
+fn reference_figures(setting: &Setting, queue: Queue, samples: usize) -> Reference {
+    let bounds = Bounds {
+        teams: setting.teams,
+        limits: &setting.limits,
+        lending_limits: &setting.lending_limits,
+    };
+    let placed = reference::place(setting.jobs, bounds, queue, setting.end);
+    let teams = setting.teams.len();
+    let held = step_series(teams, samples, placed.held);
+    let demand = step_series(teams, samples, placed.demand);
+    let (utilization, ideal) = utilization_and_ideal(&held, &demand);
+    let deviations = fairness_deviations(setting, &setting.lending_limits, &held, &demand);
+    Reference {
+        utilization,
+        ideal,
+        fairness_deviation: deviations.iter().map(Deviation::total).sum::<f64>()
+            / teams.max(1) as f64,
+    }
+}
+
+/// Allocated device-seconds / capacity-seconds, and the ideal's: min(capacity, demand).
+fn utilization_and_ideal(held: &[Vec<u32>], demand: &[Vec<u32>]) -> (f64, f64) {
+    let samples = held.first().map_or(0, Vec::len);
+    let window = f64::from(CAPACITY) * samples as f64;
+    let total_at = |series: &[Vec<u32>], i: usize| series.iter().map(|s| s[i]).sum::<u32>();
+    let utilization = (0..samples)
+        .map(|i| f64::from(total_at(held, i)))
+        .sum::<f64>();
+    let ideal = (0..samples)
+        .map(|i| f64::from(total_at(demand, i).min(CAPACITY)))
+        .sum::<f64>();
+    (utilization / window.max(1.0), ideal / window.max(1.0))
+}
+
 /// Computes the figures of `timeline` in `setting`.
 pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
     let samples = (setting.end / STEP).ceil() as usize;
     let held = held_series(setting, timeline, samples);
-    let demand = demand_series(setting, timeline, samples);
-    let capacity = f64::from(CAPACITY);
-    let window = capacity * samples as f64;
-    let total_at = |series: &[Vec<u32>], i: usize| series.iter().map(|s| s[i]).sum::<u32>();
-    let utilization = (0..samples)
-        .map(|i| f64::from(total_at(&held, i)))
-        .sum::<f64>()
-        / window;
-    let ideal = (0..samples)
-        .map(|i| f64::from(total_at(&demand, i).min(CAPACITY)))
-        .sum::<f64>()
-        / window;
+    let demand = step_series(
+        setting.teams.len(),
+        samples,
+        demand_changes(setting, timeline),
+    );
+    let (utilization, ideal) = utilization_and_ideal(&held, &demand);
     let most_free = most_free_series(timeline, samples);
     let (room, unfitting) = room_series(setting, timeline, &most_free);
     let mut teams = team_figures(setting, &held, &demand, &room);
@@ -192,6 +235,8 @@ pub fn figures(setting: &Setting, timeline: &Timeline) -> Figures {
         end: setting.end,
         utilization,
         ideal,
+        first_come: reference_figures(setting, Queue::Arrival, samples),
+        fair_queue: reference_figures(setting, Queue::FairShare, samples),
         guaranteed_device_seconds: (setting.teams.iter())
             .map(|t| f64::from(t.guaranteed) * setting.end)
             .sum(),
@@ -261,7 +306,7 @@ fn held_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<Ve
 
 /// Devices each team's submitted, unfinished Pods want over time: a Job's GPUs from its
 /// submission, less a Pod's GPUs for each of its Pods that succeeded.
-fn demand_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<Vec<u32>> {
+fn demand_changes(setting: &Setting, timeline: &Timeline) -> Vec<reference::Change> {
     let mut changes = Vec::new();
     let mut successes: HashMap<(&str, &str), Vec<Seconds>> = HashMap::new();
     for pod in timeline.pods.values() {
@@ -284,7 +329,7 @@ fn demand_series(setting: &Setting, timeline: &Timeline, samples: usize) -> Vec<
             changes.push((at, job.team, -i64::from(job.gpus_per_pod)));
         }
     }
-    step_series(setting.teams.len(), samples, changes)
+    changes
 }
 
 /// Each team's quota hard or used (`field`) over time, as the server reported it (`u32::MAX`

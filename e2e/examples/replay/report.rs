@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::metrics::{Figures, STEP, quantile};
+use crate::metrics::{Figures, Reference, STEP, quantile};
 use crate::setup::Configuration;
 use crate::workload::{CAPACITY, GRACE_SECONDS, Job, NODES, Team};
 
@@ -106,6 +106,21 @@ fn rows(results: &[(Configuration, Figures)]) -> Vec<Row> {
                         .map(|(a, b)| a.utilization > b.utilization)
                 ),
             ),
+        ),
+        row(
+            "the same jobs bound with no latency within the configuration's limits and lending limits, never evicted (best fit): first come / weighted fair queue: utilization (of its own ideal); fairness",
+            &|f| {
+                let show = |r: &Reference| {
+                    format!(
+                        "{:.1}% ({:.1}%); {:.2}",
+                        100.0 * r.utilization,
+                        100.0 * r.utilization / r.ideal.max(f64::MIN_POSITIVE),
+                        r.fairness_deviation
+                    )
+                };
+                format!("{} / {}", show(&f.first_come), show(&f.fair_queue))
+            },
+            String::new(),
         ),
         row(
             "idle while wanted, % of capacity-seconds: within quota / above quota (of it kept by a lending limit) / above limit",
