@@ -118,13 +118,15 @@ pub fn place(jobs: &[Job], bounds: Bounds, queue: Queue, window: Seconds) -> Pla
             .filter(|(_, pod)| bounds.allow(&held, pod.team, pod.gpus))
             .filter_map(|(i, pod)| best_fit(&free, pod.gpus).map(|node| (i, node)))
             .min_by(|(a, _), (b, _)| {
-                let key = |p: &Waiting| queue_key(queue, bounds, &held, p);
                 let (a, b) = (&waiting[*a], &waiting[*b]);
-                (key(a)
-                    .partial_cmp(&key(b))
-                    .unwrap_or(std::cmp::Ordering::Equal))
-                .then(a.priority.cmp(&b.priority))
-                .then(a.submit_at.total_cmp(&b.submit_at))
+                let (key_a, key_b) = (
+                    queue_key(queue, bounds, &held, a),
+                    queue_key(queue, bounds, &held, b),
+                );
+                (key_a.0.cmp(&key_b.0))
+                    .then(key_a.1.total_cmp(&key_b.1))
+                    .then(a.priority.cmp(&b.priority))
+                    .then(a.submit_at.total_cmp(&b.submit_at))
             })
         {
             let pod = waiting.remove(index);

@@ -1,13 +1,13 @@
 //! Prometheus metrics (`/metrics`, text format).
 
+use std::hash::{Hash, Hasher};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
@@ -316,8 +316,10 @@ fn republish<R>(
     let now: Rows = rows.iter().map(labels_and_values).collect();
     let same_rows = now.len() == last.len() && now.iter().zip(&*last).all(|(n, l)| n.0 == l.0);
     if same_rows {
-        for (row, _) in (rows.iter().zip(&now).zip(&*last)).filter(|((_, n), l)| n.1 != l.1) {
-            set(row.0);
+        for ((row, new), old) in rows.iter().zip(&now).zip(&*last) {
+            if new.1 != old.1 {
+                set(row);
+            }
         }
     } else {
         clear();
