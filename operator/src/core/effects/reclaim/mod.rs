@@ -205,9 +205,9 @@ impl ReclaimTracker {
     }
 
     /// The removal of the `queued` workloads (each with its team, borrowing what they are
-    /// charged) that the Eviction API has not taken yet. They go before the evictions: the scheduler would give them the room the
-    /// evictions make (quota charged them while their team could borrow), and their claims,
-    /// made again, wait for quota now.
+    /// charged) that the Eviction API has not taken yet. They go before the evictions: the
+    /// scheduler would give them the room the evictions make (quota charged them while their
+    /// team could borrow), and their claims, made again, wait for quota now.
     fn dequeue<'w>(
         &self,
         input: ReclaimInput<'_>,
@@ -342,7 +342,7 @@ impl ReclaimTracker {
         let mut queued = self.dequeue(input, queued_of(&borrowers), &order, team.namespaces);
         if !choice.evict.is_empty() {
             let elsewhere = queued_elsewhere(input, (policy, team.name), orders);
-            let elsewhere = (elsewhere.iter()).flat_map(|(t, ws)| ws.iter().map(move |w| (*t, w)));
+            let elsewhere = elsewhere.iter().map(|(t, w)| (*t, w));
             queued.extend(self.dequeue(input, elsewhere, &order, team.namespaces));
         }
         // Asked for already for another waiting team: by its Pods (a label's name is the
@@ -465,17 +465,14 @@ fn queued_elsewhere<'p>(
     input: ReclaimInput<'p>,
     (policy, waiting): (&str, &str),
     orders: &[&ReclaimOrder],
-) -> Vec<(&'p str, Vec<Workload>)> {
+) -> Vec<(&'p str, Workload)> {
     let class = objects::device_class_name(policy);
     (input.plan.teams.iter())
         .filter(|t| t.name != waiting && !orders.iter().any(|o| o.borrower == t.name))
-        .map(|t| {
-            (
-                t.name.as_str(),
-                queued_if_borrowed(input, t, (policy, &class)),
-            )
+        .flat_map(|t| {
+            let queued = queued_if_borrowed(input, t, (policy, &class));
+            queued.into_iter().map(|w| (t.name.as_str(), w))
         })
-        .filter(|(_, queued)| !queued.is_empty())
         .collect()
 }
 
